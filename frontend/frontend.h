@@ -1,0 +1,37 @@
+/* frontend.h - .ptm text to the checked, unrolled logical IR.
+ *
+ * Lexing and parsing are flex + bison (reentrant, with locations) into an AST; lowering evaluates
+ * consts (with -D overrides), instantiates blocks with their scopes, unrolls `repeat`, names
+ * parameters as the language page says, and builds IR nodes through the IR builder, whose shape
+ * inference reports mismatches; the front end attaches file:line:col.
+ */
+#ifndef PTC_FRONTEND_H
+#define PTC_FRONTEND_H
+
+#include <stddef.h>
+
+#include "diag.h"
+#include "ir.h"
+
+/* A `-D NAME=VALUE` override of a const. */
+typedef struct ptc_define {
+    const char *name;
+    double value;
+} ptc_define;
+
+typedef struct ptc_frontend_opts {
+    const ptc_define *defines;
+    int ndefines;
+} ptc_frontend_opts;
+
+/* Compiles the .ptm source `src` (srclen bytes, need not be NUL-terminated; `path` is the name used
+ * in messages). Returns the graph, or NULL after reporting every error to diag (diag->nerrors > 0).
+ * Never crashes, never hangs, whatever the bytes. */
+ptc_graph *ptc_frontend_compile(const char *path, const char *src, size_t srclen,
+                                const ptc_frontend_opts *opts, ptc_diag *diag);
+
+/* Parses "NAME=VALUE" for -D; returns 0, or -1 if malformed. name points into an arena-free copy
+ * owned by the caller (the string is modified in place). */
+int ptc_define_parse(char *arg, ptc_define *out);
+
+#endif

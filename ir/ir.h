@@ -1,0 +1,216 @@
+/* ir.h - the logical IR of ptc: typed values with static shapes, nodes from the one op table
+ * (ops.def), and the graph that owns them.
+ *
+ * A graph is a list of nodes in a valid execution order (every operand is defined before use).
+ * Values and nodes are addressed by dense integer ids so that passes can keep side tables in plain
+ * arrays and the text form (%12) maps one-to-one onto the data. Every value carries room for what
+ * the parallel passes annotate later (a placement per mesh axis, a pipeline stage, a recompute
+ * mark); the single-device front end leaves them at their defaults and the printer omits defaults.
+ */
+#ifndef PTC_IR_H
+#define PTC_IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "util.h"
+
+#define PTC_MAX_RANK 8
+#define PTC_MAX_MESH_AXES 4
+
+typedef enum { PTC_F32, PTC_BF16, PTC_F16, PTC_I32, PTC_NDTYPES } ptc_dtype;
+
+const char *ptc_dtype_name(ptc_dtype t);
+int ptc_dtype_size(ptc_dtype t);
+/* Returns 0 and sets *out when name is a dtype keyword (f32 bf16 f16 i32). */
+int ptc_dtype_parse(const char *name, ptc_dtype *out);
+
+typedef struct ptc_type {
+    ptc_dtype dtype;
+    int rank; /* 0 = scalar */
+    int64_t dims[PTC_MAX_RANK];
+} ptc_type;
+
+int64_t ptc_type_numel(const ptc_type *t);
+bool ptc_type_eq(const ptc_type *a, const ptc_type *b);
+/* Writes "f32[8,1024,768]" into buf (always NUL-terminated); returns buf. */
+char *ptc_type_str(const ptc_type *t, char *buf, size_t n);
+
+/* Source location: where a node came from in a .ptm file (line, col from 1; 0 = unknown). */
+typedef struct ptc_loc {
+    const char *file;
+    int line, col;
+} ptc_loc;
+
+/* ---- the op table ---- */
+enum {
+    PTC_A_AXIS = 1 << 0,
+    PTC_A_N = 1 << 1,
+    PTC_A_START = 1 << 2,
+    PTC_A_LEN = 1 << 3,
+    PTC_A_EPS = 1 << 4,
+    PTC_A_HEADS = 1 << 5,
+    PTC_A_KV_HEADS = 1 << 6,
+    PTC_A_CAUSAL = 1 << 7,
+    PTC_A_BASE = 1 << 8,
+    PTC_A_DTYPE = 1 << 9,
+    PTC_A_SHAPE = 1 << 10,
+    PTC_A_PERM = 1 << 11,
+    PTC_A_VALUE = 1 << 12,
+    PTC_A_NAME = 1 << 13,
+    PTC_A_INIT = 1 << 14,
+    PTC_A_BETA1 = 1 << 15,
+    PTC_A_BETA2 = 1 << 16,
+    PTC_A_WD = 1 << 17,
+    PTC_A_MOMENTUM = 1 << 18,
+    PTC_A_COUNT = 19
+};
+
+enum {
+    PTC_F_LANG = 1 << 0,   /* callable by name from .ptm */
+    PTC_F_UNARY = 1 << 1,  /* elementwise, one operand, same type out */
+    PTC_F_BINARY = 1 << 2, /* elementwise, two operands, broadcast */
+    PTC_F_SOURCE = 1 << 3, /* no operands: input, param, const */
+};
+
+typedef enum {
+#define OP(id, ...) PTC_OP_##id,
+#include "ops.def"
+#undef OP
+    PTC_NOPS
+} ptc_op;
+
+typedef enum { PTC_INIT_ZEROS, PTC_INIT_ONES, PTC_INIT_CONSTANT, PTC_INIT_NORMAL, PTC_INIT_UNIFORM } ptc_init_kind;
+
+typedef struct ptc_init {
+    ptc_init_kind kind;
+    double a, b; /* normal: std; uniform: lo, hi; constant: value */
+} ptc_init;
+
+/* Attributes of a node. Which fields mean something is given by the op's KW mask in ops.def. */
+typedef struct ptc_attrs {
+    int64_t axis; /* normalised to 0..rank-1 of the operand once built */
+    int64_t n, start, len, heads, kv_heads;
+    double eps, base, value;
+    double beta1, beta2, wd, momentum; /* optimizer updates */
+    bool causal;
+    ptc_dtype dtype;
+    int nshape; /* reshape dims or permute axes */
+    int64_t shape[PTC_MAX_RANK];
+    ptc_init init;
+    const char *name; /* input / param full name (arena-owned) */
+} ptc_attrs;
+
+typedef struct ptc_op_info {
+    const char *name;
+    int nin, nout;
+    unsigned langpos, kw, req, flags;
+    ptc_attrs defaults;
+} ptc_op_info;
+
+extern const ptc_op_info ptc_ops[PTC_NOPS];
+const char *ptc_attr_name(unsigned bit);
+/* Looks an op up by its name; returns PTC_NOPS if there is none. */
+ptc_op ptc_op_lookup(const char *name);
+
+/* ---- placements (filled by the SPMD partitioner; Replicate everywhere by default) ---- */
+typedef enum { PTC_PLACE_REPLICATE, PTC_PLACE_SHARD, PTC_PLACE_PARTIAL } ptc_place_kind;
+typedef struct ptc_placement {
+    uint8_t kind; /* ptc_place_kind */
+    int8_t dim;   /* for SHARD */
+} ptc_placement;
+
+typedef struct ptc_value {
+    ptc_type type;
+    int def;   /* defining node id */
+    int index; /* which result of that node */
+    ptc_placement place[PTC_MAX_MESH_AXES];
+} ptc_value;
+
+typedef struct ptc_node {
+    ptc_op op;
+    int nin, nout;
+    int *in;  /* value ids */
+    int *out; /* value ids */
+    ptc_attrs attrs;
+    ptc_loc loc;
+    int stage;      /* pipeline stage, 0 unless cut */
+    bool recompute; /* rebuild in backward instead of keeping */
+} ptc_node;
+
+/* The model's `optimizer` line (adamw with its defaults when absent). */
+typedef enum { PTC_OPTIM_ADAMW, PTC_OPTIM_SGD } ptc_optim_kind;
+typedef struct ptc_optim {
+    ptc_optim_kind kind;
+    double lr, beta1, beta2, eps, weight_decay, momentum;
+} ptc_optim;
+ptc_optim ptc_optim_default(ptc_optim_kind kind);
+
+/* Names of the scalar inputs that the optimizer pass adds to a training step. */
+#define PTC_IN_LR "opt.lr"
+#define PTC_IN_STEP "opt.step"
+#define PTC_IN_MAX_NORM "opt.max_norm"
+
+typedef struct ptc_graph {
+    ptc_arena *arena;
+    char *name;
+    ptc_optim optim;
+    ptc_node *nodes;
+    int nnodes, capnodes;
+    ptc_value *values;
+    int nvalues, capvalues;
+    int loss; /* value id of the scalar loss, -1 if not set */
+    /* graph outputs besides the loss (autodiff: gradients, optimizer: updated state) */
+    int *outputs;
+    int noutputs, capoutputs;
+    /* state updates of a training step: after a step, value updates[i].to is stored into the
+     * parameter or state updates[i].state (the optimizer pass adds them) */
+    struct ptc_update {
+        int state, to;
+    } *updates;
+    int nupdates, capupdates;
+    /* ceiling on nodes, so a pathological model fails cleanly instead of eating memory */
+    int max_nodes;
+} ptc_graph;
+
+ptc_graph *ptc_graph_new(const char *name);
+void ptc_graph_free(ptc_graph *g);
+
+/* Builder. Adds a node for op with the given operands and attributes, runs shape inference and
+ * returns 0 with the result value ids in out[] (at most PTC_MAX_RESULTS of them), or -1 with a
+ * message in err (both shapes of a mismatch are named). The attrs are copied. */
+#define PTC_MAX_RESULTS 64
+int ptc_build(ptc_graph *g, ptc_op op, const int *in, int nin, const ptc_attrs *attrs, ptc_loc loc,
+              int *out, char *err, size_t errn);
+/* Convenience for single-result ops; returns the value id, or -1 with err set. */
+int ptc_build1(ptc_graph *g, ptc_op op, const int *in, int nin, const ptc_attrs *attrs, ptc_loc loc,
+               char *err, size_t errn);
+void ptc_graph_add_output(ptc_graph *g, int value);
+void ptc_graph_add_update(ptc_graph *g, int state, int to);
+
+/* Default attributes of op (from ops.def). */
+ptc_attrs ptc_attrs_default(ptc_op op);
+
+/* Shape inference: computes the result types of op applied to operand types in[], normalising
+ * axes in *attrs. Returns the number of results, or -1 with a message in err. */
+int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *attrs, ptc_type *out, char *err,
+              size_t errn);
+
+/* Verifier: operands defined before use, arity, types agree with shape inference, loss scalar.
+ * Returns 0, or -1 with a message naming the node in err. */
+int ptc_verify(const ptc_graph *g, char *err, size_t errn);
+
+/* Text form. The printer is deterministic; ptc_parse_ir reads back exactly what it prints. */
+void ptc_print(const ptc_graph *g, FILE *f);
+/* Returns the graph, or NULL with a "line:col: message" in err. */
+ptc_graph *ptc_parse_ir(const char *text, char *err, size_t errn);
+/* Graphviz dot. */
+void ptc_print_dot(const ptc_graph *g, FILE *f);
+
+/* Parameters (PARAM nodes) in graph order, and their total element count. */
+int ptc_graph_params(const ptc_graph *g, int *node_ids, int cap);
+int64_t ptc_graph_param_count(const ptc_graph *g);
+
+#endif

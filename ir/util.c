@@ -1,0 +1,165 @@
+/* util.c - arena, checked arithmetic and the always-on assert (see util.h). */
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ptc_assert_fail(const char *file, int line, const char *cond)
+{
+    fprintf(stderr, "%s:%d: internal error: assertion failed: %s\n", file, line, cond);
+    abort();
+}
+
+void *ptc_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "ptc: out of memory allocating %zu bytes\n", n);
+        abort();
+    }
+    return p;
+}
+
+void *ptc_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fprintf(stderr, "ptc: out of memory allocating %zu x %zu bytes\n", n, size);
+        abort();
+    }
+    return p;
+}
+
+void *ptc_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "ptc: out of memory allocating %zu bytes\n", n);
+        abort();
+    }
+    return q;
+}
+
+char *ptc_xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    return memcpy(ptc_xmalloc(n), s, n);
+}
+
+typedef struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+} chunk;
+
+struct ptc_arena {
+    chunk *head;
+};
+
+ptc_arena *ptc_arena_new(void)
+{
+    return ptc_xcalloc(1, sizeof(ptc_arena));
+}
+
+void ptc_arena_free(ptc_arena *a)
+{
+    if (!a)
+        return;
+    for (chunk *c = a->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(a);
+}
+
+void *ptc_arena_alloc(ptc_arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (!a->head || a->head->cap - a->head->used < n) {
+        size_t cap = n > 65536 ? n : 65536;
+        chunk *c = ptc_xmalloc(sizeof(chunk) + cap);
+        c->next = a->head;
+        c->used = 0;
+        c->cap = cap;
+        a->head = c;
+    }
+    void *p = a->head->data + a->head->used;
+    a->head->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+char *ptc_arena_strndup(ptc_arena *a, const char *s, size_t n)
+{
+    char *p = ptc_arena_alloc(a, n + 1);
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+char *ptc_arena_strdup(ptc_arena *a, const char *s)
+{
+    return ptc_arena_strndup(a, s, strlen(s));
+}
+
+char *ptc_arena_printf(ptc_arena *a, const char *fmt, ...)
+{
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = ptc_arena_alloc(a, (size_t)n + 1);
+    vsnprintf(p, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return p;
+}
+
+bool ptc_mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    if (a < 0 || b < 0)
+        return false;
+    if (a != 0 && b > INT64_MAX / a)
+        return false;
+    *out = a * b;
+    return true;
+}
+
+char *ptc_fmt(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+char *ptc_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = ptc_xmalloc(cap);
+    for (;;) {
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (n + 1 < cap)
+            break;
+        cap *= 2;
+        buf = ptc_xrealloc(buf, cap);
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len)
+        *len = n;
+    return buf;
+}

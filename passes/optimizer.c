@@ -1,0 +1,135 @@
+/* optimizer.c - gradient clipping and the optimizer update as part of the step graph.
+ *
+ * Assumes: autodiff has run (ctx->grads holds one gradient per PARAM, graph order).
+ * Guarantees: scalar inputs opt.lr, opt.step (counting from 1) and opt.max_norm (+inf disables
+ *   clipping) are added; gradients are scaled by min(1, max_norm / (‖g‖ + 1e-6)) over the global
+ *   norm of all gradients (PyTorch's clip_grad_norm_); each parameter gets its update (adamw: STATE
+ *   values optim.m.NAME and optim.v.NAME; sgd with momentum: optim.momentum.NAME) and an `update`
+ *   pair per parameter and state. The global gradient norm squared is the graph's first output,
+ *   for logging, and the gradient of the i-th parameter (before clipping) is output 1 + i, for
+ *   checking against other frameworks. Weight decay applies only to parameters of rank 2 or more, as the language says.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct opt_ctx {
+    ptc_graph *g;
+    ptc_loc loc;
+    char *err;
+    size_t errn;
+    bool failed;
+} opt_ctx;
+
+static void build(opt_ctx *o, ptc_op op, const int *in, int nin, const ptc_attrs *at, int *out)
+{
+    char msg[400];
+    if (o->failed) {
+        out[0] = -1;
+        return;
+    }
+    if (ptc_build(o->g, op, in, nin, at, o->loc, out, msg, sizeof msg) < 0) {
+        ptc_fmt(o->err, o->errn, "internal error: optimizer pass built an invalid %s: %s",
+                ptc_ops[op].name, msg);
+        o->failed = true;
+        out[0] = -1;
+    }
+}
+
+static int b1(opt_ctx *o, ptc_op op, const int *in, int nin, const ptc_attrs *at)
+{
+    int out[PTC_MAX_RESULTS];
+    build(o, op, in, nin, at, out);
+    return out[0];
+}
+
+static int scalar_input(opt_ctx *o, const char *name)
+{
+    ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);
+    at.name = name;
+    at.dtype = PTC_F32;
+    return b1(o, PTC_OP_INPUT, NULL, 0, &at);
+}
+
+static int state(opt_ctx *o, const char *prefix, const char *pname, const ptc_type *t)
+{
+    ptc_attrs at = ptc_attrs_default(PTC_OP_STATE);
+    char name[512];
+    ptc_fmt(name, sizeof name, "%s%s", prefix, pname);
+    at.name = name;
+    at.nshape = t->rank;
+    memcpy(at.shape, t->dims, sizeof(int64_t) * (size_t)t->rank);
+    at.init.kind = PTC_INIT_ZEROS;
+    return b1(o, PTC_OP_STATE, NULL, 0, &at);
+}
+
+static void update_param(opt_ctx *o, const ptc_optim *opt, int p, const char *name, int grad,
+                         int lr, int step)
+{
+    ptc_graph *g = o->g;
+    ptc_type t = g->values[p].type;
+    double wd = t.rank >= 2 ? opt->weight_decay : 0.0;
+    int out[PTC_MAX_RESULTS];
+    if (opt->kind == PTC_OPTIM_ADAMW) {
+        int m = state(o, "optim.m.", name, &t), v = state(o, "optim.v.", name, &t);
+        ptc_attrs at = ptc_attrs_default(PTC_OP_ADAMW_UPDATE);
+        at.beta1 = opt->beta1;
+        at.beta2 = opt->beta2;
+        at.eps = opt->eps;
+        at.wd = wd;
+        build(o, PTC_OP_ADAMW_UPDATE, (int[]){p, grad, m, v, lr, step}, 6, &at, out);
+        if (o->failed)
+            return;
+        ptc_graph_add_update(g, p, out[0]);
+        ptc_graph_add_update(g, m, out[1]);
+        ptc_graph_add_update(g, v, out[2]);
+    } else {
+        /* without momentum SGD keeps no state: buf is the gradient itself, never stored */
+        int buf = opt->momentum != 0 ? state(o, "optim.momentum.", name, &t) : grad;
+        ptc_attrs at = ptc_attrs_default(PTC_OP_SGD_UPDATE);
+        at.momentum = opt->momentum;
+        at.wd = wd;
+        build(o, PTC_OP_SGD_UPDATE, (int[]){p, grad, buf, lr}, 4, &at, out);
+        if (o->failed)
+            return;
+        ptc_graph_add_update(g, p, out[0]);
+        if (opt->momentum != 0)
+            ptc_graph_add_update(g, buf, out[1]);
+    }
+}
+
+int ptc_pass_optimizer(ptc_pass_ctx *ctx)
+{
+    ptc_graph *g = ctx->g;
+    opt_ctx o = {.g = g, .err = ctx->err, .errn = ctx->errn};
+    if (!ctx->grads) {
+        ptc_fmt(ctx->err, ctx->errn, "optimizer: autodiff has not run");
+        return -1;
+    }
+    int np = ctx->nparams;
+    int *params = ptc_xmalloc(sizeof(int) * (size_t)(np ? np : 1));
+    ptc_graph_params(g, params, np);
+    int lr = scalar_input(&o, PTC_IN_LR), step = scalar_input(&o, PTC_IN_STEP),
+        max_norm = scalar_input(&o, PTC_IN_MAX_NORM);
+
+    int total = -1;
+    for (int i = 0; i < np; i++) {
+        int ss = b1(&o, PTC_OP_SUMSQ, &ctx->grads[i], 1, NULL);
+        total = total < 0 ? ss : b1(&o, PTC_OP_ADD, (int[]){total, ss}, 2, NULL);
+    }
+    if (total >= 0) {
+        ptc_graph_add_output(g, total);
+        for (int i = 0; i < np; i++)
+            ptc_graph_add_output(g, ctx->grads[i]);
+        int coef = b1(&o, PTC_OP_CLIP_COEF, (int[]){total, max_norm}, 2, NULL);
+        for (int i = 0; i < np && !o.failed; i++) {
+            ptc_node pn = g->nodes[params[i]];
+            o.loc = pn.loc;
+            int clipped = b1(&o, PTC_OP_MUL, (int[]){ctx->grads[i], coef}, 2, NULL);
+            update_param(&o, &g->optim, pn.out[0], pn.attrs.name, clipped, lr, step);
+        }
+    }
+    free(params);
+    return o.failed ? -1 : 0;
+}

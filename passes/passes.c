@@ -1,0 +1,39 @@
+/* passes.c - the ordered pass list and its runner (see passes.h). */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const ptc_pass ptc_passes[] = {
+    {"autodiff", "reverse-mode gradient of the loss for every parameter", ptc_pass_autodiff, true},
+    {"optimizer", "gradient clipping and the optimizer update, in the graph", ptc_pass_optimizer,
+     true},
+};
+const int ptc_npasses = (int)(sizeof ptc_passes / sizeof ptc_passes[0]);
+
+int ptc_run_passes(ptc_pass_ctx *ctx)
+{
+    const ptc_compile_opts *o = ctx->opts;
+    for (int i = 0; i < ptc_npasses; i++) {
+        const ptc_pass *p = &ptc_passes[i];
+        if (p->train_only && !o->train)
+            continue;
+        char msg[512];
+        if (p->run(ctx) < 0)
+            return -1;
+        if (o->verify_each && ptc_verify(ctx->g, msg, sizeof msg) < 0) {
+            ptc_fmt(ctx->err, ctx->errn, "internal error: IR invalid after pass %s: %s", p->name,
+                    msg);
+            return -1;
+        }
+        if (o->dump_after && strcmp(o->dump_after, p->name) == 0)
+            ptc_print(ctx->g, o->dump ? o->dump : stdout);
+    }
+    return 0;
+}
+
+void ptc_pass_ctx_free(ptc_pass_ctx *ctx)
+{
+    free(ctx->grads);
+    ctx->grads = NULL;
+}

@@ -1,0 +1,51 @@
+/* passes.h - the one ordered list of passes and the signature every pass shares.
+ *
+ * A pass takes the graph in a pass context and transforms it in place; it states at its top what
+ * it assumes and what it guarantees. ptc_run_passes runs the list in order, runs the IR verifier
+ * after each pass when asked (tests and debug builds always ask), and prints the IR after the pass
+ * named by --dump-after.
+ */
+#ifndef PTC_PASSES_H
+#define PTC_PASSES_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef struct ptc_compile_opts {
+    bool train;        /* build the whole training step (autodiff + optimizer), not just forward */
+    bool verify_each;  /* run the verifier after every pass */
+    const char *dump_after; /* pass name, or NULL */
+    FILE *dump;             /* where --dump-after prints (stdout when NULL) */
+} ptc_compile_opts;
+
+typedef struct ptc_pass_ctx {
+    ptc_graph *g;
+    const ptc_compile_opts *opts;
+    /* set by autodiff: grads[i] is the gradient value of the i-th PARAM node in graph order */
+    int *grads;
+    int nparams;
+    char *err;
+    size_t errn;
+} ptc_pass_ctx;
+
+typedef struct ptc_pass {
+    const char *name;
+    const char *what;
+    int (*run)(ptc_pass_ctx *ctx); /* 0, or -1 with a message in ctx->err */
+    bool train_only;
+} ptc_pass;
+
+extern const ptc_pass ptc_passes[];
+extern const int ptc_npasses;
+
+int ptc_pass_autodiff(ptc_pass_ctx *ctx);
+int ptc_pass_optimizer(ptc_pass_ctx *ctx);
+
+/* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
+int ptc_run_passes(ptc_pass_ctx *ctx);
+void ptc_pass_ctx_free(ptc_pass_ctx *ctx);
+
+
+#endif

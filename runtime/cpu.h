@@ -1,0 +1,18 @@
+/* cpu.h - the fast CPU backend: GEMMs through OpenBLAS (CBLAS), float kernels written for speed
+ * for the ops that dominate a training step, and the reference kernels (ref.h) for everything
+ * else. Every fast kernel is tested against its reference kernel (tests/unit/test_cpu_backend.c).
+ */
+#ifndef PTRT_CPU_H
+#define PTRT_CPU_H
+
+#include "ir.h"
+
+/* Same contract as ptrt_ref_run. */
+int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                 void *const *out, char *err, size_t errn);
+/* Threads for GEMMs and parallel kernels (0 = leave the library default). */
+void ptrt_cpu_set_threads(int n);
+/* Whether GEMMs go to OpenBLAS in this build. */
+int ptrt_cpu_has_blas(void);
+
+#endif

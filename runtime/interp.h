@@ -1,0 +1,42 @@
+/* interp.h - runs a logical graph on the CPU with the reference kernels, one buffer per value.
+ *
+ * This is the single-device reference execution: the slowest and simplest way to run a graph, the
+ * one every plan and backend is compared against. Buffers hold float for every floating dtype and
+ * int32_t for i32 (see ref.h).
+ */
+#ifndef PTRT_INTERP_H
+#define PTRT_INTERP_H
+
+#include <stdint.h>
+
+#include "ir.h"
+
+typedef struct ptrt_interp ptrt_interp;
+
+ptrt_interp *ptrt_interp_new(const ptc_graph *g);
+void ptrt_interp_free(ptrt_interp *it);
+/* The buffer of value v (allocated on first use, numel elements of 4 bytes). */
+void *ptrt_interp_buffer(ptrt_interp *it, int v);
+/* Fills every parameter and optimizer state with its deterministic initial value for seed. */
+void ptrt_interp_init_params(ptrt_interp *it, uint64_t seed);
+/* Fills every input not yet marked as given with random data: floats normal(0,1); i32 ids uniform
+ * in [0, bound) where bound comes from the consumers (embedding rows, cross_entropy classes).
+ * Returns -1 with a message if an i32 input has no such consumer. */
+int ptrt_interp_random_inputs(ptrt_interp *it, uint64_t seed, char *err, size_t errn);
+/* Marks an input value as given by the caller (its buffer already holds the data). */
+void ptrt_interp_mark_given(ptrt_interp *it, int v);
+/* Runs every non-source node in order. Returns 0, or -1 with a message naming the node. */
+int ptrt_interp_run(ptrt_interp *it, char *err, size_t errn);
+/* Runs only the nodes needed to compute value v (e.g. the loss, for evaluation). */
+int ptrt_interp_run_for(ptrt_interp *it, int v, char *err, size_t errn);
+/* Stores every `update` of the graph: the new value is copied into its parameter or state. */
+void ptrt_interp_apply_updates(ptrt_interp *it);
+
+/* A kernel runner with ptrt_ref_run's signature; the interpreter runs every node through one. */
+typedef int (*ptrt_kernel_fn)(const ptc_node *n, const ptc_type *it, void *const *in,
+                              const ptc_type *ot, void *const *out, char *err, size_t errn);
+void ptrt_interp_set_kernels(ptrt_interp *it, ptrt_kernel_fn fn);
+/* Value id of the input or parameter named name, or -1. */
+int ptrt_graph_find(const ptc_graph *g, ptc_op op, const char *name);
+
+#endif

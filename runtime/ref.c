@@ -1,0 +1,211 @@
+/* ref.c - the CPU reference: one switch that sends every op of ops.def to its plain kernel, the
+ * rounding to bf16/f16, casts and the source ops. The internal ops (after "internal ops" in
+ * ops.def: backward ops, optimizer updates) go on to ptrt_ref_run_internal in ref_grad.c.
+ *
+ * Low precision is emulated, not stored: a bf16 or f16 tensor is a float array whose values are all
+ * representable in that format. A kernel computes in double (or float) and writes floats; then
+ * every result whose dtype is bf16/f16 is rounded to that format here, once, after the kernel. So a
+ * bf16 graph run here sees the same rounding a bf16 device would apply when it stores a result.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "ref_grad.h"
+#include "ref_internal.h"
+
+void ptrt_ref_axis_view(const ptc_type *t, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    PTC_ASSERT(axis >= 0 && axis < t->rank);
+    *outer = 1;
+    *inner = 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= t->dims[i];
+    for (int i = axis + 1; i < t->rank; i++)
+        *inner *= t->dims[i];
+    *n = t->dims[axis];
+}
+
+void ptrt_ref_strides(const ptc_type *t, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = t->rank - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= t->dims[i];
+    }
+}
+
+/* Rounds x to a binary format with p significand bits (the implicit one included), smallest normal
+ * exponent emin (below it the spacing stays 2^(emin-p+1): subnormals) and largest finite value max.
+ * Round to nearest, ties to even; beyond max (after rounding) is infinity; NaN stays NaN. Every
+ * step is exact in double except the one rounding decision, which is made on integers. */
+static double round_format(double x, int p, int emin, double max)
+{
+    if (isnan(x) || isinf(x) || x == 0)
+        return x;
+    int e;
+    frexp(fabs(x), &e); /* |x| in [2^(e-1), 2^e) */
+    int exp = e - 1 < emin ? emin : e - 1;
+    int qexp = exp - p + 1;            /* the spacing of the format near |x| is 2^qexp */
+    double s = ldexp(fabs(x), -qexp);  /* |x| in units of the spacing: < 2^p */
+    double q = floor(s), frac = s - q; /* both exact */
+    if (frac > 0.5 || (frac == 0.5 && fmod(q, 2.0) == 1.0))
+        q += 1;
+    double r = ldexp(q, qexp);
+    if (r > max)
+        r = INFINITY;
+    return copysign(r, x);
+}
+
+/* bf16: 8 significand bits and the exponent range of f32.
+ * f16: 11 significand bits, normals from 2^-14, largest finite 65504. */
+double ptrt_ref_round_bf16d(double x)
+{
+    return round_format(x, 8, -126, ldexp(255.0, 120)); /* (2 - 2^-7) * 2^127 */
+}
+
+double ptrt_ref_round_f16d(double x)
+{
+    return round_format(x, 11, -14, 65504.0);
+}
+
+float ptrt_round_bf16(float x)
+{
+    return (float)ptrt_ref_round_bf16d(x);
+}
+
+float ptrt_round_f16(float x)
+{
+    return (float)ptrt_ref_round_f16d(x);
+}
+
+/* A double to a floating dtype's stored float: rounded once, to that dtype's precision. */
+static float to_float_dtype(double v, ptc_dtype t)
+{
+    switch (t) {
+    case PTC_BF16: return (float)ptrt_ref_round_bf16d(v);
+    case PTC_F16: return (float)ptrt_ref_round_f16d(v);
+    default: return (float)v;
+    }
+}
+
+/* Float to i32: truncation toward zero; NaN gives 0 and values beyond the i32 range saturate (C
+ * leaves those undefined, so the reference defines them). */
+static int32_t to_i32(double v)
+{
+    if (isnan(v))
+        return 0;
+    if (v >= 2147483647.0)
+        return INT32_MAX;
+    if (v <= -2147483648.0)
+        return INT32_MIN;
+    return (int32_t)trunc(v);
+}
+
+static void ref_cast(const ptc_type *ti, const void *x, const ptc_type *to, void *o)
+{
+    int64_t n = ptc_type_numel(ti);
+    for (int64_t i = 0; i < n; i++) {
+        double v = ti->dtype == PTC_I32 ? (double)((const int32_t *)x)[i] : ((const float *)x)[i];
+        if (to->dtype == PTC_I32)
+            ((int32_t *)o)[i] = ti->dtype == PTC_I32 ? ((const int32_t *)x)[i] : to_i32(v);
+        else
+            ((float *)o)[i] = to_float_dtype(v, to->dtype);
+    }
+}
+
+static void ref_const(const ptc_attrs *at, const ptc_type *to, void *o)
+{
+    int64_t n = ptc_type_numel(to);
+    for (int64_t i = 0; i < n; i++) {
+        if (to->dtype == PTC_I32)
+            ((int32_t *)o)[i] = to_i32(at->value);
+        else
+            ((float *)o)[i] = to_float_dtype(at->value, to->dtype);
+    }
+}
+
+/* Rounds every bf16/f16 result of a kernel to its dtype (a no-op on values already in range). */
+static void round_results(int nout, const ptc_type *ot, void *const *out)
+{
+    for (int j = 0; j < nout; j++) {
+        if (ot[j].dtype != PTC_BF16 && ot[j].dtype != PTC_F16)
+            continue;
+        float *o = out[j];
+        int64_t n = ptc_type_numel(&ot[j]);
+        for (int64_t i = 0; i < n; i++)
+            o[i] = to_float_dtype(o[i], ot[j].dtype);
+    }
+}
+
+int ptrt_ref_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                 void *const *out, char *err, size_t errn)
+{
+    const ptc_attrs *at = &n->attrs;
+    const char *name = (unsigned)n->op < PTC_NOPS ? ptc_ops[n->op].name : "?";
+    int rc = 0;
+    if (errn)
+        err[0] = '\0';
+    switch (n->op) {
+    case PTC_OP_INPUT:
+    case PTC_OP_PARAM:
+        ptc_fmt(err, errn, "%s is a source op: the executor fills it, there is no kernel to run",
+                name);
+        return -1;
+    case PTC_OP_CONST: ref_const(at, &ot[0], out[0]); break;
+    case PTC_OP_ADD:
+    case PTC_OP_SUB:
+    case PTC_OP_MUL:
+    case PTC_OP_DIV: ptrt_ref_binary(n->op, &it[0], in[0], &it[1], in[1], &ot[0], out[0]); break;
+    case PTC_OP_NEG:
+    case PTC_OP_EXP:
+    case PTC_OP_LOG:
+    case PTC_OP_SQRT:
+    case PTC_OP_RSQRT:
+    case PTC_OP_TANH:
+    case PTC_OP_SIGMOID:
+    case PTC_OP_RELU:
+    case PTC_OP_GELU:
+    case PTC_OP_SILU: ptrt_ref_unary(n->op, ptc_type_numel(&it[0]), in[0], out[0]); break;
+    case PTC_OP_MATMUL: ptrt_ref_matmul(&it[0], in[0], &it[1], in[1], &ot[0], out[0]); break;
+    case PTC_OP_CAST: ref_cast(&it[0], in[0], &ot[0], out[0]); break;
+    case PTC_OP_SUM:
+    case PTC_OP_MEAN:
+    case PTC_OP_MAX: ptrt_ref_reduce(n->op, &it[0], in[0], (int)at->axis, out[0]); break;
+    case PTC_OP_LAYERNORM: ptrt_ref_layernorm(&it[0], in[0], in[1], in[2], at->eps, out[0]); break;
+    case PTC_OP_RMSNORM: ptrt_ref_rmsnorm(&it[0], in[0], in[1], at->eps, out[0]); break;
+    case PTC_OP_SOFTMAX:
+    case PTC_OP_LOG_SOFTMAX:
+        ptrt_ref_softmax(n->op == PTC_OP_LOG_SOFTMAX, &it[0], in[0], (int)at->axis, out[0]);
+        break;
+    case PTC_OP_RESHAPE:
+        memcpy(out[0], in[0], (size_t)ptc_type_numel(&it[0]) * PTRT_REF_ELEM);
+        break;
+    case PTC_OP_TRANSPOSE: ptrt_ref_transpose(&it[0], in[0], out[0]); break;
+    case PTC_OP_PERMUTE: ptrt_ref_permute(&it[0], in[0], at->shape, out[0]); break;
+    case PTC_OP_SPLIT: ptrt_ref_split(&it[0], in[0], (int)at->axis, n->nout, out); break;
+    case PTC_OP_CONCAT:
+        ptrt_ref_concat(n->nin, it, (const void *const *)in, (int)at->axis, out[0]);
+        break;
+    case PTC_OP_SLICE:
+        ptrt_ref_slice(&it[0], in[0], (int)at->axis, at->start, at->len, out[0]);
+        break;
+    case PTC_OP_EMBEDDING:
+        rc = ptrt_ref_embedding(&it[0], in[0], &it[1], in[1], out[0], err, errn);
+        break;
+    case PTC_OP_ATTENTION:
+        ptrt_ref_attention(&it[0], in[0], &it[1], in[1], in[2], at->heads,
+                           at->kv_heads ? at->kv_heads : at->heads, at->causal, out[0]);
+        break;
+    case PTC_OP_ROPE: ptrt_ref_rope(&it[0], in[0], at->heads, at->base, out[0]); break;
+    case PTC_OP_CROSS_ENTROPY:
+        rc = ptrt_ref_cross_entropy(&it[0], in[0], in[1], out[0], err, errn);
+        break;
+    case PTC_OP_MSE: ptrt_ref_mse(&it[0], in[0], in[1], out[0]); break;
+    default:
+        /* the internal ops (autodiff, optimizer, partitioning) live in ref_grad.c */
+        return ptrt_ref_run_internal(n, it, in, ot, out, err, errn);
+    }
+    if (rc == 0)
+        round_results(n->nout, ot, out);
+    return rc;
+}

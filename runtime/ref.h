@@ -1,0 +1,32 @@
+/* ref.h - the plain, obviously correct CPU reference kernels: one per op of the language page.
+ *
+ * They are the reference that every other backend (OpenBLAS, LLVM, CUDA) and every parallel plan
+ * is tested against, so they favour clarity over speed: row-major contiguous tensors, double
+ * accumulators, no blocking.
+ *
+ * Storage: every floating dtype (f32, bf16, f16) is held in float arrays; cast to bf16/f16 rounds to
+ * that format's precision (round to nearest even) and keeps the result as float. i32 is int32_t.
+ */
+#ifndef PTRT_REF_H
+#define PTRT_REF_H
+
+#include <stdint.h>
+
+#include "ir.h"
+
+/* Runs node n on the CPU: in[i] points at the data of operand i (of type it[i]), out[j] at the
+ * already allocated result j (of type ot[j]). Returns 0, or -1 with a message in err for data
+ * errors (e.g. an embedding id out of range, a target outside the classes). */
+int ptrt_ref_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                 void *const *out, char *err, size_t errn);
+
+/* Deterministic initial values: element i of a parameter is a pure function of
+ * (seed, full name, i), independent of any mesh, stage or rank. */
+void ptrt_init_param(const ptc_init *init, const char *name, uint64_t seed, float *out,
+                     int64_t offset, int64_t n);
+
+/* Rounds a float to bfloat16 / float16 precision (nearest even), returned as float. */
+float ptrt_round_bf16(float x);
+float ptrt_round_f16(float x);
+
+#endif

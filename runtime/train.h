@@ -1,0 +1,56 @@
+/* train.h - the training loop that a compiled executable runs: data, learning-rate schedule,
+ * the step graph on a CPU backend, checkpoints, resume, logging and progress.
+ *
+ * The step graph is the output of the pass pipeline with training on: forward, backward, gradient
+ * clipping and optimizer update in one graph, with scalar inputs opt.lr, opt.step, opt.max_norm,
+ * `update` pairs for every parameter and optimizer state, and the squared global gradient norm as
+ * its first output. Token models are fed from llm.c token files: the i32 input that feeds an
+ * embedding gets the tokens, the one that feeds cross_entropy gets the targets.
+ */
+#ifndef PTRT_TRAIN_H
+#define PTRT_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef enum { PTRT_SCHED_CONSTANT, PTRT_SCHED_COSINE } ptrt_schedule;
+typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU } ptrt_backend;
+
+typedef struct ptrt_train_opts {
+    int64_t steps;
+    const char *data, *val_data; /* llm.c token files; data NULL = random batches */
+    bool shuffle;
+    uint64_t seed;
+    double lr;         /* peak learning rate; < 0 = the model's optimizer line */
+    double min_lr;     /* cosine floor; < 0 = lr / 10 */
+    int64_t warmup;    /* linear warm-up steps */
+    ptrt_schedule schedule;
+    double max_norm;   /* gradient clipping by global norm; 0 = off */
+    const char *ckpt_dir;
+    int64_t ckpt_every; /* 0 = only at the end (when ckpt_dir is set) */
+    int keep;           /* checkpoints kept; 0 = all */
+    bool resume;
+    const char *init_from;
+    const char *save;   /* final weights as safetensors, or NULL */
+    const char *log;    /* JSON lines, or NULL */
+    const char *dump_grads; /* directory: grads_step_NNNNNNNN.safetensors per step, or NULL */
+    int64_t val_every, val_batches;
+    ptrt_backend backend;
+    int threads;
+    bool quiet;
+    FILE *out; /* progress lines (stdout when NULL) */
+} ptrt_train_opts;
+
+void ptrt_train_opts_default(ptrt_train_opts *o);
+
+/* Learning rate for step t (1-based) of a run of `steps` steps. */
+double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t);
+
+/* Trains g (a step graph) as o says. Returns 0, 1 with a message in err for a failure in the run
+ * (bad data, diverged loss, failed checkpoint), or 2 for a bad option or file the user gave. */
+int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t errn);
+
+#endif

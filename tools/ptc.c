@@ -1,0 +1,338 @@
+/* ptc.c - the compiler driver: reads a .ptm file, lowers it, and emits what was asked.
+ *
+ *   ptc [options] FILE.ptm
+ *
+ * Exit status: 0 on success, 1 for errors in the model (reported as file:line:col), 2 for bad
+ * command-line use or unreadable files. Only this file decides to exit; the libraries return
+ * statuses.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unistd.h>
+
+#include "frontend.h"
+#include "interp.h"
+#include "ir.h"
+#include "passes.h"
+#include "plan_embed.h"
+
+#define PTC_VERSION "0.1.0"
+
+static const char usage[] =
+    "usage: ptc [options] FILE.ptm\n"
+    "\n"
+    "Compiles a .ptm model. With -o it writes an executable that trains the model; with --emit\n"
+    "it prints what was asked; with neither it checks the model and prints a summary.\n"
+    "\n"
+    "options:\n"
+    "  -o NAME              write an executable that trains the model (see NAME --help)\n"
+    "  --train              compile the whole training step (forward, backward, optimizer);\n"
+    "                       implied by -o. Without it --emit shows the forward graph\n"
+    "  --emit KIND          print KIND to stdout:\n"
+    "                         ir      the IR as text (read back by the IR parser)\n"
+    "                         dot     the logical IR as a Graphviz graph\n"
+    "                         params  every parameter with its shape, and the total count\n"
+    "  -D NAME=VALUE        override the const NAME (repeatable)\n"
+    "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
+    "  --seed N             seed for initial values and random inputs (default 1)\n"
+    "  --input NAME=FILE    with --run: take model input NAME from FILE, raw little-endian\n"
+    "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's size;\n"
+    "                       inputs not given are random (ids in range for their consumers)\n"
+    "  --dump-after PASS    print the IR after pass PASS (autodiff, optimizer)\n"
+    "  --runner PATH        the runner program -o embeds (default: ptc-runner beside ptc)\n"
+    "  -h, --help           show this help\n"
+    "  --version            show the version\n";
+
+typedef struct options {
+    const char *file;
+    const char *emit;
+    bool run, train;
+    const char *output, *dump_after, *runner;
+    uint64_t seed;
+    ptc_define defines[64];
+    int ndefines;
+    const char *inputs[64];
+    int ninputs;
+} options;
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fputs("ptc: error: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n(see ptc --help)\n", stderr);
+    return 2;
+}
+
+/* Returns 0 to go on, or the exit status to leave with (-1 = exit 0 after --help). */
+static int parse_args(int argc, char **argv, options *o)
+{
+    o->seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = NULL;
+        bool takes = strcmp(a, "--emit") == 0 || strcmp(a, "-D") == 0 ||
+                     strcmp(a, "--seed") == 0 || strcmp(a, "--input") == 0 ||
+                     strcmp(a, "-o") == 0 || strcmp(a, "--dump-after") == 0 ||
+                     strcmp(a, "--runner") == 0;
+        if (takes) {
+            if (i + 1 >= argc)
+                return usage_error("option '%s' needs a value", a);
+            val = argv[++i];
+        } else if (strncmp(a, "-D", 2) == 0 && a[2]) {
+            val = a + 2;
+            a = "-D";
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage, stdout);
+            return -1;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("ptc %s\n", PTC_VERSION);
+            return -1;
+        } else if (strcmp(a, "--emit") == 0) {
+            if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params"))
+                return usage_error("unknown --emit kind '%s' (ir, dot, params)", val);
+            o->emit = val;
+        } else if (strcmp(a, "-D") == 0) {
+            if (o->ndefines == 64)
+                return usage_error("too many -D options%s", "");
+            if (ptc_define_parse((char *)val, &o->defines[o->ndefines]) < 0)
+                return usage_error("-D expects NAME=NUMBER, got '%s'", val);
+            o->ndefines++;
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(val, &end, 10);
+            if (errno || *end || !*val || val[0] == '-')
+                return usage_error("--seed expects a non-negative integer, got '%s'", val);
+            o->seed = s;
+        } else if (strcmp(a, "--input") == 0) {
+            if (o->ninputs == 64 || !strchr(val, '='))
+                return usage_error("--input expects NAME=FILE, got '%s'", val);
+            o->inputs[o->ninputs++] = val;
+        } else if (strcmp(a, "--run") == 0) {
+            o->run = true;
+        } else if (strcmp(a, "--train") == 0) {
+            o->train = true;
+        } else if (strcmp(a, "-o") == 0) {
+            o->output = val;
+            o->train = true;
+        } else if (strcmp(a, "--runner") == 0) {
+            o->runner = val;
+        } else if (strcmp(a, "--dump-after") == 0) {
+            bool known = false;
+            for (int k = 0; k < ptc_npasses; k++)
+                known |= strcmp(val, ptc_passes[k].name) == 0;
+            if (!known)
+                return usage_error("--dump-after: no pass named '%s' (autodiff, optimizer)", val);
+            o->dump_after = val;
+            o->train = true;
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("unknown option '%s'", a);
+        } else if (o->file) {
+            return usage_error("more than one input file ('%s')", a);
+        } else {
+            o->file = a;
+        }
+    }
+    if (!o->file)
+        return usage_error("no input file%s", "");
+    if (o->ninputs && !o->run)
+        return usage_error("--input needs --run%s", "");
+    if (o->run && o->train)
+        return usage_error("--run runs the forward pass; train with the executable -o writes%s", "");
+    return 0;
+}
+
+static void print_count(FILE *f, int64_t n)
+{
+    char digits[32], out[48];
+    int len = snprintf(digits, sizeof digits, "%lld", (long long)n), k = 0;
+    for (int i = 0; i < len; i++) {
+        if (i && (len - i) % 3 == 0)
+            out[k++] = ',';
+        out[k++] = digits[i];
+    }
+    out[k] = 0;
+    fputs(out, f);
+}
+
+static void emit_params(const ptc_graph *g)
+{
+    int np = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op != PTC_OP_PARAM)
+            continue;
+        char ty[256];
+        const ptc_type *t = &g->values[n->out[0]].type;
+        printf("%-32s %-20s ", n->attrs.name, ptc_type_str(t, ty, sizeof ty));
+        print_count(stdout, ptc_type_numel(t));
+        putchar('\n');
+        np++;
+    }
+    printf("total: ");
+    print_count(stdout, ptc_graph_param_count(g));
+    printf(" parameters in %d tensors\n", np);
+}
+
+static int load_input(ptrt_interp *it, const ptc_graph *g, const char *spec)
+{
+    char name[256];
+    const char *eq = strchr(spec, '=');
+    snprintf(name, sizeof name, "%.*s", (int)(eq - spec), spec);
+    int v = ptrt_graph_find(g, PTC_OP_INPUT, name);
+    if (v < 0) {
+        fprintf(stderr, "ptc: error: --input: the model has no input named '%s'\n", name);
+        return 2;
+    }
+    size_t len;
+    char *data = ptc_read_file(eq + 1, &len);
+    if (!data) {
+        fprintf(stderr, "ptc: error: --input %s: cannot read '%s': %s\n", name, eq + 1,
+                strerror(errno));
+        return 2;
+    }
+    int64_t want = ptc_type_numel(&g->values[v].type) * 4;
+    if ((int64_t)len != want) {
+        char ty[256];
+        fprintf(stderr, "ptc: error: --input %s: '%s' has %zu bytes, input %s needs %lld\n", name,
+                eq + 1, len, ptc_type_str(&g->values[v].type, ty, sizeof ty), (long long)want);
+        free(data);
+        return 2;
+    }
+    memcpy(ptrt_interp_buffer(it, v), data, len);
+    ptrt_interp_mark_given(it, v);
+    free(data);
+    return 0;
+}
+
+static int run_forward(const ptc_graph *g, const options *o)
+{
+    ptrt_interp *it = ptrt_interp_new(g);
+    int rc = 0;
+    for (int i = 0; i < o->ninputs && !rc; i++)
+        rc = load_input(it, g, o->inputs[i]);
+    char err[512];
+    if (!rc) {
+        ptrt_interp_init_params(it, o->seed);
+        if (ptrt_interp_random_inputs(it, o->seed, err, sizeof err) < 0) {
+            fprintf(stderr, "ptc: error: %s\n", err);
+            rc = 2;
+        } else if (ptrt_interp_run(it, err, sizeof err) < 0) {
+            fprintf(stderr, "ptc: error: %s\n", err);
+            rc = 1;
+        } else {
+            printf("loss %.9g\n", *(float *)ptrt_interp_buffer(it, g->loss));
+        }
+    }
+    ptrt_interp_free(it);
+    return rc;
+}
+
+/* Runs the pass list with training on: the step graph replaces the forward graph in g. */
+static int compile_step(ptc_graph *g, const options *o)
+{
+    char err[1024];
+    ptc_compile_opts co = {.train = true, .verify_each = true, .dump_after = o->dump_after};
+    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
+    int rc = ptc_run_passes(&ctx) < 0 ? 3 : 0;
+    if (rc)
+        fprintf(stderr, "ptc: %s\n", err);
+    ptc_pass_ctx_free(&ctx);
+    return rc;
+}
+
+/* The runner that -o embeds: --runner, else ptc-runner in the directory of this executable. */
+static int find_runner(const options *o, char *path, size_t n)
+{
+    if (o->runner) {
+        ptc_fmt(path, n, "%s", o->runner);
+        return 0;
+    }
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0)
+        return -1;
+    self[len] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    ptc_fmt(path, n, "%s/ptc-runner", self);
+    return access(path, R_OK) == 0 ? 0 : -1;
+}
+
+static int write_executable(const ptc_graph *g, const options *o)
+{
+    char runner[4200], err[1024];
+    if (find_runner(o, runner, sizeof runner) < 0) {
+        fprintf(stderr, "ptc: error: cannot find ptc-runner beside ptc; give it with --runner\n");
+        return 2;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ptc_print(g, f);
+    fclose(f);
+    int rc = 0;
+    if (ptrt_plan_write_exe(runner, text, len, o->output, err, sizeof err) < 0) {
+        fprintf(stderr, "ptc: error: %s\n", err);
+        rc = 2;
+    } else {
+        printf("wrote %s: model '%s', ", o->output, g->name);
+        print_count(stdout, ptc_graph_param_count(g));
+        printf(" parameters, training step of %d operations (run %s --help)\n", g->nnodes,
+               o->output);
+    }
+    free(text);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    options o = {0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    size_t len;
+    char *src = ptc_read_file(o.file, &len);
+    if (!src) {
+        fprintf(stderr, "ptc: error: cannot read '%s': %s\n", o.file, strerror(errno));
+        return 2;
+    }
+    ptc_diag diag;
+    ptc_diag_init(&diag, stderr, o.file, src, len);
+    ptc_frontend_opts fo = {.defines = o.defines, .ndefines = o.ndefines};
+    ptc_graph *g = ptc_frontend_compile(o.file, src, len, &fo, &diag);
+    if (!g) {
+        free(src);
+        return 1;
+    }
+    char err[512];
+    if (ptc_verify(g, err, sizeof err) < 0) {
+        fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
+        rc = 3;
+    } else if (o.train) {
+        rc = compile_step(g, &o);
+    }
+    if (rc) {
+    } else if (o.emit && strcmp(o.emit, "ir") == 0) {
+        ptc_print(g, stdout);
+    } else if (o.emit && strcmp(o.emit, "dot") == 0) {
+        ptc_print_dot(g, stdout);
+    } else if (o.emit && strcmp(o.emit, "params") == 0) {
+        emit_params(g);
+    } else if (o.output) {
+        rc = write_executable(g, &o);
+    } else if (!o.run && !o.dump_after) {
+        printf("%s: model '%s', ", o.file, g->name);
+        print_count(stdout, ptc_graph_param_count(g));
+        printf(" parameters, %d operations\n", g->nnodes);
+    }
+    if (!rc && o.run)
+        rc = run_forward(g, &o);
+    ptc_graph_free(g);
+    free(src);
+    return rc;
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# test.sh - sets up and runs the whole test suite: the build and every ctest test (unit, golden,
+# training, PyTorch comparison), then the same suite under AddressSanitizer + UndefinedBehavior-
+# Sanitizer, then the front-end fuzzer for a short run. CI runs exactly this.
+#   tools/test.sh [--quick]     --quick skips the sanitizer build and the fuzzer
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=${1:-}
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== build and test =="
+tools/setup.sh build -DPTC_WERROR=ON
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+if [ "$quick" != --quick ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer =="
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPTC_SANITIZE=ON -DPTC_WERROR=ON >/dev/null
+  cmake --build build-asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE slow
+
+  echo "== front-end fuzzer (short run; tests/fuzz/run.sh SECONDS for a longer one) =="
+  tests/fuzz/run.sh 60
+fi
+echo "== all tests passed =="
