@@ -4,6 +4,9 @@
  */
 #include "ast.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 static int max_depth(const ptc_expr *a, const ptc_expr *b)
 {
     int da = a ? a->depth : 0, db = b ? b->depth : 0;
@@ -74,4 +77,50 @@ ptc_decl *ptc_ast_decl(ptc_arena *a, ptc_decl_kind kind, const char *name, ptc_l
     d->name = name;
     d->loc = loc;
     return d;
+}
+
+static size_t hash(const char *s, size_t n)
+{
+    size_t h = 14695981039346656037u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211u;
+    return h;
+}
+
+static bool same(const char *interned, const char *s, size_t n)
+{
+    return strncmp(interned, s, n) == 0 && interned[n] == 0;
+}
+
+const char *ptc_intern(ptc_interner *t, const char *s, size_t n)
+{
+    if (2 * (t->n + 1) > t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 256;
+        const char **slots = ptc_xcalloc(cap, sizeof *slots);
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->slots[i]) {
+                size_t j = hash(t->slots[i], strlen(t->slots[i])) & (cap - 1);
+                while (slots[j])
+                    j = (j + 1) & (cap - 1);
+                slots[j] = t->slots[i];
+            }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = cap;
+    }
+    size_t j = hash(s, n) & (t->cap - 1);
+    while (t->slots[j] && !same(t->slots[j], s, n))
+        j = (j + 1) & (t->cap - 1);
+    if (!t->slots[j]) {
+        t->slots[j] = ptc_arena_strndup(t->arena, s, n);
+        t->n++;
+    }
+    return t->slots[j];
+}
+
+void ptc_interner_free(ptc_interner *t)
+{
+    free(t->slots);
+    t->slots = NULL;
+    t->cap = t->n = 0;
 }

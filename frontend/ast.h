@@ -147,6 +147,16 @@ ptc_arg *ptc_ast_arg(ptc_arena *a, const char *key, ptc_loc keyloc, ptc_expr *va
 ptc_stmt *ptc_ast_stmt(ptc_arena *a, ptc_stmt_kind kind, ptc_loc loc);
 ptc_decl *ptc_ast_decl(ptc_arena *a, ptc_decl_kind kind, const char *name, ptc_loc loc);
 
+/* Identifiers are interned while parsing: one spelling, one pointer, so that lowering compares
+ * names by pointer. The table is freed after the parse; the strings live in the arena. */
+typedef struct ptc_interner {
+    ptc_arena *arena;
+    const char **slots;
+    size_t cap, n;
+} ptc_interner;
+const char *ptc_intern(ptc_interner *t, const char *s, size_t n);
+void ptc_interner_free(ptc_interner *t);
+
 /* Parses src into *out (arena-allocated). Returns 0, or -1 after reporting one error to diag. */
 int ptc_parse(ptc_arena *a, const char *path, const char *src, size_t len, ptc_diag *diag,
               ptc_ast_file *out);

@@ -95,7 +95,7 @@ int ptc_lower_materialize(ptc_lower *L, ptc_val *v, ptc_dtype dt, ptc_loc loc)
 static int unknown_name(ptc_lower *L, const ptc_expr *e)
 {
     for (int i = L->ndead - 1; i >= L->deadbase; i--)
-        if (strcmp(L->dead[i].name, e->name) == 0)
+        if (L->dead[i].name == e->name)
             return ptc_lower_fail(L, e->loc,
                                   "unknown name '%s' (the '%s' assigned at line %d is "
                                   "local to its repeat body)",
@@ -256,9 +256,8 @@ static int not_a_number(ptc_lower *L, const ptc_expr *e, const ptc_val *v, const
     ptc_type_str(type_of(L, v->vid), s, sizeof s);
     if (e->kind == PTC_E_NAME)
         return ptc_lower_fail(L, e->loc,
-                              "%s must be a compile-time number, but '%s' is a tensor "
-                              "(%s)",
-                              what, e->name, s);
+                              "%s must be a compile-time number, but '%s' is a tensor (%s)", what,
+                              e->name, s);
     return ptc_lower_fail(L, e->loc, "%s must be a compile-time number, but this is a tensor (%s)",
                           what, s);
 }
@@ -398,7 +397,7 @@ static int set_attr(ptc_lower *L, const ptc_op_info *info, unsigned bit, const p
         return 0;
     case PTC_A_SHAPE:
     case PTC_A_PERM: return list_attr(L, info->name, e, bit == PTC_A_SHAPE, at);
-    default: PTC_ASSERT(!"attribute with no .ptm form");
+    default: PTC_UNREACHABLE("attribute with no .ptm form");
     }
 }
 
@@ -473,8 +472,7 @@ static int check_call(ptc_lower *L, const ptc_expr *e, const ptc_op_info *info, 
         if (!g->key) {
             if (kw)
                 return ptc_lower_fail(L, g->value->loc,
-                                      "positional argument after keyword "
-                                      "arguments");
+                                      "positional argument after keyword arguments");
             npos++;
             continue;
         }
@@ -607,8 +605,7 @@ static int lower_as(ptc_lower *L, const ptc_expr *e, ptc_val *out)
     const ptc_expr *c = e->lhs;
     if (c->kind != PTC_E_CALL)
         return ptc_lower_fail(L, e->loc,
-                              "'as' names a block instance, so it must follow a call "
-                              "of a block");
+                              "'as' names a block instance, so it must follow a call of a block");
     ptc_decl *b = ptc_lower_find_decl(L, PTC_D_BLOCK, c->name);
     if (b)
         return ptc_lower_block_call(L, b, c, e->name, e->nameloc, out);
@@ -627,8 +624,7 @@ static int lower_expr_kind(ptc_lower *L, const ptc_expr *e, ptc_val *out)
     case PTC_E_NUM: *out = num_val(e->num); return 0;
     case PTC_E_BOOL:
         return ptc_lower_fail(L, e->loc,
-                              "'%s' is only a value of a keyword argument such as "
-                              "causal=%s",
+                              "'%s' is only a value of a keyword argument such as causal=%s",
                               e->truth ? "true" : "false", e->truth ? "true" : "false");
     case PTC_E_NAME: return lower_name(L, e, out);
     case PTC_E_BIN: return lower_binary(L, e, out);
@@ -638,7 +634,8 @@ static int lower_expr_kind(ptc_lower *L, const ptc_expr *e, ptc_val *out)
     case PTC_E_LIST:
         return ptc_lower_fail(L, e->loc, "a list [...] is only an argument of reshape or permute");
     }
-    PTC_ASSERT(!"bad expression kind");
+    PTC_UNREACHABLE("bad expression kind");
+    return -1;
 }
 
 int ptc_lower_expr(ptc_lower *L, const ptc_expr *e, ptc_val *out)

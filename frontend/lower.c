@@ -50,7 +50,7 @@ int ptc_lower_step(ptc_lower *L, ptc_loc loc)
 ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char *name)
 {
     for (ptc_decl *d = L->ast->decls; d; d = d->next)
-        if (d->kind == kind && strcmp(d->name, name) == 0)
+        if (d->kind == kind && d->name == name)
             return d;
     return NULL;
 }
@@ -58,7 +58,7 @@ ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char
 int ptc_lower_find_var(const ptc_lower *L, const char *name)
 {
     for (int i = L->nvars - 1; i >= L->frame; i--)
-        if (strcmp(L->vars[i].name, name) == 0)
+        if (L->vars[i].name == name)
             return i;
     return -1;
 }
@@ -123,7 +123,7 @@ static int take_name(ptc_lower *L, const char *name, const char *what, ptc_loc l
 {
     for (int i = L->nsbase; i < L->nnames; i++) {
         const ptc_scoped *s = &L->names[i];
-        if (strcmp(s->name, name) != 0)
+        if (s->name != name)
             continue;
         char sc[256];
         scope_words(L, sc, sizeof sc);
@@ -159,7 +159,7 @@ static void remember_locals(ptc_lower *L, int height)
     for (int i = height; i < L->nvars; i++) {
         bool seen = false;
         for (int j = L->deadbase; j < L->ndead && !seen; j++)
-            seen = strcmp(L->dead[j].name, L->vars[i].name) == 0;
+            seen = L->dead[j].name == L->vars[i].name;
         if (seen)
             continue;
         PTC_GROW(L->dead, L->capdead, L->ndead);
@@ -216,8 +216,7 @@ static int lower_init(ptc_lower *L, const ptc_stmt *s, ptc_init *out)
     *out = (ptc_init){inits[k].kind, v[0], v[1]};
     if (out->kind == PTC_INIT_NORMAL && v[0] < 0)
         return ptc_lower_fail(L, s->initargs->value->loc,
-                              "the standard deviation of normal must "
-                              "not be negative, got %.15g",
+                              "the standard deviation of normal must not be negative, got %.15g",
                               v[0]);
     if (out->kind == PTC_INIT_UNIFORM && v[0] > v[1])
         return ptc_lower_fail(L, s->initloc, "uniform(LO, HI) needs LO <= HI, got %.15g and %.15g",
@@ -265,9 +264,7 @@ static int lower_assign(ptc_lower *L, const ptc_stmt *s)
     if (n != s->nnames) {
         if (n == 1)
             return ptc_lower_fail(L, s->value->loc,
-                                  "this gives one value, but %d names are "
-                                  "assigned",
-                                  s->nnames);
+                                  "this gives one value, but %d names are assigned", s->nnames);
         return ptc_lower_fail(L, s->value->loc, "%s returns %d values, but %d names are assigned",
                               s->value->name, n, s->nnames);
     }
@@ -320,15 +317,14 @@ static int lower_stmt(ptc_lower *L, const ptc_stmt *s, bool in_repeat, body_resu
     case PTC_S_RETURN:
         if (in_repeat)
             return ptc_lower_fail(L, s->loc,
-                                  "return inside repeat (a body returns once, after "
-                                  "its loops)");
+                                  "return inside repeat (a body returns once, after its loops)");
         if (ptc_lower_expr(L, s->value, &r->v) < 0)
             return -1;
         r->returned = true;
         r->expr = s->value;
         return 0;
     }
-    PTC_ASSERT(!"bad statement kind");
+    PTC_UNREACHABLE("bad statement kind");
 }
 
 static int lower_body(ptc_lower *L, const ptc_stmt *s, bool in_repeat, body_result *r)
@@ -369,9 +365,8 @@ static int recursion_error(ptc_lower *L, const ptc_decl *b, const ptc_expr *call
     if (k < sizeof path)
         snprintf(path + k, sizeof path - k, "%s", b->name);
     return ptc_lower_fail(L, call->loc,
-                          "block %s calls itself through %s (blocks may not be "
-                          "recursive)",
-                          b->name, path);
+                          "block %s calls itself through %s (blocks may not be recursive)", b->name,
+                          path);
 }
 
 /* Lowers the arguments of a block call in the caller's frame and checks their types. */
@@ -386,8 +381,7 @@ static int block_args(ptc_lower *L, const ptc_decl *b, const ptc_expr *call, int
         if (!ptc_type_eq(t, &f->val)) {
             char want[160], got[160];
             return ptc_lower_fail(L, g->value->loc,
-                                  "type mismatch: argument '%s' of block %s is "
-                                  "%s, but this is %s",
+                                  "type mismatch: argument '%s' of block %s is %s, but this is %s",
                                   f->name, b->name, ptc_type_str(&f->val, want, sizeof want),
                                   ptc_type_str(t, got, sizeof got));
         }
@@ -481,7 +475,7 @@ static int check_decls(ptc_lower *L, ptc_decl **model)
     for (ptc_decl *d = L->ast->decls; d; d = d->next) {
         const ptc_decl *first = NULL;
         for (const ptc_decl *e = L->ast->decls; e != d && !first; e = e->next)
-            if (e->kind == d->kind && strcmp(e->name, d->name) == 0 && d->kind != PTC_D_OPTIMIZER)
+            if (e->kind == d->kind && e->name == d->name && d->kind != PTC_D_OPTIMIZER)
                 first = e;
         if (first)
             return ptc_lower_fail(L, d->loc, "%s '%s' is already defined at line %d",
@@ -522,9 +516,8 @@ static int unknown_define(ptc_lower *L, const char *name)
     const char *near = ptc_lower_similar(name, cands, n);
     if (near)
         return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0},
-                              "-D %s: this file has no const named "
-                              "'%s'; did you mean '%s'?",
-                              name, name, near);
+                              "-D %s: this file has no const named '%s'; did you mean '%s'?", name,
+                              name, near);
     return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0}, "-D %s: this file has no const named '%s'",
                           name, name);
 }
@@ -535,14 +528,14 @@ static int apply_defines(ptc_lower *L, const ptc_frontend_opts *opts)
     for (int i = 0; opts && i < opts->ndefines; i++) {
         const ptc_define *def = &opts->defines[i];
         const char *name = def->name ? def->name : "";
-        ptc_decl *c = ptc_lower_find_decl(L, PTC_D_CONST, name);
+        ptc_decl *c = L->ast->decls;
+        while (c && !(c->kind == PTC_D_CONST && strcmp(c->name, name) == 0))
+            c = c->next;
         if (!c)
             return unknown_define(L, name);
         if (!isfinite(def->value))
             return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0},
-                                  "-D %s: the value must be a "
-                                  "finite number",
-                                  def->name);
+                                  "-D %s: the value must be a finite number", def->name);
         c->num = (ptc_num){.v = def->value};
         c->state = 1;
     }
@@ -561,8 +554,7 @@ static int eval_consts(ptc_lower *L)
             return -1;
         if (!v.is_num)
             return ptc_lower_fail(L, d->value->loc,
-                                  "a const must be a compile-time number, but "
-                                  "this is a tensor");
+                                  "a const must be a compile-time number, but this is a tensor");
         d->num = v.num;
         d->state = 1;
     }
@@ -651,7 +643,7 @@ static int eval_formals(ptc_lower *L, ptc_decl *d)
 {
     for (ptc_formal *f = d->formals; f; f = f->next) {
         for (const ptc_formal *e = d->formals; e != f; e = e->next)
-            if (strcmp(e->name, f->name) == 0)
+            if (e->name == f->name)
                 return ptc_lower_fail(L, f->loc, "argument '%s' is declared twice", f->name);
         if (ptc_lower_type(L, f->type, true, &f->val) < 0)
             return -1;
@@ -689,17 +681,13 @@ static int lower_model(ptc_lower *L, ptc_decl *m)
         return -1;
     if (!r.returned)
         return ptc_lower_fail(L, m->endloc,
-                              "model %s ends without returning its loss (`return "
-                              "LOSS`)",
-                              m->name);
+                              "model %s ends without returning its loss (`return LOSS`)", m->name);
     if (ptc_lower_materialize(L, &r.v, PTC_F32, r.expr->loc) < 0)
         return -1;
     const ptc_type *t = &L->g->values[r.v.vid].type;
     if (t->rank != 0 || t->dtype != PTC_F32) {
         char s[160];
-        return ptc_lower_fail(L, r.expr->loc,
-                              "the model must return a scalar loss (f32[]), got "
-                              "%s",
+        return ptc_lower_fail(L, r.expr->loc, "the model must return a scalar loss (f32[]), got %s",
                               ptc_type_str(t, s, sizeof s));
     }
     L->g->loss = r.v.vid;

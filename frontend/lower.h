@@ -11,7 +11,7 @@
 /* Limits that keep any input from crashing, hanging or exhausting memory. */
 #define PTC_FE_MAX_NODES (1 << 19)  /* operations after unrolling */
 #define PTC_FE_MAX_VALUES (1 << 21) /* values after unrolling */
-#define PTC_FE_MAX_STEPS (1 << 23)  /* statements and expressions lowered, unrolling included */
+#define PTC_FE_MAX_STEPS (1 << 21)  /* statements and expressions lowered, unrolling included */
 #define PTC_FE_MAX_REPEAT 1000000   /* one repeat count */
 #define PTC_FE_MAX_NEST 2000        /* recursion of lowering: expressions, repeats, blocks */
 #define PTC_FE_MAX_BLOCKS 64        /* block instances inside block instances */
@@ -75,6 +75,7 @@ int ptc_lower_fail(ptc_lower *L, ptc_loc loc, const char *fmt, ...)
 /* Counts one step of lowering; fails once the budget is spent. */
 int ptc_lower_step(ptc_lower *L, ptc_loc loc);
 
+/* Lookups by interned name (pointer equality; see ptc_intern). */
 ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char *name);
 /* Index of a variable of the current frame, or -1. */
 int ptc_lower_find_var(const ptc_lower *L, const char *name);

@@ -23,6 +23,7 @@
 /* State shared by the scanner and the parser of one compilation. */
 typedef struct ptc_pctx {
     ptc_arena *arena;
+    ptc_interner names;
     ptc_diag *diag;
     const char *file;
     int line, col;           /* position of the next byte */
@@ -519,8 +520,8 @@ static int yyreport_syntax_error(const yypcontext_t *yyctx, yyscan_t scanner, pt
 int ptc_parse(ptc_arena *a, const char *path, const char *src, size_t len, ptc_diag *diag,
               ptc_ast_file *out)
 {
-    ptc_pctx ctx = {.arena = a, .diag = diag, .file = path, .line = 1, .col = 1, .src = src,
-                    .out = out};
+    ptc_pctx ctx = {.arena = a, .names = {.arena = a}, .diag = diag, .file = path, .line = 1,
+                    .col = 1, .src = src, .out = out};
     ctx.end = (ptc_loc){path, 1, 1};
     memset(out, 0, sizeof *out);
     if (len > (size_t)1 << 30) {
@@ -528,6 +529,7 @@ int ptc_parse(ptc_arena *a, const char *path, const char *src, size_t len, ptc_d
         return -1;
     }
     int rc = ptc_lex_run(&ctx, src, len);
+    ptc_interner_free(&ctx.names);
     out->endloc = ctx.end;
     if (rc != 0 && !ctx.failed)
         ptc_pctx_error(&ctx, ctx.end, "syntax error");

@@ -246,7 +246,7 @@ static int infer_model_op(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type
     default:
         break;
     }
-    PTC_ASSERT(!"not a model op");
+    PTC_UNREACHABLE("not a model op");
     return -1;
 }
 
@@ -282,6 +282,111 @@ static int is_scalar(const char *name, const ptc_type *t, char *err, size_t errn
     if (t->rank != 0 || t->dtype != PTC_F32)
         FAIL("%s: expected an f32 scalar, got %s", name, ptc_type_str(t, s, sizeof s));
     return 0;
+}
+
+static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out,
+                          char *err, size_t errn);
+
+/* Collectives and rank-dependent ops of SPMD programs (types are local to a rank). */
+static int infer_spmd(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type *out, char *err,
+                      size_t errn)
+{
+    const char *name = ptc_ops[op].name;
+    char s0[160];
+    ptc_type_str(&in[0], s0, sizeof s0);
+    int64_t g = at->group;
+    out[0] = in[0];
+    switch (op) {
+    case PTC_OP_ALLREDUCE:
+    case PTC_OP_PARTIALIZE:
+        return 1;
+    case PTC_OP_ALLGATHER:
+    case PTC_OP_REDUCE_SCATTER:
+    case PTC_OP_SHARD_SLICE:
+    case PTC_OP_ALL_TO_ALL: {
+        if (g < 1 || (op != PTC_OP_ALL_TO_ALL && at->n < 1))
+            FAIL("%s: group size and groups must be positive", name);
+        if (!norm_axis(&at->axis, in[0].rank))
+            FAIL("%s: axis out of range for %s", name, s0);
+        int64_t *d = &out[0].dims[at->axis];
+        if (op == PTC_OP_ALLGATHER) {
+            *d *= g;
+        } else if (op == PTC_OP_ALL_TO_ALL) {
+            int64_t to = at->to;
+            if (!norm_axis(&to, in[0].rank) || to == at->axis || in[0].dims[to] % g)
+                FAIL("all_to_all: cannot shard dimension %d of %s over %lld ranks", at->to, s0,
+                     (long long)g);
+            at->to = (int)to;
+            *d *= g;
+            out[0].dims[to] /= g;
+        } else if (*d % (g * at->n)) {
+            FAIL("%s: dimension %lld of %s does not divide into %lld parts", name,
+                 (long long)at->axis, s0, (long long)(g * at->n));
+        } else {
+            *d /= g;
+        }
+        return 1;
+    }
+    case PTC_OP_EMBEDDING_SHARD:
+        return infer_model_op(PTC_OP_EMBEDDING, in, at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_EMBEDDING_GRAD_SHARD:
+        return infer_internal(PTC_OP_EMBEDDING_GRAD, in, 2, at, out, err, errn);
+    case PTC_OP_CE_SUMEXP:
+    case PTC_OP_CE_PICK: {
+        bool ok = in[0].rank == in[1].rank + 1 && is_float(in[0].dtype) &&
+                  (op == PTC_OP_CE_PICK ? in[1].dtype == PTC_I32 : is_float(in[1].dtype));
+        for (int i = 0; ok && i < in[1].rank; i++)
+            ok = in[0].dims[i] == in[1].dims[i];
+        if (!ok)
+            FAIL("%s: logits %s and per-row operand do not match", name, s0);
+        out[0] = in[1];
+        out[0].dtype = PTC_F32;
+        return 1;
+    }
+    case PTC_OP_CE_LOSS:
+        if (same_shape(name, &in[0], &in[1], err, errn) < 0 ||
+            same_shape(name, &in[0], &in[2], err, errn) < 0)
+            return -1;
+        out[0] = (ptc_type){.dtype = PTC_F32, .rank = 0};
+        return 1;
+    case PTC_OP_CE_GRAD_SHARD: {
+        ptc_type rows = in[0];
+        rows.rank--;
+        rows.dtype = PTC_F32;
+        if (infer_spmd(PTC_OP_CE_PICK, in, at, out, err, errn) < 0 ||
+            !ptc_type_eq(&in[2], &rows) || !ptc_type_eq(&in[3], &rows) ||
+            is_scalar(name, &in[4], err, errn) < 0)
+            FAIL("%s: operands do not match logits %s", name, s0);
+        out[0] = in[0];
+        return 1;
+    }
+    case PTC_OP_ATTENTION_SHARD:
+    case PTC_OP_ATTENTION_SHARD_GRAD: {
+        if (at->heads < 1 || at->kv_heads < 1 || at->n < at->heads || at->n % at->heads ||
+            at->n % at->kv_heads)
+            FAIL("%s: heads=%lld of n=%lld with kv_heads=%lld do not fit", name,
+                 (long long)at->heads, (long long)at->n, (long long)at->kv_heads);
+        ptc_attrs local = *at;
+        local.kv_heads = at->heads; /* k, v carry all kv heads; check q against itself */
+        ptc_type q = in[0];
+        if (infer_attention((ptc_type[]){q, q, q}, &local, out, err, errn) < 0)
+            return -1;
+        int64_t dh = in[0].dims[2] / at->heads;
+        if (in[1].dims[2] != at->kv_heads * dh || !ptc_type_eq(&in[1], &in[2]))
+            FAIL("%s: k and v need %lld features, got %s", name, (long long)(at->kv_heads * dh),
+                 ptc_type_str(&in[1], (char[160]){0}, 160));
+        if (op == PTC_OP_ATTENTION_SHARD)
+            return 1;
+        if (same_shape(name, &in[0], &in[3], err, errn) < 0)
+            return -1;
+        out[1] = in[1];
+        out[2] = in[2];
+        return 3;
+    }
+    default:
+        break;
+    }
+    FAIL("no shape rule for op %s", name);
 }
 
 /* Ops produced by passes (autodiff, optimizer). Operands come from correct graphs, but the
@@ -408,7 +513,7 @@ static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at,
     default:
         break;
     }
-    FAIL("no shape rule for op %s", name);
+    return infer_spmd(op, in, at, out, err, errn);
 }
 
 int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out, char *err,

@@ -21,7 +21,7 @@ const ptc_op_info ptc_ops[PTC_NOPS] = {
 static const char *const attr_names[PTC_A_COUNT] = {
     "axis", "n", "start", "len", "eps", "heads", "kv_heads", "causal",
     "base", "dtype", "shape", "perm", "value", "name", "init",
-    "beta1", "beta2", "weight_decay", "momentum",
+    "beta1", "beta2", "weight_decay", "momentum", "mesh_axis", "reduce", "to", "group",
 };
 
 const char *ptc_attr_name(unsigned bit)
@@ -94,6 +94,35 @@ ptc_attrs ptc_attrs_default(ptc_op op)
 {
     PTC_ASSERT((unsigned)op < PTC_NOPS);
     return ptc_ops[op].defaults;
+}
+
+int ptc_mesh_nranks(const ptc_mesh *m)
+{
+    int n = 1;
+    for (int i = 0; i < m->naxes; i++)
+        n *= m->sizes[i];
+    return n;
+}
+
+void ptc_mesh_coords(const ptc_mesh *m, int rank, int *coords)
+{
+    for (int i = m->naxes - 1; i >= 0; i--) {
+        coords[i] = rank % m->sizes[i];
+        rank /= m->sizes[i];
+    }
+}
+
+int ptc_mesh_group(const ptc_mesh *m, int rank, int axis, int *members)
+{
+    int stride = 1;
+    for (int i = m->naxes - 1; i > axis; i--)
+        stride *= m->sizes[i];
+    int coords[PTC_MAX_MESH_AXES];
+    ptc_mesh_coords(m, rank, coords);
+    int base = rank - coords[axis] * stride;
+    for (int k = 0; k < m->sizes[axis]; k++)
+        members[k] = base + k * stride;
+    return m->sizes[axis];
 }
 
 ptc_optim ptc_optim_default(ptc_optim_kind kind)

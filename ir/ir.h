@@ -65,7 +65,11 @@ enum {
     PTC_A_BETA2 = 1 << 16,
     PTC_A_WD = 1 << 17,
     PTC_A_MOMENTUM = 1 << 18,
-    PTC_A_COUNT = 19
+    PTC_A_MESH_AXIS = 1 << 19, /* collectives and rank-dependent ops: the mesh axis they act on */
+    PTC_A_REDUCE = 1 << 20,    /* allreduce: 0 sum, 1 max */
+    PTC_A_TO = 1 << 21,        /* all_to_all: the dimension that becomes sharded */
+    PTC_A_GROUP = 1 << 22,     /* collectives and shard slices: ranks on the mesh axis */
+    PTC_A_COUNT = 23
 };
 
 enum {
@@ -73,6 +77,9 @@ enum {
     PTC_F_UNARY = 1 << 1,  /* elementwise, one operand, same type out */
     PTC_F_BINARY = 1 << 2, /* elementwise, two operands, broadcast */
     PTC_F_SOURCE = 1 << 3, /* no operands: input, param, const */
+    PTC_F_COMM = 1 << 4,   /* a collective over the ranks of one mesh axis */
+    PTC_F_RANKDEP = 1 << 5, /* local compute whose result depends on the rank's mesh coordinate */
+    PTC_F_SPMD = 1 << 6,    /* other ops that only SPMD programs contain (run by the SPMD runtime) */
 };
 
 typedef enum {
@@ -95,6 +102,7 @@ typedef struct ptc_attrs {
     int64_t n, start, len, heads, kv_heads;
     double eps, base, value;
     double beta1, beta2, wd, momentum; /* optimizer updates */
+    int mesh_axis, reduce, to, group;
     bool causal;
     ptc_dtype dtype;
     int nshape; /* reshape dims or permute axes */
@@ -118,9 +126,26 @@ ptc_op ptc_op_lookup(const char *name);
 /* ---- placements (filled by the SPMD partitioner; Replicate everywhere by default) ---- */
 typedef enum { PTC_PLACE_REPLICATE, PTC_PLACE_SHARD, PTC_PLACE_PARTIAL } ptc_place_kind;
 typedef struct ptc_placement {
-    uint8_t kind; /* ptc_place_kind */
-    int8_t dim;   /* for SHARD */
+    uint8_t kind;   /* ptc_place_kind */
+    int8_t dim;     /* for SHARD */
+    uint8_t groups; /* for SHARD: the dim is [groups, size/groups] and each group is split (a
+                       strided shard, e.g. a fused qkv weight giving every rank whole heads of q,
+                       k and v); 0 or 1 = a plain contiguous shard */
 } ptc_placement;
+
+/* The device mesh: named axes with sizes. Ranks number the mesh row-major (the last axis fastest),
+ * so with dp=2,tp=4 rank 5 is dp 1, tp 1. Axes are partitioned innermost first. */
+#define PTC_MAX_AXIS_NAME 8
+typedef struct ptc_mesh {
+    int naxes;
+    char names[PTC_MAX_MESH_AXES][PTC_MAX_AXIS_NAME];
+    int sizes[PTC_MAX_MESH_AXES];
+} ptc_mesh;
+int ptc_mesh_nranks(const ptc_mesh *m);
+/* Coordinate of rank on every axis. */
+void ptc_mesh_coords(const ptc_mesh *m, int rank, int *coords);
+/* The ranks of rank's group on axis (in coordinate order); returns the group size. */
+int ptc_mesh_group(const ptc_mesh *m, int rank, int axis, int *members);
 
 typedef struct ptc_value {
     ptc_type type;
@@ -157,6 +182,7 @@ typedef struct ptc_graph {
     ptc_arena *arena;
     char *name;
     ptc_optim optim;
+    ptc_mesh mesh; /* naxes 0 for a logical (single-device) graph */
     ptc_node *nodes;
     int nnodes, capnodes;
     ptc_value *values;

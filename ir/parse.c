@@ -245,6 +245,15 @@ static void parse_attr(parser *ps, ptc_op op, ptc_attrs *a, ptc_node *annot)
     case PTC_A_BETA2: a->beta2 = parse_number(ps); break;
     case PTC_A_WD: a->wd = parse_number(ps); break;
     case PTC_A_MOMENTUM: a->momentum = parse_number(ps); break;
+    case PTC_A_MESH_AXIS: a->mesh_axis = (int)parse_int(ps); break;
+    case PTC_A_TO: a->to = (int)parse_int(ps); break;
+    case PTC_A_GROUP: a->group = (int)parse_int(ps); break;
+    case PTC_A_REDUCE:
+        a->reduce = is_ident(ps, "max");
+        if (!a->reduce && !is_ident(ps, "sum"))
+            fail(ps, "expected sum or max, got '%s'", ps->text);
+        lex(ps);
+        break;
     case PTC_A_CAUSAL:
         a->causal = is_ident(ps, "true");
         if (!a->causal && !is_ident(ps, "false"))
@@ -265,7 +274,7 @@ static void parse_attr(parser *ps, ptc_op op, ptc_attrs *a, ptc_node *annot)
         lex(ps);
         break;
     case PTC_A_INIT: parse_init(ps, &a->init); break;
-    default: PTC_ASSERT(!"unknown attribute");
+    default: PTC_UNREACHABLE("unknown attribute");
     }
 }
 
@@ -295,6 +304,8 @@ static void parse_type(parser *ps, ptc_type *t, ptc_placement *place)
         } else if (ps->kind == T_IDENT && ps->text[0] == 'S' && isdigit((unsigned char)ps->text[1])) {
             place[i].kind = PTC_PLACE_SHARD;
             place[i].dim = (int8_t)atoi(ps->text + 1);
+            const char *x = strchr(ps->text, 'x');
+            place[i].groups = x ? (uint8_t)atoi(x + 1) : 0;
         } else {
             fail(ps, "bad placement '%s'", ps->text);
             return;
@@ -335,6 +346,28 @@ static int value_ref(parser *ps, bool define)
     }
     lex(ps);
     return ps->map[k];
+}
+
+static void parse_mesh(parser *ps)
+{
+    ptc_mesh *m = &ps->g->mesh;
+    lex(ps);
+    while (!ps->failed && ps->kind == T_IDENT) {
+        if (m->naxes == PTC_MAX_MESH_AXES || strlen(ps->text) >= PTC_MAX_AXIS_NAME) {
+            fail(ps, "bad mesh axis '%s'", ps->text);
+            return;
+        }
+        memcpy(m->names[m->naxes], ps->text, strlen(ps->text) + 1);
+        lex(ps);
+        expect_punct(ps, '=');
+        int64_t size = parse_int(ps);
+        if (size < 1 || size > 4096)
+            fail(ps, "bad mesh axis size%s", "");
+        m->sizes[m->naxes++] = (int)size;
+        if (!is_punct(ps, ','))
+            break;
+        lex(ps);
+    }
 }
 
 static void parse_optimizer(parser *ps)
@@ -482,6 +515,8 @@ ptc_graph *ptc_parse_ir(const char *text, char *err, size_t errn)
     lex(&ps);
     ps.g = ptc_graph_new(ps.kind == T_IDENT ? ps.text : "main");
     lex(&ps);
+    if (is_ident(&ps, "mesh"))
+        parse_mesh(&ps);
     if (is_ident(&ps, "source")) {
         lex(&ps);
         if (ps.kind != T_STR)

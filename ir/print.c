@@ -87,13 +87,17 @@ static void put_attr(FILE *f, const ptc_attrs *a, unsigned bit)
     case PTC_A_BETA2: put_double(f, a->beta2); break;
     case PTC_A_WD: put_double(f, a->wd); break;
     case PTC_A_MOMENTUM: put_double(f, a->momentum); break;
+    case PTC_A_MESH_AXIS: fprintf(f, "%d", a->mesh_axis); break;
+    case PTC_A_REDUCE: fputs(a->reduce ? "max" : "sum", f); break;
+    case PTC_A_TO: fprintf(f, "%d", a->to); break;
+    case PTC_A_GROUP: fprintf(f, "%d", a->group); break;
     case PTC_A_CAUSAL: fputs(a->causal ? "true" : "false", f); break;
     case PTC_A_DTYPE: fputs(ptc_dtype_name(a->dtype), f); break;
     case PTC_A_SHAPE:
     case PTC_A_PERM: put_list(f, a->shape, a->nshape); break;
     case PTC_A_NAME: put_string(f, a->name ? a->name : ""); break;
     case PTC_A_INIT: put_init(f, &a->init); break;
-    default: PTC_ASSERT(!"unknown attribute");
+    default: PTC_UNREACHABLE("unknown attribute");
     }
 }
 
@@ -112,7 +116,9 @@ static void put_type(FILE *f, const ptc_value *v)
         const ptc_placement *p = &v->place[i];
         if (i)
             fputc(',', f);
-        if (p->kind == PTC_PLACE_SHARD)
+        if (p->kind == PTC_PLACE_SHARD && p->groups > 1)
+            fprintf(f, "S%dx%d", p->dim, p->groups);
+        else if (p->kind == PTC_PLACE_SHARD)
             fprintf(f, "S%d", p->dim);
         else
             fputc(p->kind == PTC_PLACE_PARTIAL ? 'P' : 'R', f);
@@ -181,6 +187,12 @@ void ptc_print(const ptc_graph *g, FILE *f)
         for (int j = 0; j < g->nodes[i].nout; j++)
             num[g->nodes[i].out[j]] = next++;
     fprintf(f, "model %s\n", g->name);
+    if (g->mesh.naxes) {
+        fputs("mesh", f);
+        for (int i = 0; i < g->mesh.naxes; i++)
+            fprintf(f, "%s%s=%d", i ? "," : " ", g->mesh.names[i], g->mesh.sizes[i]);
+        fputc('\n', f);
+    }
     const char *src = NULL;
     for (int i = 0; i < g->nnodes && !src; i++)
         src = g->nodes[i].loc.file;

@@ -15,6 +15,8 @@
         if (!(c))                                                                                  \
             ptc_assert_fail(__FILE__, __LINE__, #c);                                               \
     } while (0)
+/* Marks code that cannot be reached (the compiler knows it does not return, even at -O0). */
+#define PTC_UNREACHABLE(what) ptc_assert_fail(__FILE__, __LINE__, "unreachable: " what)
 _Noreturn void ptc_assert_fail(const char *file, int line, const char *cond);
 
 /* Arena: bump allocation in chunks; everything is released by ptc_arena_free. */

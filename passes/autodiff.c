@@ -190,7 +190,7 @@ static void shape_rule(ad *a, const ptc_node *n, const int *x, int dy)
         break;
     }
     default:
-        PTC_ASSERT(!"not a shape op");
+        PTC_UNREACHABLE("not a shape op");
     }
 }
 
@@ -272,7 +272,7 @@ static void model_rule(ad *a, const ptc_node *n, const int *x, int y, int dy)
         break;
     }
     default:
-        PTC_ASSERT(!"not a model op");
+        PTC_UNREACHABLE("not a model op");
     }
 }
 
@@ -325,7 +325,7 @@ static void elementwise_rule(ad *a, const ptc_node *n, const int *x, int y, int 
         acc(a, x[0], b1(a, PTC_OP_CAST, &dy, 1, &at));
         break;
     }
-    default: PTC_ASSERT(!"not an elementwise op");
+    default: PTC_UNREACHABLE("not an elementwise op");
     }
 }
 

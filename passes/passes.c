@@ -8,6 +8,8 @@ const ptc_pass ptc_passes[] = {
     {"autodiff", "reverse-mode gradient of the loss for every parameter", ptc_pass_autodiff, true},
     {"optimizer", "gradient clipping and the optimizer update, in the graph", ptc_pass_optimizer,
      true},
+    {"partition", "SPMD partition over the mesh: placements, collectives, rank-local shapes",
+     ptc_pass_partition, false},
 };
 const int ptc_npasses = (int)(sizeof ptc_passes / sizeof ptc_passes[0]);
 

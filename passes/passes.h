@@ -13,8 +13,21 @@
 
 #include "ir.h"
 
+/* A placement pinned by the user: parameter NAME (a glob: * matches any run of characters) gets
+ * placement pl on mesh axis `axis` (--place NAME=AXIS:PL, e.g. 'h.*.mlp.w_fc=tp:S1'). */
+typedef struct ptc_pin {
+    const char *pattern;
+    char axis[PTC_MAX_AXIS_NAME];
+    ptc_placement pl;
+} ptc_pin;
+
 typedef struct ptc_compile_opts {
     bool train;        /* build the whole training step (autodiff + optimizer), not just forward */
+    ptc_mesh mesh;     /* naxes 0: single device */
+    bool seq_parallel; /* Megatron sequence parallelism on the tp axis */
+    int zero;          /* ZeRO stage 0..3 on the dp axis */
+    const ptc_pin *pins;
+    int npins;
     bool verify_each;  /* run the verifier after every pass */
     const char *dump_after; /* pass name, or NULL */
     FILE *dump;             /* where --dump-after prints (stdout when NULL) */
@@ -42,6 +55,7 @@ extern const int ptc_npasses;
 
 int ptc_pass_autodiff(ptc_pass_ctx *ctx);
 int ptc_pass_optimizer(ptc_pass_ctx *ctx);
+int ptc_pass_partition(ptc_pass_ctx *ctx);
 
 /* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
 int ptc_run_passes(ptc_pass_ctx *ctx);

@@ -1,19 +1,16 @@
-/* cpu.c - the fast CPU backend (see cpu.h).
+/* cpu.c - the fast CPU backend's dispatcher (see cpu.h and cpu_internal.h).
  *
- * Matmul with NumPy-style broadcasting of the leading dimensions becomes one sgemm per distinct
- * pair of matrices: when the right operand is a single matrix (the common x[B,S,d] @ w[d,f]), the
- * left operand's leading dims are folded into the rows and it is one sgemm in all. Transposes
- * that feed a matmul are not fused yet; the reference transpose copies.
+ * f32 nodes of the ops a training step spends its time in go to the fast kernels; everything else
+ * (bf16/f16, whose rounding the reference emulates, and the ops or broadcasts no fast kernel takes)
+ * goes to the reference kernel, as does any case a fast kernel declines (a bad id or target, whose
+ * message the reference writes).
  */
 #include "cpu.h"
 
 #include <string.h>
 
+#include "cpu_internal.h"
 #include "ref.h"
-
-#ifdef PTC_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
 
 int ptrt_cpu_has_blas(void)
 {
@@ -26,63 +23,81 @@ int ptrt_cpu_has_blas(void)
 
 void ptrt_cpu_set_threads(int n)
 {
-#ifdef PTC_HAVE_OPENBLAS
-    if (n > 0)
-        openblas_set_num_threads(n);
-#else
-    (void)n;
-#endif
+    ptrt_cpu_pool_set_threads(n);
 }
 
-#ifdef PTC_HAVE_OPENBLAS
-/* Offset (in elements) of the matrix at flat batch index b of a broadcast operand. */
-static int64_t batch_offset(const ptc_type *t, const ptc_type *o, int64_t b, int64_t mat)
+/* No bf16/f16 operand or result: the fast kernels compute in float and do not round to those. */
+static bool plain(const ptc_node *n, const ptc_type *it, const ptc_type *ot)
 {
-    int lead = o->rank - 2, tlead = t->rank - 2;
-    int64_t off = 0, stride = 1;
-    for (int i = lead - 1; i >= 0; i--) {
-        int64_t idx = b % o->dims[i];
-        b /= o->dims[i];
-        int ti = i - (lead - tlead);
-        if (ti >= 0) {
-            if (t->dims[ti] != 1)
-                off += idx * stride;
-            stride *= t->dims[ti];
-        }
-    }
-    return off * mat;
+    for (int k = 0; k < n->nin; k++)
+        if (it[k].dtype == PTC_BF16 || it[k].dtype == PTC_F16)
+            return false;
+    for (int k = 0; k < n->nout; k++)
+        if (ot[k].dtype == PTC_BF16 || ot[k].dtype == PTC_F16)
+            return false;
+    return true;
 }
 
-static int matmul(const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out)
+/* Runs n on a fast kernel; 0 when there is none for this case. */
+static int fast(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                void *const *out)
 {
-    const ptc_type *a = &it[0], *b = &it[1], *o = &ot[0];
-    int64_t m = a->dims[a->rank - 2], k = a->dims[a->rank - 1], n = b->dims[b->rank - 1];
-    const float *A = in[0], *Bm = in[1];
-    float *C = out[0];
-    if (b->rank == 2) { /* fold all of A's leading dims into rows */
-        int64_t rows = ptc_type_numel(a) / k;
-        if (ptc_type_numel(o) == rows * n) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)n, (int)k, 1.0f,
-                        A, (int)k, Bm, (int)n, 0.0f, C, (int)n);
-            return 0;
-        }
+    const ptc_attrs *at = &n->attrs;
+    int64_t kv = at->kv_heads ? at->kv_heads : at->heads;
+    switch (n->op) {
+    case PTC_OP_ADD:
+    case PTC_OP_SUB:
+    case PTC_OP_MUL:
+    case PTC_OP_DIV:
+        return ot[0].dtype == PTC_F32 &&
+               ptrt_cpu_binary(n->op, &it[0], in[0], &it[1], in[1], &ot[0], out[0]);
+    case PTC_OP_NEG:
+    case PTC_OP_RELU:
+    case PTC_OP_GELU:
+    case PTC_OP_SILU: return ot[0].dtype == PTC_F32 && ptrt_cpu_unary(n->op, &it[0], in[0], out[0]);
+    case PTC_OP_MATMUL: return ptrt_cpu_matmul(&it[0], in[0], &it[1], in[1], &ot[0], out[0]);
+    case PTC_OP_LAYERNORM:
+        return ptrt_cpu_layernorm(&it[0], in[0], in[1], in[2], at->eps, out[0]);
+    case PTC_OP_RMSNORM: return ptrt_cpu_rmsnorm(&it[0], in[0], in[1], at->eps, out[0]);
+    case PTC_OP_SOFTMAX:
+    case PTC_OP_LOG_SOFTMAX:
+        return ptrt_cpu_softmax(n->op == PTC_OP_LOG_SOFTMAX, &it[0], in[0], (int)at->axis, out[0]);
+    case PTC_OP_RESHAPE: return ptrt_cpu_copy(ptc_type_numel(&it[0]) * 4, in[0], out[0]);
+    case PTC_OP_TRANSPOSE: return ptrt_cpu_transpose(&it[0], in[0], out[0]);
+    case PTC_OP_EMBEDDING: return ptrt_cpu_embedding(&it[0], in[0], &it[1], in[1], out[0]);
+    case PTC_OP_ATTENTION:
+        return ptrt_cpu_attention(&it[0], in[0], &it[1], in[1], in[2], at->heads, kv, at->causal,
+                                  out[0]);
+    case PTC_OP_ROPE: return ptrt_cpu_rope(&it[0], in[0], at->heads, at->base, false, out[0]);
+    case PTC_OP_CROSS_ENTROPY: return ptrt_cpu_cross_entropy(&it[0], in[0], in[1], out[0]);
+    case PTC_OP_SUM_TO: return ptrt_cpu_sum_to(&it[0], in[0], &ot[0], out[0]);
+    case PTC_OP_SUMSQ: return ptrt_cpu_sumsq(&it[0], in[0], out[0]);
+    case PTC_OP_RELU_GRAD:
+    case PTC_OP_GELU_GRAD:
+    case PTC_OP_SILU_GRAD: return ptrt_cpu_unary_grad(n->op, &it[0], in[0], in[1], out[0]);
+    case PTC_OP_LAYERNORM_GRAD:
+        return ptrt_cpu_layernorm_grad(&it[0], in[0], in[1], in[2], at->eps, out[0], out[1],
+                                       out[2]);
+    case PTC_OP_RMSNORM_GRAD:
+        return ptrt_cpu_rmsnorm_grad(&it[0], in[0], in[1], in[2], at->eps, out[0], out[1]);
+    case PTC_OP_EMBEDDING_GRAD: return ptrt_cpu_embedding_grad(&it[0], in[0], in[1], &ot[0], out[0]);
+    case PTC_OP_ATTENTION_GRAD:
+        return ptrt_cpu_attention_grad(&it[0], &it[1], in, at->heads, kv, at->causal, out);
+    case PTC_OP_ROPE_GRAD: return ptrt_cpu_rope(&it[0], in[0], at->heads, at->base, true, out[0]);
+    case PTC_OP_CROSS_ENTROPY_GRAD:
+        return ptrt_cpu_cross_entropy_grad(&it[0], in[0], in[1], in[2], out[0]);
+    case PTC_OP_ADAMW_UPDATE: return ptrt_cpu_adamw(n, it, in, out);
+    default: return 0;
     }
-    int64_t batches = ptc_type_numel(o) / (m * n);
-    for (int64_t bi = 0; bi < batches; bi++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
-                    A + batch_offset(a, o, bi, m * k), (int)k, Bm + batch_offset(b, o, bi, k * n),
-                    (int)n, 0.0f, C + bi * m * n, (int)n);
-    return 0;
 }
-#endif
 
 int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
-#ifdef PTC_HAVE_OPENBLAS
-    /* bf16/f16 math must round like the reference: leave those to it */
-    if (n->op == PTC_OP_MATMUL && ot[0].dtype == PTC_F32)
-        return matmul(it, in, ot, out);
-#endif
+    if (plain(n, it, ot) && fast(n, it, in, ot, out)) {
+        if (errn)
+            err[0] = '\0';
+        return 0;
+    }
     return ptrt_ref_run(n, it, in, ot, out, err, errn);
 }

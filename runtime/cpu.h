@@ -10,7 +10,8 @@
 /* Same contract as ptrt_ref_run. */
 int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
-/* Threads for GEMMs and parallel kernels (0 = leave the library default). */
+/* Threads for GEMMs and parallel kernels, the calling thread included (0 = one per online CPU).
+ * OpenBLAS itself is kept to one thread: the backend splits GEMMs across its own threads. */
 void ptrt_cpu_set_threads(int n);
 /* Whether GEMMs go to OpenBLAS in this build. */
 int ptrt_cpu_has_blas(void);

@@ -76,7 +76,7 @@ static double init_value(const ptc_init *init, uint64_t key, uint64_t i)
         return init->a * r * cos(two_pi * u01(key, 2 * i + 1));
     }
     }
-    PTC_ASSERT(!"unknown init kind");
+    PTC_UNREACHABLE("unknown init kind");
 }
 
 void ptrt_init_param(const ptc_init *init, const char *name, uint64_t seed, float *out,

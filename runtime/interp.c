@@ -3,14 +3,20 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ref.h"
+#include "spmd.h"
 
 struct ptrt_interp {
     const ptc_graph *g;
     void **buf;
     bool *given;
     ptrt_kernel_fn kernels;
+    ptrt_spmd_ctx *spmd;
+    bool profile;
+    double prof_s[PTC_NOPS]; /* seconds spent in each op kind since profiling was switched on */
+    int64_t prof_calls[PTC_NOPS];
 };
 
 ptrt_interp *ptrt_interp_new(const ptc_graph *g)
@@ -47,6 +53,35 @@ void ptrt_interp_mark_given(ptrt_interp *it, int v)
     it->given[v] = true;
 }
 
+void ptrt_interp_set_spmd(ptrt_interp *it, ptrt_spmd_ctx *ctx)
+{
+    it->spmd = ctx;
+}
+
+int64_t ptrt_interp_global_index(const ptrt_interp *it, int v, int64_t i)
+{
+    if (!it->spmd)
+        return i;
+    const ptc_value *val = &it->g->values[v];
+    return ptrt_spmd_global_index(&val->type, val->place, it->spmd->mesh, it->spmd->coords, i);
+}
+
+/* Fills value v's local buffer with init's values for the matching elements of the full tensor,
+ * in runs of consecutive global indices. */
+void ptrt_interp_fill(ptrt_interp *it, int v, const ptc_init *init, const char *name,
+                      uint64_t seed)
+{
+    float *buf = ptrt_interp_buffer(it, v);
+    int64_t n = ptc_type_numel(&it->g->values[v].type);
+    for (int64_t i = 0; i < n;) {
+        int64_t g0 = ptrt_interp_global_index(it, v, i), len = 1;
+        while (i + len < n && ptrt_interp_global_index(it, v, i + len) == g0 + len)
+            len++;
+        ptrt_init_param(init, name, seed, buf + i, g0, len);
+        i += len;
+    }
+}
+
 void ptrt_interp_init_params(ptrt_interp *it, uint64_t seed)
 {
     const ptc_graph *g = it->g;
@@ -54,9 +89,7 @@ void ptrt_interp_init_params(ptrt_interp *it, uint64_t seed)
         const ptc_node *n = &g->nodes[i];
         if (n->op != PTC_OP_PARAM && n->op != PTC_OP_STATE)
             continue;
-        int v = n->out[0];
-        ptrt_init_param(&n->attrs.init, n->attrs.name, seed, ptrt_interp_buffer(it, v), 0,
-                        ptc_type_numel(&g->values[v].type));
+        ptrt_interp_fill(it, n->out[0], &n->attrs.init, n->attrs.name, seed);
     }
 }
 
@@ -118,6 +151,46 @@ void ptrt_interp_set_kernels(ptrt_interp *it, ptrt_kernel_fn fn)
     it->kernels = fn;
 }
 
+void ptrt_interp_set_profile(ptrt_interp *it, bool on)
+{
+    it->profile = on;
+    memset(it->prof_s, 0, sizeof it->prof_s);
+    memset(it->prof_calls, 0, sizeof it->prof_calls);
+}
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void ptrt_interp_print_profile(const ptrt_interp *it, FILE *f, int64_t steps)
+{
+    int order[PTC_NOPS], n = 0;
+    double total = 0;
+    for (int op = 0; op < PTC_NOPS; op++)
+        if (it->prof_calls[op]) {
+            order[n++] = op;
+            total += it->prof_s[op];
+        }
+    for (int i = 1; i < n; i++) /* insertion sort, largest time first */
+        for (int j = i; j > 0 && it->prof_s[order[j]] > it->prof_s[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    double per = steps > 0 ? (double)steps : 1.0;
+    fprintf(f, "%-20s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
+    for (int i = 0; i < n; i++) {
+        int op = order[i];
+        fprintf(f, "%-20s %8lld %12.3f %6.1f%%\n", ptc_ops[op].name,
+                (long long)((double)it->prof_calls[op] / per + 0.5), 1e3 * it->prof_s[op] / per,
+                total > 0 ? 100.0 * it->prof_s[op] / total : 0.0);
+    }
+    fprintf(f, "%-20s %8s %12.3f %6.1f%%\n", "total", "", 1e3 * total / per, 100.0);
+}
+
 static int run_nodes(ptrt_interp *it, const bool *mask, char *err, size_t errn)
 {
     const ptc_graph *g = it->g;
@@ -137,8 +210,23 @@ static int run_nodes(ptrt_interp *it, const bool *mask, char *err, size_t errn)
             ot[k] = g->values[n->out[k]].type;
             out[k] = ptrt_interp_buffer(it, n->out[k]);
         }
-        char msg[400];
-        if (it->kernels(n, it_, in, ot, out, msg, sizeof msg) < 0) {
+        char msg[1024];
+        double t0 = it->profile ? seconds() : 0;
+        bool spmd = ptc_ops[n->op].flags & (PTC_F_COMM | PTC_F_RANKDEP | PTC_F_SPMD);
+        int rc;
+        if (spmd && !it->spmd) {
+            ptc_fmt(msg, sizeof msg, "an SPMD op in a program run without ranks");
+            rc = -1;
+        } else if (spmd) {
+            rc = ptrt_spmd_run(it->spmd, n, it_, in, ot, out, msg, sizeof msg);
+        } else {
+            rc = it->kernels(n, it_, in, ot, out, msg, sizeof msg);
+        }
+        if (it->profile) {
+            it->prof_s[n->op] += seconds() - t0;
+            it->prof_calls[n->op]++;
+        }
+        if (rc < 0) {
             if (n->loc.line)
                 ptc_fmt(err, errn, "%s:%d:%d: %s: %s", n->loc.file ? n->loc.file : "?",
                         n->loc.line, n->loc.col, ptc_ops[n->op].name, msg);

@@ -7,7 +7,9 @@
 #ifndef PTRT_INTERP_H
 #define PTRT_INTERP_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ir.h"
 
@@ -36,6 +38,23 @@ void ptrt_interp_apply_updates(ptrt_interp *it);
 typedef int (*ptrt_kernel_fn)(const ptc_node *n, const ptc_type *it, void *const *in,
                               const ptc_type *ot, void *const *out, char *err, size_t errn);
 void ptrt_interp_set_kernels(ptrt_interp *it, ptrt_kernel_fn fn);
+
+/* Makes the interpreter run one rank of an SPMD program: collectives and rank-dependent ops go to
+ * ptrt_spmd_run with ctx, and parameters are initialised with the values their elements have in
+ * the full tensor (so every plan starts from the same model). */
+struct ptrt_spmd_ctx;
+void ptrt_interp_set_spmd(ptrt_interp *it, struct ptrt_spmd_ctx *ctx);
+/* Fills value v's local buffer with init's values at its elements' full-tensor indices. */
+void ptrt_interp_fill(ptrt_interp *it, int v, const ptc_init *init, const char *name,
+                      uint64_t seed);
+/* Index in the full tensor of element i of value v's local buffer (i itself without SPMD). */
+int64_t ptrt_interp_global_index(const ptrt_interp *it, int v, int64_t i);
+/* Profiling: with it on, the time of every node run is added up by op kind (two clock reads per
+ * node). Switching it on (again) clears the sums. */
+void ptrt_interp_set_profile(ptrt_interp *it, bool on);
+/* Prints the sums as a table, largest first: op, calls and milliseconds per step (divided by
+ * steps), share of the total. */
+void ptrt_interp_print_profile(const ptrt_interp *it, FILE *f, int64_t steps);
 /* Value id of the input or parameter named name, or -1. */
 int ptrt_graph_find(const ptc_graph *g, ptc_op op, const char *name);
 

@@ -51,7 +51,7 @@ void ptrt_ref_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_ty
         case PTC_OP_SUB: r = x - y; break;
         case PTC_OP_MUL: r = x * y; break;
         case PTC_OP_DIV: r = x / y; break;
-        default: PTC_ASSERT(!"not a binary op");
+        default: PTC_UNREACHABLE("not a binary op");
         }
         o[i] = (float)r;
     }
@@ -83,7 +83,7 @@ static double unary(ptc_op op, double x)
         return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
     }
     case PTC_OP_SILU: return x * sigmoid(x);
-    default: PTC_ASSERT(!"not a unary op");
+    default: PTC_UNREACHABLE("not a unary op");
     }
 }
 

@@ -130,7 +130,7 @@ static double unary_deriv(ptc_op op, double x)
         double s = sigmoid(x);
         return s * (1 + x * (1 - s));
     }
-    default: PTC_ASSERT(!"not an elementwise backward op");
+    default: PTC_UNREACHABLE("not an elementwise backward op");
     }
 }
 

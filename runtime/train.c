@@ -1,18 +1,28 @@
-/* train.c - the training loop of compiled executables (see train.h). */
+/* train.c - the training loop of compiled executables (see train.h).
+ *
+ * A plan partitioned over a mesh runs as one thread per rank, each with its own interpreter over
+ * the rank program and its own view of the data; collectives go through one in-process
+ * communicator. Rank 0 prints, logs and writes checkpoints, which always hold full (logical)
+ * tensors: it gathers every rank's local parts by their full-tensor indices, so a checkpoint does
+ * not depend on the mesh that wrote it. A single-device plan is the same loop with one rank.
+ */
 #include "train.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "checkpoint.h"
+#include "comm.h"
 #include "cpu.h"
 #include "data.h"
 #include "interp.h"
 #include "ref.h"
+#include "spmd.h"
 
 void ptrt_train_opts_default(ptrt_train_opts *o)
 {
@@ -26,6 +36,7 @@ void ptrt_train_opts_default(ptrt_train_opts *o)
     o->keep = 3;
     o->val_batches = 4;
     o->backend = PTRT_BACKEND_CPU;
+    o->timeout_s = 60;
 }
 
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
@@ -41,40 +52,107 @@ double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
     return floor + 0.5 * (1 + cos(3.14159265358979323846 * frac)) * (peak - floor);
 }
 
-/* What the loop needs to know about the step graph. */
+/* A persistent tensor (parameter or optimizer state) of the plan. */
+typedef struct entry {
+    int value;       /* value id in the rank program */
+    const char *name;
+    ptc_type full;   /* logical type */
+} entry;
+
+typedef struct shared shared;
+
+/* One rank. */
 typedef struct run {
+    shared *sh;
+    int rank;
+    ptrt_interp *it;
+    ptrt_spmd_ctx spmd;
+    ptrt_data *data, *val;
+    int32_t *gtok, *gtgt; /* the global batch */
+} run;
+
+struct shared {
     const ptc_graph *g;
     const ptrt_train_opts *o;
-    ptrt_interp *it;
+    int nranks;
+    run *runs;
+    ptrt_comm *comm;
+    int *all; /* 0..nranks-1, the group of barriers */
     int tokens, targets, lr, step, max_norm; /* input value ids, -1 if absent */
-    int64_t B, T, vocab;
-    ptrt_ckpt_param *ckpt; /* params, then optimizer states */
-    int nparams, nckpt;
+    int64_t B, T, vocab;                    /* global batch shape */
+    entry *ents;
+    int nparams, nents;
+    ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
     uint64_t config_hash;
-    ptrt_data *data, *val;
     FILE *log;
-} run;
+    pthread_mutex_t lock;
+    int rc;
+    char err[2048];
+    int64_t first; /* first step to run */
+    bool loaded;   /* full holds weights loaded by --init-from or --resume */
+};
+
+static void fail(shared *sh, int rank, int rc, const char *msg)
+{
+    pthread_mutex_lock(&sh->lock);
+    if (!sh->rc) {
+        sh->rc = rc;
+        snprintf(sh->err, sizeof sh->err, "%.2000s", msg);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (sh->comm)
+        ptrt_comm_abort(sh->comm, rank, msg);
+}
+
+static int failed(shared *sh)
+{
+    pthread_mutex_lock(&sh->lock);
+    int rc = sh->rc;
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+/* Waits for every rank; false if the run has failed (on any rank). */
+static bool sync_all(run *r, const char *what)
+{
+    shared *sh = r->sh;
+    if (sh->nranks > 1) {
+        char err[1024];
+        ptrt_coll_desc d = {.group_name = what, .step = 0, .index = 0};
+        if (ptrt_comm_barrier(sh->comm, r->rank, sh->all, sh->nranks, &d, err, sizeof err) < 0)
+            fail(sh, r->rank, 1, err);
+    }
+    return !failed(sh);
+}
 
 static int consumer_role(const ptc_graph *g, int v)
 {
     for (int i = 0; i < g->nnodes; i++) {
         const ptc_node *n = &g->nodes[i];
-        if (n->op == PTC_OP_EMBEDDING && n->in[1] == v)
+        bool ids = n->nin >= 2 && n->in[1] == v;
+        if ((n->op == PTC_OP_EMBEDDING || n->op == PTC_OP_EMBEDDING_SHARD) && ids)
             return 1;
-        if (n->op == PTC_OP_CROSS_ENTROPY && n->in[1] == v)
+        if ((n->op == PTC_OP_CROSS_ENTROPY || n->op == PTC_OP_CE_PICK) && ids)
             return 2;
     }
     return 0;
 }
 
-static int find_roles(run *r, char *err, size_t errn)
+static ptc_type full_type(const shared *sh, int v)
 {
-    const ptc_graph *g = r->g;
-    r->tokens = r->targets = -1;
-    r->lr = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_LR);
-    r->step = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_STEP);
-    r->max_norm = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_MAX_NORM);
-    if (r->lr < 0 || r->step < 0 || r->max_norm < 0 || g->loss < 0 || g->noutputs < 1) {
+    const ptc_value *val = &sh->g->values[v];
+    return sh->g->mesh.naxes ? ptrt_spmd_global_type(&val->type, val->place, &sh->g->mesh)
+                             : val->type;
+}
+
+static int find_roles(shared *sh, char *err, size_t errn)
+{
+    const ptc_graph *g = sh->g;
+    sh->tokens = sh->targets = -1;
+    sh->lr = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_LR);
+    sh->step = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_STEP);
+    sh->max_norm = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_MAX_NORM);
+    if (sh->lr < 0 || sh->step < 0 || sh->max_norm < 0 || g->loss < 0 || g->noutputs < 1) {
         ptc_fmt(err, errn, "the embedded plan is not a training step");
         return -1;
     }
@@ -84,55 +162,98 @@ static int find_roles(run *r, char *err, size_t errn)
             continue;
         int role = consumer_role(g, n->out[0]);
         if (role == 1)
-            r->tokens = n->out[0];
+            sh->tokens = n->out[0];
         else if (role == 2)
-            r->targets = n->out[0];
+            sh->targets = n->out[0];
     }
-    if (r->tokens >= 0) {
-        const ptc_type *t = &g->values[r->tokens].type;
-        if (t->rank != 2) {
+    if (sh->tokens >= 0) {
+        ptc_type t = full_type(sh, sh->tokens);
+        if (t.rank != 2) {
             ptc_fmt(err, errn, "token input must have shape [batch, seq] to read token files");
             return -1;
         }
-        r->B = t->dims[0];
-        r->T = t->dims[1];
-        for (int i = 0; i < g->nnodes; i++)
-            if (g->nodes[i].op == PTC_OP_EMBEDDING && g->nodes[i].in[1] == r->tokens)
-                r->vocab = g->values[g->nodes[i].in[0]].type.dims[0];
+        sh->B = t.dims[0];
+        sh->T = t.dims[1];
+        for (int i = 0; i < g->nnodes; i++) {
+            const ptc_node *n = &g->nodes[i];
+            if ((n->op == PTC_OP_EMBEDDING || n->op == PTC_OP_EMBEDDING_SHARD) &&
+                n->in[1] == sh->tokens)
+                sh->vocab = full_type(sh, n->in[0]).dims[0];
+        }
     }
     return 0;
 }
 
-static void setup_ckpt(run *r)
+static void find_entries(shared *sh)
 {
-    const ptc_graph *g = r->g;
-    r->ckpt = ptc_xcalloc((size_t)g->nnodes, sizeof *r->ckpt);
+    const ptc_graph *g = sh->g;
+    sh->ents = ptc_xcalloc((size_t)g->nnodes, sizeof *sh->ents);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < g->nnodes; i++) {
             const ptc_node *n = &g->nodes[i];
             if (n->op != (pass == 0 ? PTC_OP_PARAM : PTC_OP_STATE))
                 continue;
-            ptrt_ckpt_param *c = &r->ckpt[r->nckpt++];
-            const ptc_type *t = &g->values[n->out[0]].type;
-            c->name = n->attrs.name;
-            c->ndim = t->rank;
-            memcpy(c->shape, t->dims, sizeof(int64_t) * (size_t)t->rank);
-            c->value = ptrt_interp_buffer(r->it, n->out[0]);
+            sh->ents[sh->nents++] =
+                (entry){.value = n->out[0], .name = n->attrs.name, .full = full_type(sh, n->out[0])};
             if (pass == 0)
-                r->nparams++;
+                sh->nparams++;
         }
+    sh->full = ptc_xcalloc((size_t)(sh->nents ? sh->nents : 1), sizeof *sh->full);
+    for (int i = 0; i < sh->nents; i++) {
+        ptrt_ckpt_param *c = &sh->full[i];
+        c->name = sh->ents[i].name;
+        c->ndim = sh->ents[i].full.rank;
+        memcpy(c->shape, sh->ents[i].full.dims, sizeof(int64_t) * (size_t)c->ndim);
+    }
+}
+
+/* Full tensors for checkpoints, allocated on first use. */
+static void alloc_full(shared *sh)
+{
+    for (int i = 0; i < sh->nents; i++)
+        if (!sh->full[i].value)
+            sh->full[i].value =
+                ptc_xmalloc(sizeof(float) * (size_t)ptc_type_numel(&sh->ents[i].full));
+}
+
+/* full <- every rank's local parts (replicated parts are written by each holder, identically). */
+static void gather_full(shared *sh, int first, int count)
+{
+    alloc_full(sh);
+    for (int i = first; i < first + count; i++) {
+        int v = sh->ents[i].value;
+        int64_t n = ptc_type_numel(&sh->g->values[v].type);
+        for (int r = 0; r < sh->nranks; r++) {
+            ptrt_interp *it = sh->runs[r].it;
+            const float *loc = ptrt_interp_buffer(it, v);
+            for (int64_t k = 0; k < n; k++)
+                sh->full[i].value[ptrt_interp_global_index(it, v, k)] = loc[k];
+        }
+    }
+}
+
+/* This rank's parts <- full. */
+static void scatter_full(run *r, int first, int count)
+{
+    shared *sh = r->sh;
+    for (int i = first; i < first + count; i++) {
+        int v = sh->ents[i].value;
+        int64_t n = ptc_type_numel(&sh->g->values[v].type);
+        float *loc = ptrt_interp_buffer(r->it, v);
+        for (int64_t k = 0; k < n; k++)
+            loc[k] = sh->full[i].value[ptrt_interp_global_index(r->it, v, k)];
+    }
 }
 
 /* What must match for a resume to continue the same run: the batch shape, the optimizer, the
  * data order (seed, shuffle) and the data file's size. */
-static void set_config_hash(run *r)
+static void set_config_hash(shared *sh, size_t ntokens)
 {
     char extra[512];
     ptc_fmt(extra, sizeof extra, "B=%lld T=%lld optim=%d seed=%llu shuffle=%d data=%zu",
-            (long long)r->B, (long long)r->T, (int)r->g->optim.kind,
-            (unsigned long long)r->o->seed, (int)r->o->shuffle,
-            r->data ? ptrt_data_ntokens(r->data) : 0);
-    r->config_hash = ptrt_ckpt_config_hash(r->ckpt, r->nckpt, extra);
+            (long long)sh->B, (long long)sh->T, (int)sh->g->optim.kind,
+            (unsigned long long)sh->o->seed, (int)sh->o->shuffle, ntokens);
+    sh->config_hash = ptrt_ckpt_config_hash(sh->full, sh->nents, extra);
 }
 
 static double now(void)
@@ -142,42 +263,60 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Random ids (or normal floats) for every input the data does not feed, fixed by (seed, step). */
+/* Copies this rank's part of a global [B, T] batch into input v. */
+static void feed(run *r, int v, const int32_t *global)
+{
+    int32_t *loc = ptrt_interp_buffer(r->it, v);
+    int64_t n = ptc_type_numel(&r->sh->g->values[v].type);
+    for (int64_t k = 0; k < n; k++)
+        loc[k] = global[ptrt_interp_global_index(r->it, v, k)];
+}
+
+/* Random ids (or normal floats) for every input the data does not feed, fixed by (seed, step)
+ * and by full-tensor index, so every plan sees the same batch. */
 static void random_batch(run *r, int64_t t)
 {
-    const ptc_graph *g = r->g;
+    shared *sh = r->sh;
+    const ptc_graph *g = sh->g;
     for (int i = 0; i < g->nnodes; i++) {
         const ptc_node *n = &g->nodes[i];
         int v = n->out[0];
-        if (n->op != PTC_OP_INPUT || v == r->lr || v == r->step || v == r->max_norm ||
-            (r->data && (v == r->tokens || v == r->targets)))
+        if (n->op != PTC_OP_INPUT || v == sh->lr || v == sh->step || v == sh->max_norm ||
+            (r->data && (v == sh->tokens || v == sh->targets)))
             continue;
         char name[300];
         ptc_fmt(name, sizeof name, "data.%s.%lld", n->attrs.name, (long long)t);
-        int64_t numel = ptc_type_numel(&g->values[v].type);
         if (g->values[v].type.dtype != PTC_I32) {
             ptc_init init = {.kind = PTC_INIT_NORMAL, .a = 1.0};
-            ptrt_init_param(&init, name, r->o->seed, ptrt_interp_buffer(r->it, v), 0, numel);
+            ptrt_interp_fill(r->it, v, &init, name, sh->o->seed);
             continue;
         }
-        ptrt_interp_mark_given(r->it, v);
-        float *u = ptc_xmalloc((size_t)numel * sizeof(float));
+        int64_t numel = ptc_type_numel(&g->values[v].type);
+        int64_t bound = sh->vocab > 0 ? sh->vocab : 2;
+        for (int k = 0; k < g->nnodes && v == sh->targets; k++) {
+            const ptc_node *c = &g->nodes[k];
+            if ((c->op == PTC_OP_CROSS_ENTROPY || c->op == PTC_OP_CE_PICK) && c->in[1] == v) {
+                ptc_type lt = full_type(sh, c->in[0]);
+                bound = lt.dims[lt.rank - 1];
+            }
+        }
         ptc_init init = {.kind = PTC_INIT_UNIFORM, .a = 0.0, .b = 1.0};
-        ptrt_init_param(&init, name, r->o->seed, u, 0, numel);
-        int64_t bound = r->vocab > 0 ? r->vocab : 2;
-        if (v == r->targets)
-            for (int k = 0; k < g->nnodes; k++)
-                if (g->nodes[k].op == PTC_OP_CROSS_ENTROPY && g->nodes[k].in[1] == v) {
-                    const ptc_type *lt = &g->values[g->nodes[k].in[0]].type;
-                    bound = lt->dims[lt->rank - 1];
-                }
+        ptrt_interp_fill(r->it, v, &init, name, sh->o->seed); /* uniforms in the int buffer */
         int32_t *ids = ptrt_interp_buffer(r->it, v);
         for (int64_t k = 0; k < numel; k++) {
-            int64_t id = (int64_t)(u[k] * (double)bound);
+            float u;
+            memcpy(&u, &ids[k], sizeof u);
+            int64_t id = (int64_t)(u * (double)bound);
             ids[k] = (int32_t)(id < bound ? id : bound - 1);
         }
-        free(u);
     }
+}
+
+static void next_batch(run *r, ptrt_data *d)
+{
+    ptrt_data_next_batch(d, r->gtok, r->gtgt);
+    feed(r, r->sh->tokens, r->gtok);
+    feed(r, r->sh->targets, r->gtgt);
 }
 
 static void set_scalar(run *r, int v, double x)
@@ -185,22 +324,39 @@ static void set_scalar(run *r, int v, double x)
     *(float *)ptrt_interp_buffer(r->it, v) = (float)x;
 }
 
-static double evaluate(run *r, char *err, size_t errn, int *rc)
+static int run_step_graph(run *r, int64_t t, int v_only)
 {
+    char err[2048];
+    r->spmd.step = t;
+    r->spmd.index = 0;
+    int rc = v_only >= 0 ? ptrt_interp_run_for(r->it, v_only, err, sizeof err)
+                         : ptrt_interp_run(r->it, err, sizeof err);
+    if (rc < 0) {
+        char msg[2100];
+        if (r->sh->nranks > 1)
+            ptc_fmt(msg, sizeof msg, "rank %d: %s", r->rank, err);
+        else
+            ptc_fmt(msg, sizeof msg, "%s", err);
+        fail(r->sh, r->rank, 1, msg);
+        return -1;
+    }
+    return 0;
+}
+
+static double evaluate(run *r, int64_t t)
+{
+    shared *sh = r->sh;
     double total = 0;
     uint64_t pos = ptrt_data_position(r->val);
     ptrt_data_seek(r->val, 0);
-    for (int64_t b = 0; b < r->o->val_batches; b++) {
-        ptrt_data_next_batch(r->val, ptrt_interp_buffer(r->it, r->tokens),
-                             ptrt_interp_buffer(r->it, r->targets));
-        if (ptrt_interp_run_for(r->it, r->g->loss, err, errn) < 0) {
-            *rc = 1;
+    for (int64_t b = 0; b < sh->o->val_batches; b++) {
+        next_batch(r, r->val);
+        if (run_step_graph(r, t, sh->g->loss) < 0)
             return NAN;
-        }
-        total += *(float *)ptrt_interp_buffer(r->it, r->g->loss);
+        total += *(float *)ptrt_interp_buffer(r->it, sh->g->loss);
     }
     ptrt_data_seek(r->val, pos);
-    return total / (double)r->o->val_batches;
+    return total / (double)sh->o->val_batches;
 }
 
 static void fmt_eta(char *buf, size_t n, double s)
@@ -209,10 +365,11 @@ static void fmt_eta(char *buf, size_t n, double s)
     ptc_fmt(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
-static int open_inputs(run *r, char *err, size_t errn)
+static int open_data(run *r, char *err, size_t errn)
 {
-    const ptrt_train_opts *o = r->o;
-    if ((o->data || o->val_data) && (r->tokens < 0 || r->targets < 0)) {
+    shared *sh = r->sh;
+    const ptrt_train_opts *o = sh->o;
+    if ((o->data || o->val_data) && (sh->tokens < 0 || sh->targets < 0)) {
         ptc_fmt(err, errn, "--data needs a model with a token input (feeding an embedding) and a "
                            "target input (feeding cross_entropy)");
         return 2;
@@ -222,71 +379,86 @@ static int open_inputs(run *r, char *err, size_t errn)
     for (int i = 0; i < 2; i++) {
         if (!paths[i])
             continue;
-        *dst[i] = ptrt_data_open(paths[i], (int)r->vocab, err, errn);
-        if (!*dst[i] || ptrt_data_configure(*dst[i], (int)r->B, (int)r->T, i == 0 && o->shuffle,
+        *dst[i] = ptrt_data_open(paths[i], (int)sh->vocab, err, errn);
+        if (!*dst[i] || ptrt_data_configure(*dst[i], (int)sh->B, (int)sh->T, i == 0 && o->shuffle,
                                             o->seed, err, errn) < 0)
             return 2;
     }
+    if (r->data || r->val) {
+        r->gtok = ptc_xmalloc(sizeof(int32_t) * (size_t)(sh->B * sh->T));
+        r->gtgt = ptc_xmalloc(sizeof(int32_t) * (size_t)(sh->B * sh->T));
+    }
     return 0;
 }
 
-static int save_checkpoint(run *r, int64_t t, char *err, size_t errn)
+/* Rank 0: writes a checkpoint of every rank's state (after sync). */
+static int save_checkpoint(run *r, int64_t t)
 {
+    shared *sh = r->sh;
+    char err[2048], path[1024];
+    gather_full(sh, 0, sh->nents);
     ptrt_ckpt_state st = {.step = t,
                           .data_position = r->data ? ptrt_data_position(r->data) : 0,
-                          .seed = r->o->seed,
-                          .config_hash = r->config_hash};
-    char path[1024];
-    if (ptrt_ckpt_save(r->o->ckpt_dir, r->ckpt, r->nckpt, &st, r->o->keep, path, sizeof path, err,
-                       errn) < 0)
-        return 1;
-    if (!r->o->quiet)
-        fprintf(r->o->out ? r->o->out : stdout, "checkpoint: %s\n", path);
+                          .seed = sh->o->seed,
+                          .config_hash = sh->config_hash};
+    if (ptrt_ckpt_save(sh->o->ckpt_dir, sh->full, sh->nents, &st, sh->o->keep, path, sizeof path,
+                       err, sizeof err) < 0) {
+        fail(sh, r->rank, 1, err);
+        return -1;
+    }
+    if (!sh->o->quiet)
+        fprintf(sh->o->out ? sh->o->out : stdout, "checkpoint: %s\n", path);
     return 0;
 }
 
-/* Initial state: fresh, from --init-from, or resumed. Returns the first step to run. */
-static int64_t initial_state(run *r, int *rc, char *err, size_t errn)
+/* Rank 0: --init-from / --resume into the full tensors; 0 fresh, 1 loaded, -1 failed. */
+static int load_initial(run *r)
 {
-    const ptrt_train_opts *o = r->o;
+    shared *sh = r->sh;
+    const ptrt_train_opts *o = sh->o;
     FILE *out = o->out ? o->out : stdout;
-    ptrt_interp_init_params(r->it, o->seed);
-    if (o->init_from && ptrt_ckpt_init_from(o->init_from, r->ckpt, r->nparams, err, errn) < 0) {
-        *rc = 2;
-        return -1;
+    char err[2048];
+    int loaded = 0;
+    if (o->init_from) {
+        alloc_full(sh);
+        gather_full(sh, 0, sh->nents); /* states keep their initial values */
+        if (ptrt_ckpt_init_from(o->init_from, sh->full, sh->nparams, err, sizeof err) < 0) {
+            fail(sh, r->rank, 2, err);
+            return -1;
+        }
+        loaded = 1;
     }
     if (!o->resume)
-        return 1;
-    if (!o->ckpt_dir) {
-        ptc_fmt(err, errn, "--resume needs --checkpoint-dir");
-        *rc = 2;
-        return -1;
-    }
+        return loaded;
     ptrt_ckpt_state st;
     char path[1024];
-    int got = ptrt_ckpt_resume(o->ckpt_dir, r->ckpt, r->nckpt, r->config_hash, &st, path,
-                               sizeof path, err, errn);
+    alloc_full(sh);
+    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, sh->config_hash, &st, path,
+                               sizeof path, err, sizeof err);
     if (got < 0) {
-        *rc = 2;
+        fail(sh, r->rank, 2, err);
         return -1;
     }
     if (got == 0) {
         if (!o->quiet)
             fprintf(out, "resume: no checkpoint in %s, starting from step 1\n", o->ckpt_dir);
-        return 1;
+        return loaded;
     }
-    if (r->data)
-        ptrt_data_seek(r->data, st.data_position);
+    sh->first = st.step + 1;
+    for (int k = 0; k < sh->nranks; k++)
+        if (sh->runs[k].data)
+            ptrt_data_seek(sh->runs[k].data, st.data_position);
     if (!o->quiet)
         fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
-    return st.step + 1;
+    return 1;
 }
 
 static void progress(run *r, int64_t t, double loss, double lr, double norm, double dt,
                      double elapsed, int64_t done)
 {
-    const ptrt_train_opts *o = r->o;
-    double tokps = r->B * r->T > 0 ? (double)(r->B * r->T) / dt : 1.0 / dt;
+    shared *sh = r->sh;
+    const ptrt_train_opts *o = sh->o;
+    double tokps = sh->B * sh->T > 0 ? (double)(sh->B * sh->T) / dt : 1.0 / dt;
     char eta[32];
     fmt_eta(eta, sizeof eta, elapsed / (double)done * (double)(o->steps - t));
     if (!o->quiet)
@@ -295,131 +467,239 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
                 "eta %s\n",
                 (int)(o->steps >= 1000 ? 5 : 3), (long long)t, (long long)o->steps, loss, lr, norm,
                 tokps, dt * 1e3, eta);
-    if (r->log) {
-        fprintf(r->log,
+    if (sh->log) {
+        fprintf(sh->log,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"tokens_per_s\": %.6g, \"step_ms\": %.6g}\n",
                 (long long)t, loss, lr, norm, tokps, dt * 1e3);
-        fflush(r->log);
+        fflush(sh->log);
     }
 }
 
 /* Writes every parameter's gradient of this step (outputs 1.. of the step graph). */
-static int dump_grads(run *r, int64_t t, char *err, size_t errn)
+static int dump_grads(run *r, int64_t t)
 {
-    char path[1200];
-    if (mkdir(r->o->dump_grads, 0777) < 0 && errno != EEXIST) {
-        ptc_fmt(err, errn, "--dump-grads: cannot create '%s': %s", r->o->dump_grads,
+    shared *sh = r->sh;
+    char path[1200], err[2048];
+    if (mkdir(sh->o->dump_grads, 0777) < 0 && errno != EEXIST) {
+        ptc_fmt(err, sizeof err, "--dump-grads: cannot create '%s': %s", sh->o->dump_grads,
                 strerror(errno));
-        return 2;
+        fail(sh, r->rank, 2, err);
+        return -1;
     }
-    ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", r->o->dump_grads, (long long)t);
+    ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads,
+            (long long)t);
     ptrt_st_writer *w = ptrt_st_writer_new();
-    for (int i = 0; i < r->nparams && 1 + i < r->g->noutputs; i++)
-        ptrt_st_add(w, r->ckpt[i].name, PTRT_ST_F32, r->ckpt[i].ndim, r->ckpt[i].shape,
-                    ptrt_interp_buffer(r->it, r->g->outputs[1 + i]));
-    int rc = ptrt_st_save(w, path, err, errn) < 0 ? 1 : 0;
+    for (int i = 0; i < sh->nparams && 1 + i < sh->g->noutputs; i++)
+        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
+                    ptrt_interp_buffer(r->it, sh->g->outputs[1 + i]));
+    int rc = ptrt_st_save(w, path, err, sizeof err);
     ptrt_st_writer_free(w);
+    if (rc < 0)
+        fail(sh, r->rank, 1, err);
     return rc;
 }
 
-static int loop(run *r, int64_t first, char *err, size_t errn)
+static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
 {
-    const ptrt_train_opts *o = r->o;
-    FILE *out = o->out ? o->out : stdout;
-    double peak = o->lr >= 0 ? o->lr : r->g->optim.lr;
-    double t0 = now(), first_loss = NAN, last_loss = NAN;
-    int64_t done = 0;
-    int rc = 0;
-    for (int64_t t = first; t <= o->steps; t++) {
-        double ts = now();
-        if (r->data)
-            ptrt_data_next_batch(r->data, ptrt_interp_buffer(r->it, r->tokens),
-                                 ptrt_interp_buffer(r->it, r->targets));
-        random_batch(r, t);
-        double lr = ptrt_lr_at(o, peak, t);
-        set_scalar(r, r->lr, lr);
-        set_scalar(r, r->step, (double)t);
-        set_scalar(r, r->max_norm, o->max_norm > 0 ? o->max_norm : INFINITY);
-        if (ptrt_interp_run(r->it, err, errn) < 0)
-            return 1;
-        double loss = *(float *)ptrt_interp_buffer(r->it, r->g->loss);
-        double norm = sqrt(*(float *)ptrt_interp_buffer(r->it, r->g->outputs[0]));
-        if (!isfinite(loss)) {
-            ptc_fmt(err, errn, "loss is %g at step %lld: training diverged (try a lower --lr or "
-                               "--grad-clip)", loss, (long long)t);
-            return 1;
-        }
-        if (o->dump_grads && dump_grads(r, t, err, errn))
-            return 1;
-        ptrt_interp_apply_updates(r->it);
-        done++;
-        if (isnan(first_loss))
-            first_loss = loss;
-        last_loss = loss;
-        progress(r, t, loss, lr, norm, now() - ts, now() - t0, done);
-        if (r->val && o->val_every > 0 && (t % o->val_every == 0 || t == o->steps)) {
-            double vl = evaluate(r, err, errn, &rc);
-            if (rc)
-                return rc;
-            if (!o->quiet)
-                fprintf(out, "val loss %.6f\n", vl);
-            if (r->log)
-                fprintf(r->log, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t, vl);
-        }
-        if (o->ckpt_dir && ((o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps) &&
-            save_checkpoint(r, t, err, errn))
-            return 1;
+    shared *sh = r->sh;
+    if (r->data)
+        next_batch(r, r->data);
+    random_batch(r, t);
+    set_scalar(r, sh->lr, lr);
+    set_scalar(r, sh->step, (double)t);
+    set_scalar(r, sh->max_norm, sh->o->max_norm > 0 ? sh->o->max_norm : INFINITY);
+    if (run_step_graph(r, t, -1) < 0)
+        return -1;
+    *loss = *(float *)ptrt_interp_buffer(r->it, sh->g->loss);
+    *norm = sqrt(*(float *)ptrt_interp_buffer(r->it, sh->g->outputs[0]));
+    if (!isfinite(*loss)) {
+        char msg[256];
+        ptc_fmt(msg, sizeof msg,
+                "loss is %g at step %lld: training diverged (try a lower --lr or --grad-clip)",
+                *loss, (long long)t);
+        fail(sh, r->rank, 1, msg);
+        return -1;
     }
-    double el = now() - t0;
-    if (!o->quiet && done)
-        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n",
-                (long long)done, el, first_loss, last_loss,
-                (double)(r->B * r->T * done) / (el > 0 ? el : 1));
+    if (sh->o->dump_grads && r->rank == 0 && sh->nranks == 1 && dump_grads(r, t) < 0)
+        return -1;
+    ptrt_interp_apply_updates(r->it);
     return 0;
 }
 
-static int save_weights(run *r, char *err, size_t errn)
+static void loop(run *r)
 {
+    shared *sh = r->sh;
+    const ptrt_train_opts *o = sh->o;
+    FILE *out = o->out ? o->out : stdout;
+    double peak = o->lr >= 0 ? o->lr : sh->g->optim.lr;
+    double t0 = now(), first_loss = NAN, last_loss = NAN;
+    int64_t done = 0;
+    bool lead = r->rank == 0;
+    for (int64_t t = sh->first; t <= o->steps; t++) {
+        double ts = now(), loss, norm, lr = ptrt_lr_at(o, peak, t);
+        if (one_step(r, t, lr, &loss, &norm) < 0)
+            return;
+        done++;
+        if (lead && o->profile && done == 1) /* the first step (allocation, warm-up) left out */
+            ptrt_interp_set_profile(r->it, true);
+        if (isnan(first_loss))
+            first_loss = loss;
+        last_loss = loss;
+        if (lead)
+            progress(r, t, loss, lr, norm, now() - ts, now() - t0, done);
+        if (r->val && o->val_every > 0 && (t % o->val_every == 0 || t == o->steps)) {
+            double vl = evaluate(r, t);
+            if (failed(sh))
+                return;
+            if (lead && !o->quiet)
+                fprintf(out, "val loss %.6f\n", vl);
+            if (lead && sh->log)
+                fprintf(sh->log, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t, vl);
+        }
+        if (o->ckpt_dir && ((o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
+            if (!sync_all(r, "checkpoint") || (lead && save_checkpoint(r, t) < 0) ||
+                !sync_all(r, "checkpoint"))
+                return;
+        }
+    }
+    double el = now() - t0;
+    if (lead && !o->quiet && done)
+        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n",
+                (long long)done, el, first_loss, last_loss,
+                (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
+    if (lead && o->profile && done > 1)
+        ptrt_interp_print_profile(r->it, out, done - 1);
+}
+
+static void *rank_main(void *arg)
+{
+    run *r = arg;
+    shared *sh = r->sh;
+    ptrt_interp_init_params(r->it, sh->o->seed);
+    if (!sync_all(r, "start"))
+        return NULL;
+    if (r->rank == 0 && (sh->o->init_from || sh->o->resume))
+        sh->loaded = load_initial(r) > 0;
+    if (r->rank == 0 && !failed(sh) && sh->o->log) {
+        sh->log = fopen(sh->o->log, sh->first > 1 ? "a" : "w");
+        if (!sh->log) {
+            char msg[1024];
+            ptc_fmt(msg, sizeof msg, "--log: cannot open '%s': %s", sh->o->log, strerror(errno));
+            fail(sh, 0, 2, msg);
+        }
+    }
+    if (!sync_all(r, "start"))
+        return NULL;
+    if (sh->loaded)
+        scatter_full(r, 0, sh->nents);
+    if (!sync_all(r, "start"))
+        return NULL;
+    loop(r);
+    return NULL;
+}
+
+static int save_weights(shared *sh, char *err, size_t errn)
+{
+    gather_full(sh, 0, sh->nparams);
     ptrt_st_writer *w = ptrt_st_writer_new();
-    for (int i = 0; i < r->nparams; i++)
-        ptrt_st_add(w, r->ckpt[i].name, PTRT_ST_F32, r->ckpt[i].ndim, r->ckpt[i].shape,
-                    r->ckpt[i].value);
-    int rc = ptrt_st_save(w, r->o->save, err, errn) < 0 ? 1 : 0;
+    for (int i = 0; i < sh->nparams; i++)
+        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
+                    sh->full[i].value);
+    int rc = ptrt_st_save(w, sh->o->save, err, errn) < 0 ? 1 : 0;
     ptrt_st_writer_free(w);
     return rc;
+}
+
+static int setup(shared *sh, char *err, size_t errn)
+{
+    const ptrt_train_opts *o = sh->o;
+    sh->nranks = sh->g->mesh.naxes ? ptc_mesh_nranks(&sh->g->mesh) : 1;
+    if (sh->nranks > 1 && o->dump_grads) {
+        ptc_fmt(err, errn, "--dump-grads works on single-device plans only");
+        return 2;
+    }
+    if (find_roles(sh, err, errn) < 0)
+        return 2;
+    find_entries(sh);
+    sh->runs = ptc_xcalloc((size_t)sh->nranks, sizeof *sh->runs);
+    sh->all = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
+    if (sh->nranks > 1 && !(sh->comm = ptrt_comm_new(sh->nranks, o->timeout_s, err, errn)))
+        return 1;
+    ptrt_cpu_set_threads(o->threads);
+    sh->first = 1;
+    for (int k = 0; k < sh->nranks; k++) {
+        run *r = &sh->runs[k];
+        sh->all[k] = k;
+        r->sh = sh;
+        r->rank = k;
+        r->it = ptrt_interp_new(sh->g);
+        if (o->backend == PTRT_BACKEND_CPU)
+            ptrt_interp_set_kernels(r->it, ptrt_cpu_run);
+        if (sh->nranks > 1) {
+            ptrt_spmd_ctx_init(&r->spmd, sh->comm, &sh->g->mesh, k);
+            ptrt_interp_set_spmd(r->it, &r->spmd);
+        }
+        int rc = open_data(r, err, errn);
+        if (rc)
+            return rc;
+    }
+    set_config_hash(sh, sh->runs[0].data ? ptrt_data_ntokens(sh->runs[0].data) : 0);
+    return 0;
+}
+
+static void teardown(shared *sh)
+{
+    for (int k = 0; sh->runs && k < sh->nranks; k++) {
+        run *r = &sh->runs[k];
+        ptrt_data_close(r->data);
+        ptrt_data_close(r->val);
+        ptrt_interp_free(r->it);
+        free(r->gtok);
+        free(r->gtgt);
+    }
+    for (int i = 0; sh->full && i < sh->nents; i++)
+        free(sh->full[i].value);
+    free(sh->full);
+    free(sh->runs);
+    free(sh->all);
+    free(sh->ents);
+    ptrt_comm_free(sh->comm);
+    if (sh->log)
+        fclose(sh->log);
+    pthread_mutex_destroy(&sh->lock);
 }
 
 int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t errn)
 {
-    run r = {.g = g, .o = o};
-    int rc = 0;
-    if (find_roles(&r, err, errn) < 0)
-        return 2;
-    r.it = ptrt_interp_new(g);
-    if (o->backend == PTRT_BACKEND_CPU)
-        ptrt_interp_set_kernels(r.it, ptrt_cpu_run);
-    ptrt_cpu_set_threads(o->threads);
-    setup_ckpt(&r);
-    rc = open_inputs(&r, err, errn);
-    set_config_hash(&r);
-    int64_t first = rc ? -1 : initial_state(&r, &rc, err, errn);
-    if (!rc && o->log) {
-        r.log = fopen(o->log, first > 1 ? "a" : "w");
-        if (!r.log) {
-            ptc_fmt(err, errn, "--log: cannot open '%s': %s", o->log, strerror(errno));
-            rc = 2;
-        }
+    shared sh = {.g = g, .o = o};
+    pthread_mutex_init(&sh.lock, NULL);
+    int rc = setup(&sh, err, errn);
+    if (!rc && o->resume && !o->ckpt_dir) {
+        ptc_fmt(err, errn, "--resume needs --checkpoint-dir");
+        rc = 2;
     }
-    if (!rc)
-        rc = loop(&r, first, err, errn);
+    if (!rc) {
+        if (sh.nranks == 1) {
+            rank_main(&sh.runs[0]);
+        } else {
+            pthread_t *th = ptc_xcalloc((size_t)sh.nranks, sizeof *th);
+            for (int k = 0; k < sh.nranks; k++)
+                if (pthread_create(&th[k], NULL, rank_main, &sh.runs[k]) != 0) {
+                    fail(&sh, k, 1, "cannot start a rank thread");
+                    sh.nranks = k; /* join those started */
+                    break;
+                }
+            for (int k = 0; k < sh.nranks; k++)
+                pthread_join(th[k], NULL);
+            free(th);
+        }
+        rc = sh.rc;
+        if (rc)
+            ptc_fmt(err, errn, "%s", sh.err);
+    }
     if (!rc && o->save)
-        rc = save_weights(&r, err, errn);
-    if (r.log)
-        fclose(r.log);
-    ptrt_data_close(r.data);
-    ptrt_data_close(r.val);
-    ptrt_interp_free(r.it);
-    free(r.ckpt);
+        rc = save_weights(&sh, err, errn);
+    teardown(&sh);
     return rc;
 }

@@ -40,6 +40,8 @@ typedef struct ptrt_train_opts {
     int64_t val_every, val_batches;
     ptrt_backend backend;
     int threads;
+    double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
+    bool profile; /* print the time per op kind after the run (the first step left out) */
     bool quiet;
     FILE *out; /* progress lines (stdout when NULL) */
 } ptrt_train_opts;

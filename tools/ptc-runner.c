@@ -52,7 +52,9 @@ static const char usage[] =
     "  --print-plan           print the embedded plan (the step graph as IR text) and exit\n"
     "backend:\n"
     "  --backend KIND         cpu (OpenBLAS GEMMs, default) or ref (plain reference kernels)\n"
-    "  --threads N            CPU threads for GEMMs (default: OpenBLAS's)\n"
+    "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
+    "  --profile              after the run, print the time spent per op kind (per step, the\n"
+    "                         first step left out: it allocates the buffers)\n"
     "  -h, --help             this help\n";
 
 static int bad(const char *prog, const char *fmt, const char *a, const char *b)
@@ -94,7 +96,7 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
         static const char *const with_value[] = {
             "--steps", "--seed", "--data", "--val-data", "--val-every", "--val-batches", "--lr",
             "--schedule", "--warmup", "--min-lr", "--grad-clip", "--checkpoint-dir",
-            "--checkpoint-every", "--keep", "--init-from", "--save", "--log", "--backend", "--dump-grads",
+            "--checkpoint-every", "--keep", "--init-from", "--save", "--log", "--backend", "--dump-grads", "--comm-timeout",
             "--threads", NULL};
         const char *v = NULL;
         for (int k = 0; with_value[k]; k++)
@@ -135,6 +137,7 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
         NUM_FLAG("--lr", lr)
         NUM_FLAG("--min-lr", min_lr)
         NUM_FLAG("--grad-clip", max_norm)
+        NUM_FLAG("--comm-timeout", timeout_s)
         STR_FLAG("--data", data)
         STR_FLAG("--val-data", val_data)
         STR_FLAG("--checkpoint-dir", ckpt_dir)
@@ -160,6 +163,8 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
             o->shuffle = true;
         } else if (strcmp(a, "--resume") == 0) {
             o->resume = true;
+        } else if (strcmp(a, "--profile") == 0) {
+            o->profile = true;
         } else if (strcmp(a, "--quiet") == 0) {
             o->quiet = true;
         } else if (strcmp(a, "--print-plan") == 0) {

@@ -40,7 +40,17 @@ static const char usage[] =
     "  --input NAME=FILE    with --run: take model input NAME from FILE, raw little-endian\n"
     "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's size;\n"
     "                       inputs not given are random (ids in range for their consumers)\n"
-    "  --dump-after PASS    print the IR after pass PASS (autodiff, optimizer)\n"
+    "  --dump-after PASS    print the IR after pass PASS (autodiff, optimizer, partition)\n"
+    "\n"
+    "parallelism (implies --train):\n"
+    "  --mesh AXES          device mesh, e.g. dp=2,tp=4 (axes left out are 1). Ranks number\n"
+    "                       the mesh row-major: tp is the fastest-changing axis\n"
+    "  --zero N             ZeRO stage on dp: 0 replicate, 1 shard optimizer state, 2 also\n"
+    "                       gradients, 3 also parameters (default 0)\n"
+    "  --seq-parallel       Megatron sequence parallelism: norms and residuals sharded over the\n"
+    "                       sequence on tp, all-gather/reduce-scatter instead of all-reduce\n"
+    "  --place NAME=AXIS:PL pin parameter NAME (glob, * matches anything) to placement PL on a\n"
+    "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. 'h.*.attn.w_o=tp:R'\n"
     "  --runner PATH        the runner program -o embeds (default: ptc-runner beside ptc)\n"
     "  -h, --help           show this help\n"
     "  --version            show the version\n";
@@ -48,8 +58,12 @@ static const char usage[] =
 typedef struct options {
     const char *file;
     const char *emit;
-    bool run, train;
+    bool run, train, seq_parallel;
     const char *output, *dump_after, *runner;
+    ptc_mesh mesh;
+    int zero;
+    ptc_pin pins[64];
+    int npins;
     uint64_t seed;
     ptc_define defines[64];
     int ndefines;
@@ -65,6 +79,62 @@ static int usage_error(const char *fmt, const char *arg)
     return 2;
 }
 
+/* "dp=2,tp=4" -> mesh with axes in the order given (only dp and tp, each at most once). */
+static int parse_mesh(const char *spec, ptc_mesh *m)
+{
+    memset(m, 0, sizeof *m);
+    const char *s = spec;
+    while (*s) {
+        const char *eq = strchr(s, '=');
+        if (!eq || eq == s || eq - s >= PTC_MAX_AXIS_NAME || m->naxes == PTC_MAX_MESH_AXES)
+            return -1;
+        char name[PTC_MAX_AXIS_NAME];
+        memcpy(name, s, (size_t)(eq - s));
+        name[eq - s] = 0;
+        if (strcmp(name, "dp") && strcmp(name, "tp"))
+            return -1;
+        for (int i = 0; i < m->naxes; i++)
+            if (strcmp(m->names[i], name) == 0)
+                return -1;
+        char *end;
+        long n = strtol(eq + 1, &end, 10);
+        if (end == eq + 1 || n < 1 || n > 1024 || (*end && *end != ','))
+            return -1;
+        memcpy(m->names[m->naxes], name, sizeof name);
+        m->sizes[m->naxes++] = (int)n;
+        s = *end ? end + 1 : end;
+    }
+    /* canonical order: dp outermost, tp innermost (fastest-changing rank) */
+    if (m->naxes == 2 && strcmp(m->names[0], "tp") == 0) {
+        ptc_mesh t = *m;
+        memcpy(m->names[0], t.names[1], PTC_MAX_AXIS_NAME);
+        memcpy(m->names[1], t.names[0], PTC_MAX_AXIS_NAME);
+        m->sizes[0] = t.sizes[1];
+        m->sizes[1] = t.sizes[0];
+    }
+    return m->naxes ? 0 : -1;
+}
+
+/* "NAME=AXIS:PL" with PL one of R, P is not allowed, S<dim>. */
+static int parse_pin(char *spec, ptc_pin *pin)
+{
+    char *eq = strrchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
+    if (!eq || !colon || eq == spec || colon - eq - 1 >= PTC_MAX_AXIS_NAME || colon == eq + 1)
+        return -1;
+    *eq = 0;
+    pin->pattern = spec;
+    memcpy(pin->axis, eq + 1, (size_t)(colon - eq - 1));
+    pin->axis[colon - eq - 1] = 0;
+    const char *pl = colon + 1;
+    if (strcmp(pl, "R") == 0)
+        pin->pl = (ptc_placement){PTC_PLACE_REPLICATE, 0, 0};
+    else if (pl[0] == 'S' && pl[1] >= '0' && pl[1] <= '7' && !pl[2])
+        pin->pl = (ptc_placement){PTC_PLACE_SHARD, (int8_t)(pl[1] - '0'), 0};
+    else
+        return -1;
+    return 0;
+}
+
 /* Returns 0 to go on, or the exit status to leave with (-1 = exit 0 after --help). */
 static int parse_args(int argc, char **argv, options *o)
 {
@@ -75,7 +145,8 @@ static int parse_args(int argc, char **argv, options *o)
         bool takes = strcmp(a, "--emit") == 0 || strcmp(a, "-D") == 0 ||
                      strcmp(a, "--seed") == 0 || strcmp(a, "--input") == 0 ||
                      strcmp(a, "-o") == 0 || strcmp(a, "--dump-after") == 0 ||
-                     strcmp(a, "--runner") == 0;
+                     strcmp(a, "--runner") == 0 || strcmp(a, "--mesh") == 0 ||
+                     strcmp(a, "--zero") == 0 || strcmp(a, "--place") == 0;
         if (takes) {
             if (i + 1 >= argc)
                 return usage_error("option '%s' needs a value", a);
@@ -114,6 +185,24 @@ static int parse_args(int argc, char **argv, options *o)
         } else if (strcmp(a, "--run") == 0) {
             o->run = true;
         } else if (strcmp(a, "--train") == 0) {
+            o->train = true;
+        } else if (strcmp(a, "--mesh") == 0) {
+            if (parse_mesh(val, &o->mesh) < 0)
+                return usage_error("--mesh expects AXIS=N,... with axes dp and tp, got '%s'", val);
+            o->train = true;
+        } else if (strcmp(a, "--zero") == 0) {
+            if (strlen(val) != 1 || val[0] < '0' || val[0] > '3')
+                return usage_error("--zero expects 0, 1, 2 or 3, got '%s'", val);
+            o->zero = val[0] - '0';
+            o->train = true;
+        } else if (strcmp(a, "--seq-parallel") == 0) {
+            o->seq_parallel = true;
+            o->train = true;
+        } else if (strcmp(a, "--place") == 0) {
+            if (o->npins == 64 || parse_pin((char *)val, &o->pins[o->npins]) < 0)
+                return usage_error("--place expects NAME=AXIS:PL (PL is R, S0, S1, ...), got '%s'",
+                                   val);
+            o->npins++;
             o->train = true;
         } else if (strcmp(a, "-o") == 0) {
             o->output = val;
@@ -232,14 +321,22 @@ static int run_forward(const ptc_graph *g, const options *o)
 }
 
 /* Runs the pass list with training on: the step graph replaces the forward graph in g. */
-static int compile_step(ptc_graph *g, const options *o)
+static int compile_step(ptc_graph **gp, const options *o)
 {
     char err[1024];
-    ptc_compile_opts co = {.train = true, .verify_each = true, .dump_after = o->dump_after};
-    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
-    int rc = ptc_run_passes(&ctx) < 0 ? 3 : 0;
+    ptc_compile_opts co = {.train = true,
+                           .verify_each = true,
+                           .dump_after = o->dump_after,
+                           .mesh = o->mesh,
+                           .zero = o->zero,
+                           .seq_parallel = o->seq_parallel,
+                           .pins = o->pins,
+                           .npins = o->npins};
+    ptc_pass_ctx ctx = {.g = *gp, .opts = &co, .err = err, .errn = sizeof err};
+    int rc = ptc_run_passes(&ctx) < 0 ? 1 : 0;
+    *gp = ctx.g;
     if (rc)
-        fprintf(stderr, "ptc: %s\n", err);
+        fprintf(stderr, "%s\n", err);
     ptc_pass_ctx_free(&ctx);
     return rc;
 }
@@ -314,7 +411,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
     } else if (o.train) {
-        rc = compile_step(g, &o);
+        rc = compile_step(&g, &o);
     }
     if (rc) {
     } else if (o.emit && strcmp(o.emit, "ir") == 0) {

@@ -11,9 +11,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${PTC_FUZZ_BUILD:-$root/build-fuzz}
 
+mkdir -p "$build"
 CC=${CC:-clang} cmake -S "$root" -B "$build" -G Ninja -DPTC_FUZZ=ON -DPTC_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 2; }
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 2; }
 cmake --build "$build" --target fuzz_frontend
 
 work=$build/fuzz-corpus

@@ -130,8 +130,8 @@ Test(ir, attention_rules)
 Test(ir, print_parse_roundtrip)
 {
     ptc_graph *g = small_graph();
-    g->values[5].place[1] = (ptc_placement){PTC_PLACE_SHARD, 1};
-    g->values[6].place[0] = (ptc_placement){PTC_PLACE_PARTIAL, 0};
+    g->values[5].place[1] = (ptc_placement){PTC_PLACE_SHARD, 1, 0};
+    g->values[6].place[0] = (ptc_placement){PTC_PLACE_PARTIAL, 0, 0};
     g->nodes[5].stage = 2;
     g->nodes[6].recompute = true;
     g->optim.beta2 = 0.95;

@@ -1,0 +1,338 @@
+/* cpu_elementwise.c - fast CPU kernels for the elementwise ops, transpose, the broadcasting adjoint
+ * sum_to, the squared norm and the AdamW update.
+ *
+ * Binary ops take the broadcasts a training step has: same shape (residual adds), a trailing block
+ * repeated (a bias [f] over [B,S,f], positions [S,d] over [B,S,d]) and a scalar (the clipping
+ * coefficient). Float +, -, *, / round once, as the reference's double op rounded to float does, so
+ * these are bit-identical to it; other broadcasts go to the reference. The AdamW update repeats the
+ * reference's double arithmetic step for step (bit-identical too) and only spreads it over the
+ * pool. Reductions keep double accumulators, summed in fixed-size blocks combined in order.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Elements per piece for memory-bound loops (below 2 pieces a loop stays on one thread). */
+#define GRAIN (1 << 14)
+
+/* ---- binary ---- */
+
+/* The period of operand t within result o: numel(t) when t, without leading 1s, is the trailing
+ * dims of o (so element i of o reads t[i % period]); 0 for any other broadcast. */
+static int64_t period(const ptc_type *t, const ptc_type *o)
+{
+    int lead = 0;
+    while (lead < t->rank && t->dims[lead] == 1)
+        lead++;
+    int r = t->rank - lead;
+    if (r > o->rank)
+        return 0;
+    for (int i = 0; i < r; i++)
+        if (t->dims[lead + i] != o->dims[o->rank - r + i])
+            return 0;
+    return ptc_type_numel(t);
+}
+
+typedef struct bin_job {
+    ptc_op op;
+    const float *a, *b;
+    float *o;
+    int64_t pa, pb, row; /* periods of a and b (1 = scalar); row: the shorter non-scalar one */
+} bin_job;
+
+#define BIN_LOOP(EXPR)                                                                             \
+    do {                                                                                           \
+        if (j->pa == 1) {                                                                          \
+            const float x = a[0];                                                                  \
+            for (int64_t i = 0; i < len; i++) {                                                    \
+                const float y = b[i];                                                              \
+                o[i] = (EXPR);                                                                     \
+            }                                                                                      \
+        } else if (j->pb == 1) {                                                                   \
+            const float y = b[0];                                                                  \
+            for (int64_t i = 0; i < len; i++) {                                                   \
+                const float x = a[i];                                                              \
+                o[i] = (EXPR);                                                                     \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < len; i++) {                                                   \
+                const float x = a[i], y = b[i];                                                    \
+                o[i] = (EXPR);                                                                     \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Rows [begin, end) of length j->row: within a row neither operand wraps around its period. */
+static void bin_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const bin_job *j = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        int64_t at = r * j->row, len = j->row;
+        const float *restrict a = j->pa == 1 ? j->a : j->a + at % j->pa;
+        const float *restrict b = j->pb == 1 ? j->b : j->b + at % j->pb;
+        float *restrict o = j->o + at;
+        switch (j->op) {
+        case PTC_OP_ADD: BIN_LOOP(x + y); break;
+        case PTC_OP_SUB: BIN_LOOP(x - y); break;
+        case PTC_OP_MUL: BIN_LOOP(x * y); break;
+        default: BIN_LOOP(x / y); break;
+        }
+    }
+}
+
+int ptrt_cpu_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_type *tb,
+                    const float *b, const ptc_type *to, float *o)
+{
+    int64_t n = ptc_type_numel(to);
+    bin_job j = {.op = op, .a = a, .b = b, .o = o, .pa = period(ta, to), .pb = period(tb, to)};
+    if (!j.pa || !j.pb || n == 0)
+        return 0;
+    if (j.pa == 1 && j.pb == 1)
+        j.row = n;
+    else
+        j.row = j.pa == 1 ? j.pb : j.pb == 1 ? j.pa : j.pa < j.pb ? j.pa : j.pb;
+    /* a period is a product of o's trailing dims, so the shorter one divides the longer and n */
+    int64_t rows = n / j.row;
+    if (j.row < 64 && rows > 1) /* short rows (e.g. [.., 2] + [2]): the reference serves */
+        return 0;
+    ptrt_cpu_parallel_for(rows, GRAIN / j.row + 1, bin_rows, &j);
+    return 1;
+}
+
+/* ---- unary and their gradients ---- */
+
+typedef struct un_job {
+    ptc_op op;
+    const float *x, *dy;
+    float *o;
+} un_job;
+
+static void un_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const un_job *j = ctx;
+    const float *restrict x = j->x + begin;
+    float *restrict o = j->o + begin;
+    int64_t n = end - begin;
+    switch (j->op) {
+    case PTC_OP_GELU: ptrt_cpu_gelu(x, o, n); break;
+    case PTC_OP_SILU: ptrt_cpu_silu(x, o, n); break;
+    case PTC_OP_GELU_GRAD: ptrt_cpu_gelu_grad(x, j->dy + begin, o, n); break;
+    case PTC_OP_SILU_GRAD: ptrt_cpu_silu_grad(x, j->dy + begin, o, n); break;
+    case PTC_OP_RELU_GRAD: {
+        const float *restrict dy = j->dy + begin;
+        for (int64_t i = 0; i < n; i++)
+            o[i] = x[i] > 0 ? dy[i] : 0.0f;
+        break;
+    }
+    case PTC_OP_RELU:
+        for (int64_t i = 0; i < n; i++)
+            o[i] = x[i] < 0 ? 0.0f : x[i]; /* NaN passes through, as in the reference */
+        break;
+    case PTC_OP_NEG:
+        for (int64_t i = 0; i < n; i++)
+            o[i] = -x[i];
+        break;
+    default: PTC_UNREACHABLE("not a fast unary op");
+    }
+}
+
+/* Pieces are whole multiples of 8 elements, so the vector paths see the same tails. */
+static void un_blocks(void *ctx, int64_t begin, int64_t end)
+{
+    un_piece(ctx, begin * 8, end * 8);
+}
+
+static int unary_run(ptc_op op, int64_t n, const float *x, const float *dy, float *o)
+{
+    un_job j = {op, x, dy, o};
+    int64_t blocks = n / 8;
+    ptrt_cpu_parallel_for(blocks, GRAIN / 8, un_blocks, &j);
+    if (blocks * 8 < n)
+        un_piece(&j, blocks * 8, n);
+    return 1;
+}
+
+int ptrt_cpu_unary(ptc_op op, const ptc_type *tx, const float *x, float *o)
+{
+    switch (op) {
+    case PTC_OP_GELU:
+    case PTC_OP_SILU:
+    case PTC_OP_RELU:
+    case PTC_OP_NEG: return unary_run(op, ptc_type_numel(tx), x, NULL, o);
+    default: return 0; /* exp, log, tanh, ...: libm through the reference */
+    }
+}
+
+int ptrt_cpu_unary_grad(ptc_op op, const ptc_type *tx, const float *x, const float *dy, float *o)
+{
+    return unary_run(op, ptc_type_numel(tx), x, dy, o);
+}
+
+/* ---- transpose ---- */
+
+typedef struct tr_job {
+    const uint32_t *x;
+    uint32_t *o;
+    int64_t r, c, rblocks, cblocks;
+} tr_job;
+
+#define TILE 32
+
+/* Tiles [begin, end) of all batches: each reads a TILE x TILE block of rows and writes it as
+ * columns, so both sides stay within a few cache lines per row. */
+static void tr_tiles(void *ctx, int64_t begin, int64_t end)
+{
+    const tr_job *j = ctx;
+    int64_t per = j->rblocks * j->cblocks;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t bi = t / per, rb = t % per / j->cblocks, cb = t % j->cblocks;
+        const uint32_t *x = j->x + bi * j->r * j->c;
+        uint32_t *o = j->o + bi * j->r * j->c;
+        int64_t i1 = (rb + 1) * TILE < j->r ? (rb + 1) * TILE : j->r;
+        int64_t k1 = (cb + 1) * TILE < j->c ? (cb + 1) * TILE : j->c;
+        for (int64_t i = rb * TILE; i < i1; i++)
+            for (int64_t k = cb * TILE; k < k1; k++)
+                o[k * j->r + i] = x[i * j->c + k];
+    }
+}
+
+int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o)
+{
+    int64_t r = tx->dims[tx->rank - 2], c = tx->dims[tx->rank - 1];
+    if (r * c == 0)
+        return 1;
+    tr_job j = {x, o, r, c, (r + TILE - 1) / TILE, (c + TILE - 1) / TILE};
+    int64_t batches = ptc_type_numel(tx) / (r * c);
+    ptrt_cpu_parallel_for(batches * j.rblocks * j.cblocks, GRAIN / (TILE * TILE), tr_tiles, &j);
+    return 1;
+}
+
+/* ---- sum_to, sumsq ---- */
+
+typedef struct sum_job {
+    const float *x;
+    float *o;
+    int64_t rows, cols;
+} sum_job;
+
+#define COLS 64
+
+/* Column blocks [begin, end) of COLS: every row added in order into double accumulators. */
+static void sum_cols(void *ctx, int64_t begin, int64_t end)
+{
+    const sum_job *j = ctx;
+    for (int64_t cb = begin; cb < end; cb++) {
+        int64_t c0 = cb * COLS, w = j->cols - c0 < COLS ? j->cols - c0 : COLS;
+        double acc[COLS] = {0};
+        for (int64_t r = 0; r < j->rows; r++) {
+            const float *xr = j->x + r * j->cols + c0;
+            for (int64_t c = 0; c < w; c++)
+                acc[c] += xr[c];
+        }
+        for (int64_t c = 0; c < w; c++)
+            j->o[c0 + c] = (float)acc[c];
+    }
+}
+
+/* The adjoint of a trailing broadcast: o [trailing dims of x] sums x over its leading dims. */
+int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, float *o)
+{
+    int64_t p = period(to, tx), n = ptc_type_numel(tx);
+    if (!p || p < 16 || tx->dtype != PTC_F32) /* scalars and short rows: the reference */
+        return 0;
+    sum_job j = {x, o, n / p, p};
+    int64_t blocks = (p + COLS - 1) / COLS;
+    ptrt_cpu_parallel_for(blocks, GRAIN / (COLS * j.rows) + 1, sum_cols, &j);
+    return 1;
+}
+
+typedef struct sq_job {
+    const float *x;
+    double *part;
+    int64_t n;
+} sq_job;
+
+static void sq_blocks(void *ctx, int64_t begin, int64_t end)
+{
+    const sq_job *j = ctx;
+    for (int64_t bl = begin; bl < end; bl++) {
+        int64_t lo = bl * GRAIN, hi = lo + GRAIN < j->n ? lo + GRAIN : j->n;
+        double s = 0;
+        for (int64_t i = lo; i < hi; i++)
+            s += (double)j->x[i] * j->x[i];
+        j->part[bl] = s;
+    }
+}
+
+int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o)
+{
+    int64_t n = ptc_type_numel(tx), blocks = (n + GRAIN - 1) / GRAIN;
+    if (blocks < 2)
+        return 0;
+    sq_job j = {x, ptc_xmalloc((size_t)blocks * sizeof(double)), n};
+    ptrt_cpu_parallel_for(blocks, 1, sq_blocks, &j);
+    double s = 0;
+    for (int64_t b = 0; b < blocks; b++)
+        s += j.part[b];
+    free(j.part);
+    o[0] = (float)s;
+    return 1;
+}
+
+/* ---- AdamW ---- */
+
+typedef struct adam_job {
+    const float *p, *g, *m, *v;
+    float *po, *mo, *vo;
+    double lr, b1, b2, eps, wd, step_size, bias_c2_sqrt;
+} adam_job;
+
+/* The reference's arithmetic (ref_grad.c, after torch/optim/adamw.py), element by element. */
+static void adam_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const adam_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        double pi = j->p[i] * (1 - j->lr * j->wd);
+        double mi = j->b1 * j->m[i] + (1 - j->b1) * j->g[i];
+        double vi = j->b2 * j->v[i] + (1 - j->b2) * (double)j->g[i] * j->g[i];
+        double denom = sqrt(vi) / j->bias_c2_sqrt + j->eps;
+        j->po[i] = (float)(pi - j->step_size * mi / denom);
+        j->mo[i] = (float)mi;
+        j->vo[i] = (float)vi;
+    }
+}
+
+int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void *const *out)
+{
+    const ptc_attrs *at = &n->attrs;
+    double lr = ((const float *)in[4])[0], step = ((const float *)in[5])[0];
+    adam_job j = {in[0], in[1], in[2], in[3], out[0], out[1], out[2], .lr = lr, .b1 = at->beta1,
+                  .b2 = at->beta2, .eps = at->eps, .wd = at->wd};
+    double bias_c1 = 1 - pow(j.b1, step), bias_c2 = 1 - pow(j.b2, step);
+    j.step_size = lr / bias_c1;
+    j.bias_c2_sqrt = sqrt(bias_c2);
+    ptrt_cpu_parallel_for(ptc_type_numel(&it[0]), GRAIN, adam_piece, &j);
+    return 1;
+}
+
+/* ---- copies ---- */
+
+typedef struct copy_job {
+    const char *x;
+    char *o;
+} copy_job;
+
+static void copy_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const copy_job *j = ctx;
+    memcpy(j->o + begin, j->x + begin, (size_t)(end - begin));
+}
+
+int ptrt_cpu_copy(int64_t bytes, const void *x, void *o)
+{
+    copy_job j = {x, o};
+    ptrt_cpu_parallel_for(bytes, 1 << 18, copy_piece, &j);
+    return 1;
+}

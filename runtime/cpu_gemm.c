@@ -1,0 +1,182 @@
+/* cpu_gemm.c - GEMM and matmul for the fast CPU backend.
+ *
+ * The GEMM is OpenBLAS's sgemm (through CBLAS) kept to one thread; the pool splits C by rows or
+ * columns into pieces of whole 16-wide blocks, one sgemm each, so each element of C is still one
+ * dot product summed by one call in one order. Without OpenBLAS a plain loop takes its place
+ * (slower, same contract).
+ *
+ * Matmul with NumPy-style broadcasting of the leading dimensions becomes one GEMM per distinct
+ * pair of matrices: when the right operand is a single matrix (x[B,S,d] @ w[d,f]) the left
+ * operand's leading dims fold into rows and it is one GEMM in all; many small batched matrices run
+ * one serial GEMM per batch, the batches split across the pool.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+#ifdef PTC_HAVE_OPENBLAS
+#include <cblas.h>
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_one_thread(void)
+{
+    openblas_set_num_threads(1);
+}
+#endif
+
+/* C = beta C for the k = 0 case and the plain loop's start. */
+static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
+}
+
+void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc)
+{
+    scale_c(m, n, beta, c, ldc);
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        if (!trans_b) { /* row i of C gathers rows of B: unit stride in the inner loop */
+            for (int64_t p = 0; p < k; p++) {
+                float aip = alpha * (trans_a ? a[p * lda + i] : a[i * lda + p]);
+                const float *bp = b + p * ldb;
+                for (int64_t j = 0; j < n; j++)
+                    ci[j] += aip * bp[j];
+            }
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++) { /* B transposed: rows of B are columns of op(B) */
+            const float *bj = b + j * ldb;
+            float s = 0;
+            for (int64_t p = 0; p < k; p++)
+                s += (trans_a ? a[p * lda + i] : a[i * lda + p]) * bj[p];
+            ci[j] += alpha * s;
+        }
+    }
+}
+
+void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0)
+        return;
+    if (k <= 0) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+#ifdef PTC_HAVE_OPENBLAS
+    pthread_once(&blas_once, blas_one_thread);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
+                (int)ldb, beta, c, (int)ldc);
+#else
+    ptrt_cpu_gemm_plain(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+typedef struct gemm_job {
+    bool ta, tb, by_rows;
+    int64_t m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} gemm_job;
+
+#define BLOCK 16
+
+/* Blocks [begin, end) of 16 rows (or columns) of C. */
+static void gemm_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const gemm_job *j = ctx;
+    int64_t lo = begin * BLOCK, hi = end * BLOCK;
+    if (j->by_rows) {
+        hi = hi < j->m ? hi : j->m;
+        const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
+        ptrt_cpu_gemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb,
+                             j->beta, j->c + lo * j->ldc, j->ldc);
+    } else {
+        hi = hi < j->n ? hi : j->n;
+        const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
+        ptrt_cpu_gemm_serial(j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda, b, j->ldb,
+                             j->beta, j->c + lo, j->ldc);
+    }
+}
+
+void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                   int64_t ldc)
+{
+    gemm_job j = {.ta = trans_a, .tb = trans_b, .by_rows = m >= n, .m = m, .n = n, .k = k,
+                  .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .a = a,
+                  .b = b, .c = c};
+    int64_t split = j.by_rows ? m : n, other = j.by_rows ? n : m;
+    int64_t blocks = (split + BLOCK - 1) / BLOCK;
+    /* a piece worth splitting off does at least ~1M multiply-adds */
+    int64_t per_block = BLOCK * (other > 0 ? other : 1) * (k > 0 ? k : 1);
+    int64_t grain = (1 << 20) / per_block + 1;
+    ptrt_cpu_parallel_for(blocks, grain, gemm_piece, &j);
+}
+
+/* Offset (in elements) of the matrix at flat batch index bi of a broadcast operand t of the
+ * result o (leading dims right-aligned; size-1 or missing dims repeat). */
+static int64_t batch_offset(const ptc_type *t, const ptc_type *o, int64_t bi, int64_t mat)
+{
+    int lead = o->rank - 2, tlead = t->rank - 2;
+    int64_t off = 0, stride = 1;
+    for (int i = lead - 1; i >= 0; i--) {
+        int64_t idx = bi % o->dims[i];
+        bi /= o->dims[i];
+        int ti = i - (lead - tlead);
+        if (ti >= 0) {
+            if (t->dims[ti] != 1)
+                off += idx * stride;
+            stride *= t->dims[ti];
+        }
+    }
+    return off * mat;
+}
+
+typedef struct batch_job {
+    const ptc_type *ta, *tb, *to;
+    const float *a, *b;
+    float *o;
+    int64_t m, n, k;
+} batch_job;
+
+static void batch_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const batch_job *j = ctx;
+    for (int64_t bi = begin; bi < end; bi++)
+        ptrt_cpu_gemm_serial(false, false, j->m, j->n, j->k, 1.0f,
+                             j->a + batch_offset(j->ta, j->to, bi, j->m * j->k), j->k,
+                             j->b + batch_offset(j->tb, j->to, bi, j->k * j->n), j->n, 0.0f,
+                             j->o + bi * j->m * j->n, j->n);
+}
+
+int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
+                    const ptc_type *to, float *o)
+{
+    int64_t m = ta->dims[ta->rank - 2], k = ta->dims[ta->rank - 1], n = tb->dims[tb->rank - 1];
+    int64_t rows = ptc_type_numel(ta) / (k > 0 ? k : 1);
+    if (ptc_type_numel(tb) == k * n && ptc_type_numel(to) == rows * n) {
+        /* one right matrix: A's leading dims fold into rows */
+        ptrt_cpu_gemm(false, false, rows, n, k, 1.0f, a, k, b, n, 0.0f, o, n);
+        return 1;
+    }
+    int64_t batches = m * n > 0 ? ptc_type_numel(to) / (m * n) : 0;
+    batch_job j = {ta, tb, to, a, b, o, m, n, k};
+    if (batches >= ptrt_cpu_threads() || m * n * k < (1 << 20)) {
+        ptrt_cpu_parallel_for(batches, (1 << 20) / (m * n * k + 1) + 1, batch_piece, &j);
+        return 1;
+    }
+    for (int64_t bi = 0; bi < batches; bi++) /* few big matrices: split each one */
+        ptrt_cpu_gemm(false, false, m, n, k, 1.0f, a + batch_offset(ta, to, bi, m * k), k,
+                      b + batch_offset(tb, to, bi, k * n), n, 0.0f, o + bi * m * n, n);
+    return 1;
+}

@@ -1,0 +1,113 @@
+/* cpu_internal.h - what the fast CPU backend's files share (private to runtime/cpu*.c and its
+ * test).
+ *
+ * cpu.c dispatches; cpu_pool.c runs loops on every core; cpu_gemm.c holds the GEMM (OpenBLAS, or a
+ * plain blocked loop without it) and matmul; cpu_vec.c the vector math (exp, GELU) with an AVX2
+ * path chosen at run time; cpu_elementwise.c, cpu_norm.c and cpu_attention.c the kernels.
+ *
+ * Determinism: every kernel splits its work into pieces whose results do not depend on how many
+ * threads run them (a row, a column block, a fixed-size block of a reduction), and partial sums
+ * are combined in a fixed order. So a run gives the same bits whatever --threads says, and the
+ * same bits every time.
+ *
+ * A kernel returns 1 when it ran, 0 when the case is not one it handles (the dispatcher then runs
+ * the reference kernel), so a fast path can be narrow without being wrong.
+ */
+#ifndef PTRT_CPU_INTERNAL_H
+#define PTRT_CPU_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ir.h"
+
+/* ---- cpu_pool.c ---- */
+
+/* fn(ctx, begin, end) over [begin, end) of a range split across threads. */
+typedef void (*ptrt_cpu_range_fn)(void *ctx, int64_t begin, int64_t end);
+
+/* Runs fn over [0, n) in contiguous chunks, one per thread, on the calling thread and the pool's
+ * workers; returns when all are done. Ranges shorter than 2 * grain (or any range while already
+ * inside the pool) run on the calling thread in one piece. Kernels give fn pieces whose results do
+ * not depend on where the chunks are cut. */
+void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void *ctx);
+/* Threads the pool uses (the calling thread included); at least 1. */
+int ptrt_cpu_threads(void);
+void ptrt_cpu_pool_set_threads(int n);
+
+/* ---- cpu_gemm.c ---- */
+
+/* C[m,n] = alpha op(A) op(B) + beta C, row-major, op = transpose when trans_*; split across the
+ * pool by rows or columns of C when big enough. Each element of C is summed in the same order
+ * whatever the split. */
+void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                   int64_t ldc);
+/* The same on the calling thread only (for kernels that are already parallel). */
+void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc);
+/* The plain GEMM used without OpenBLAS (exposed so the test can check it in every build). */
+void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
+int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
+                    const ptc_type *to, float *o);
+
+/* ---- cpu_vec.c: float vector math over arrays ---- */
+
+/* o[i] = exp(x[i] - sub) for i < n; returns the sum of the o[i]. o may be x. */
+float ptrt_cpu_exp_sum(const float *x, float sub, float *o, int64_t n);
+/* Largest element of x[0..n), n >= 1 (NaN if any element is NaN). */
+float ptrt_cpu_max(const float *x, int64_t n);
+/* GELU (tanh approximation) and its derivative times dy. */
+void ptrt_cpu_gelu(const float *x, float *o, int64_t n);
+void ptrt_cpu_gelu_grad(const float *x, const float *dy, float *o, int64_t n);
+/* SiLU x sigmoid(x) and its derivative times dy. */
+void ptrt_cpu_silu(const float *x, float *o, int64_t n);
+void ptrt_cpu_silu_grad(const float *x, const float *dy, float *o, int64_t n);
+/* Whether the AVX2+FMA paths are in use (the test runs the portable ones too). */
+bool ptrt_cpu_vec_avx2(void);
+void ptrt_cpu_vec_force_portable(bool on);
+
+/* ---- cpu_elementwise.c ---- */
+
+int ptrt_cpu_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_type *tb,
+                    const float *b, const ptc_type *to, float *o);
+int ptrt_cpu_unary(ptc_op op, const ptc_type *tx, const float *x, float *o);
+int ptrt_cpu_unary_grad(ptc_op op, const ptc_type *tx, const float *x, const float *dy, float *o);
+int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o);
+int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, float *o);
+int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o);
+int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void *const *out);
+int ptrt_cpu_copy(int64_t bytes, const void *x, void *o);
+
+/* ---- cpu_norm.c: normalisations, softmax, losses, embedding ---- */
+
+int ptrt_cpu_layernorm(const ptc_type *tx, const float *x, const float *g, const float *b,
+                       double eps, float *o);
+int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
+                            double eps, float *dx, float *dg, float *db);
+int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double eps, float *o);
+int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
+                          double eps, float *dx, float *dg);
+int ptrt_cpu_softmax(bool log_out, const ptc_type *tx, const float *x, int axis, float *o);
+int ptrt_cpu_cross_entropy(const ptc_type *tl, const float *logits, const int32_t *targets,
+                           float *o);
+int ptrt_cpu_cross_entropy_grad(const ptc_type *tl, const float *logits, const int32_t *targets,
+                                const float *dloss, float *o);
+int ptrt_cpu_embedding(const ptc_type *tt, const float *table, const ptc_type *ti,
+                       const int32_t *ids, float *o);
+int ptrt_cpu_embedding_grad(const ptc_type *ti, const int32_t *ids, const float *dy,
+                            const ptc_type *to, float *o);
+
+/* ---- cpu_attention.c ---- */
+
+int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, const float *k,
+                       const float *v, int64_t heads, int64_t kv_heads, bool causal, float *o);
+int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
+                            int64_t kv_heads, bool causal, void *const *out);
+int ptrt_cpu_rope(const ptc_type *tx, const float *x, int64_t heads, double base, bool inverse,
+                  float *o);
+
+#endif

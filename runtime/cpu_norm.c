@@ -1,0 +1,360 @@
+/* cpu_norm.c - fast CPU kernels for the row-wise ops: layernorm and rmsnorm with their backward,
+ * softmax over the last axis, cross-entropy with its backward, embedding with its backward.
+ *
+ * Rows are independent, so they split across the pool; the parameter gradients of the norms and
+ * the embedding's table gradient are sums over rows, so a second pass splits those by columns and
+ * adds every row in order (no thread ever adds into another's columns, and the order is fixed).
+ * Row statistics (mean, variance, the dot products of the backward, the loss) are summed in
+ * double with four running sums; the elementwise parts are float. Bad ids or targets are left to
+ * the reference kernel, which reports them.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+#define GRAIN (1 << 14) /* elements per piece */
+#define COLS 64         /* columns per piece in the column passes */
+
+/* sum of x[i], and of (x[i] - c)^2, in double with four running sums (a fixed order) */
+static double sum_d(const float *x, int64_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i];
+        s1 += x[i + 1];
+        s2 += x[i + 2];
+        s3 += x[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += x[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static double sumsq_d(const float *x, double c, int64_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        double a = x[i] - c, b = x[i + 1] - c, e = x[i + 2] - c, f = x[i + 3] - c;
+        s0 += a * a;
+        s1 += b * b;
+        s2 += e * e;
+        s3 += f * f;
+    }
+    for (; i < n; i++)
+        s0 += (x[i] - c) * (x[i] - c);
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* ---- layernorm ---- */
+
+typedef struct norm_job {
+    const float *x, *g, *b, *dy;
+    float *o, *dx, *dg, *db;
+    float *mean, *inv; /* per row, from the row pass for the column pass */
+    int64_t rows, d;
+    double eps;
+    bool rms;
+} norm_job;
+
+/* mean and 1/sqrt(var + eps) of a row (layernorm), or 0 and 1/sqrt(mean(x^2) + eps) (rmsnorm) */
+static void row_stats(const norm_job *j, const float *x, float *mean, float *inv)
+{
+    double m = j->rms ? 0.0 : sum_d(x, j->d) / (double)j->d;
+    double var = sumsq_d(x, m, j->d) / (double)j->d;
+    *mean = (float)m;
+    *inv = (float)(1.0 / sqrt(var + j->eps));
+}
+
+static void norm_fwd_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const norm_job *j = ctx;
+    int64_t d = j->d;
+    for (int64_t r = begin; r < end; r++) {
+        const float *restrict x = j->x + r * d;
+        float *restrict o = j->o + r * d;
+        float m, inv;
+        row_stats(j, x, &m, &inv);
+        if (j->rms)
+            for (int64_t i = 0; i < d; i++)
+                o[i] = x[i] * inv * j->g[i];
+        else
+            for (int64_t i = 0; i < d; i++)
+                o[i] = (x[i] - m) * inv * j->g[i] + j->b[i];
+    }
+}
+
+int ptrt_cpu_layernorm(const ptc_type *tx, const float *x, const float *g, const float *b,
+                       double eps, float *o)
+{
+    int64_t d = tx->dims[tx->rank - 1];
+    if (d == 0)
+        return 0;
+    norm_job j = {.x = x, .g = g, .b = b, .o = o, .rows = ptc_type_numel(tx) / d, .d = d,
+                  .eps = eps};
+    ptrt_cpu_parallel_for(j.rows, GRAIN / d + 1, norm_fwd_rows, &j);
+    return 1;
+}
+
+int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double eps, float *o)
+{
+    int64_t d = tx->dims[tx->rank - 1];
+    if (d == 0)
+        return 0;
+    norm_job j = {.x = x, .g = g, .o = o, .rows = ptc_type_numel(tx) / d, .d = d, .eps = eps,
+                  .rms = true};
+    ptrt_cpu_parallel_for(j.rows, GRAIN / d + 1, norm_fwd_rows, &j);
+    return 1;
+}
+
+/* dx of each row. layernorm, xh = (x - mean) r, e = dy g: dx = r (e - mean(e) - xh mean(e xh));
+ * rmsnorm, xh = x r: dx = r (e - xh mean(e xh)). */
+static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const norm_job *j = ctx;
+    int64_t d = j->d;
+    for (int64_t r = begin; r < end; r++) {
+        const float *restrict x = j->x + r * d, *restrict dy = j->dy + r * d, *restrict g = j->g;
+        float *restrict dx = j->dx + r * d;
+        float m, inv;
+        row_stats(j, x, &m, &inv);
+        j->mean[r] = m;
+        j->inv[r] = inv;
+        double se[4] = {0}, sex[4] = {0};
+        for (int64_t i = 0; i < d; i++) {
+            float e = dy[i] * g[i];
+            se[i & 3] += e;
+            sex[i & 3] += (double)e * ((x[i] - m) * inv);
+        }
+        float me = j->rms ? 0.0f : (float)(((se[0] + se[1]) + (se[2] + se[3])) / (double)d);
+        float mex = (float)(((sex[0] + sex[1]) + (sex[2] + sex[3])) / (double)d);
+        for (int64_t i = 0; i < d; i++)
+            dx[i] = inv * (dy[i] * g[i] - me - (x[i] - m) * inv * mex);
+    }
+}
+
+/* dg (and db) for column blocks [begin, end): every row added in order. */
+static void norm_bwd_cols(void *ctx, int64_t begin, int64_t end)
+{
+    const norm_job *j = ctx;
+    int64_t d = j->d;
+    for (int64_t cb = begin; cb < end; cb++) {
+        int64_t c0 = cb * COLS, w = d - c0 < COLS ? d - c0 : COLS;
+        double sg[COLS] = {0}, sb[COLS] = {0};
+        for (int64_t r = 0; r < j->rows; r++) {
+            const float *x = j->x + r * d + c0, *dy = j->dy + r * d + c0;
+            float m = j->mean[r], inv = j->inv[r];
+            for (int64_t c = 0; c < w; c++) {
+                sg[c] += (double)dy[c] * ((x[c] - m) * inv);
+                sb[c] += dy[c];
+            }
+        }
+        for (int64_t c = 0; c < w; c++) {
+            j->dg[c0 + c] = (float)sg[c];
+            if (j->db)
+                j->db[c0 + c] = (float)sb[c];
+        }
+    }
+}
+
+static int norm_grad(norm_job *j)
+{
+    if (j->d == 0)
+        return 0;
+    j->mean = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
+    j->inv = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
+    ptrt_cpu_parallel_for(j->rows, GRAIN / j->d + 1, norm_bwd_rows, j);
+    ptrt_cpu_parallel_for((j->d + COLS - 1) / COLS, GRAIN / (COLS * (j->rows + 1)) + 1,
+                          norm_bwd_cols, j);
+    free(j->mean);
+    free(j->inv);
+    return 1;
+}
+
+int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
+                            double eps, float *dx, float *dg, float *db)
+{
+    int64_t d = tx->dims[tx->rank - 1];
+    norm_job j = {.x = x, .g = g, .dy = dy, .dx = dx, .dg = dg, .db = db, .d = d, .eps = eps,
+                  .rows = d ? ptc_type_numel(tx) / d : 0};
+    return norm_grad(&j);
+}
+
+int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
+                          double eps, float *dx, float *dg)
+{
+    int64_t d = tx->dims[tx->rank - 1];
+    norm_job j = {.x = x, .g = g, .dy = dy, .dx = dx, .dg = dg, .d = d, .eps = eps, .rms = true,
+                  .rows = d ? ptc_type_numel(tx) / d : 0};
+    return norm_grad(&j);
+}
+
+/* ---- softmax and cross-entropy ---- */
+
+typedef struct row_job {
+    const float *x, *dloss;
+    const int32_t *t;
+    float *o;
+    double *loss; /* per row */
+    int64_t c, rows;
+    bool log_out;
+} row_job;
+
+static void softmax_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const row_job *j = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = j->x + r * j->c;
+        float *o = j->o + r * j->c;
+        float mx = ptrt_cpu_max(x, j->c);
+        float s = ptrt_cpu_exp_sum(x, mx, j->log_out ? NULL : o, j->c);
+        if (j->log_out) {
+            float lse = logf(s);
+            for (int64_t i = 0; i < j->c; i++)
+                o[i] = (x[i] - mx) - lse;
+        } else {
+            float inv = 1.0f / s;
+            for (int64_t i = 0; i < j->c; i++)
+                o[i] *= inv;
+        }
+    }
+}
+
+/* Over the last axis only; another axis goes to the reference. */
+int ptrt_cpu_softmax(bool log_out, const ptc_type *tx, const float *x, int axis, float *o)
+{
+    int64_t c = tx->dims[tx->rank - 1];
+    if (axis != tx->rank - 1 || c == 0)
+        return 0;
+    row_job j = {.x = x, .o = o, .c = c, .log_out = log_out};
+    ptrt_cpu_parallel_for(ptc_type_numel(tx) / c, GRAIN / c + 1, softmax_rows, &j);
+    return 1;
+}
+
+static bool targets_ok(const int32_t *t, int64_t rows, int64_t c)
+{
+    for (int64_t r = 0; r < rows; r++)
+        if (t[r] < 0 || t[r] >= c)
+            return false;
+    return true;
+}
+
+static void ce_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const row_job *j = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = j->x + r * j->c;
+        float mx = ptrt_cpu_max(x, j->c);
+        double s = ptrt_cpu_exp_sum(x, mx, NULL, j->c);
+        j->loss[r] = (double)mx + log(s) - x[j->t[r]];
+    }
+}
+
+int ptrt_cpu_cross_entropy(const ptc_type *tl, const float *logits, const int32_t *targets,
+                           float *o)
+{
+    int64_t c = tl->dims[tl->rank - 1], rows = c ? ptc_type_numel(tl) / c : 0;
+    if (rows == 0 || !targets_ok(targets, rows, c))
+        return 0;
+    row_job j = {.x = logits, .t = targets, .c = c,
+                 .loss = ptc_xmalloc((size_t)rows * sizeof(double))};
+    ptrt_cpu_parallel_for(rows, GRAIN / c + 1, ce_rows, &j);
+    double total = 0;
+    for (int64_t r = 0; r < rows; r++)
+        total += j.loss[r];
+    free(j.loss);
+    o[0] = (float)(total / (double)rows);
+    return 1;
+}
+
+/* dlogits = (softmax(row) - onehot(target)) dloss / rows */
+static void ce_grad_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const row_job *j = ctx;
+    float scale = (float)((double)j->dloss[0] / (double)j->rows);
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = j->x + r * j->c;
+        float *o = j->o + r * j->c;
+        float mx = ptrt_cpu_max(x, j->c);
+        float s = ptrt_cpu_exp_sum(x, mx, o, j->c);
+        float k = scale / s;
+        for (int64_t i = 0; i < j->c; i++)
+            o[i] *= k;
+        o[j->t[r]] -= scale;
+    }
+}
+
+int ptrt_cpu_cross_entropy_grad(const ptc_type *tl, const float *logits, const int32_t *targets,
+                                const float *dloss, float *o)
+{
+    int64_t c = tl->dims[tl->rank - 1], rows = c ? ptc_type_numel(tl) / c : 0;
+    if (rows == 0 || !targets_ok(targets, rows, c))
+        return 0;
+    row_job j = {.x = logits, .t = targets, .dloss = dloss, .o = o, .c = c, .rows = rows};
+    ptrt_cpu_parallel_for(rows, GRAIN / c + 1, ce_grad_rows, &j);
+    return 1;
+}
+
+/* ---- embedding ---- */
+
+typedef struct emb_job {
+    const float *table, *dy;
+    const int32_t *ids;
+    float *o;
+    int64_t n, d, rows;
+} emb_job;
+
+static bool ids_ok(const int32_t *ids, int64_t n, int64_t rows)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= rows)
+            return false;
+    return true;
+}
+
+static void emb_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const emb_job *j = ctx;
+    for (int64_t i = begin; i < end; i++)
+        memcpy(j->o + i * j->d, j->table + (int64_t)j->ids[i] * j->d, (size_t)j->d * sizeof(float));
+}
+
+int ptrt_cpu_embedding(const ptc_type *tt, const float *table, const ptc_type *ti,
+                       const int32_t *ids, float *o)
+{
+    emb_job j = {.table = table, .ids = ids, .o = o, .n = ptc_type_numel(ti), .d = tt->dims[1],
+                 .rows = tt->dims[0]};
+    if (!ids_ok(ids, j.n, j.rows))
+        return 0;
+    ptrt_cpu_parallel_for(j.n, GRAIN / (j.d + 1) + 1, emb_rows, &j);
+    return 1;
+}
+
+/* Column blocks [begin, end) of the table gradient: zeroed, then every position added in order. */
+static void emb_grad_cols(void *ctx, int64_t begin, int64_t end)
+{
+    const emb_job *j = ctx;
+    int64_t c0 = begin * COLS, c1 = end * COLS < j->d ? end * COLS : j->d;
+    for (int64_t r = 0; r < j->rows; r++)
+        memset(j->o + r * j->d + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+    for (int64_t i = 0; i < j->n; i++) {
+        float *restrict o = j->o + (int64_t)j->ids[i] * j->d;
+        const float *restrict dy = j->dy + i * j->d;
+        for (int64_t c = c0; c < c1; c++)
+            o[c] += dy[c];
+    }
+}
+
+int ptrt_cpu_embedding_grad(const ptc_type *ti, const int32_t *ids, const float *dy,
+                            const ptc_type *to, float *o)
+{
+    emb_job j = {.dy = dy, .ids = ids, .o = o, .n = ptc_type_numel(ti), .d = to->dims[1],
+                 .rows = to->dims[0]};
+    if (!ids_ok(ids, j.n, j.rows))
+        return 0;
+    ptrt_cpu_parallel_for((j.d + COLS - 1) / COLS, 1, emb_grad_cols, &j);
+    return 1;
+}

@@ -1,0 +1,188 @@
+/* cpu_pool.c - the worker threads of the fast CPU backend (see cpu_internal.h).
+ *
+ * One pool for the whole process, sized from --threads (default: the online CPUs), with one
+ * parallel region at a time: the interpreter runs one node at a time and only the calling thread
+ * opens regions. OpenBLAS is kept to one thread (cpu_gemm.c) and the GEMMs are split here instead,
+ * so there is one set of threads and no two pools fighting over the same cores.
+ *
+ * A region is cut into pieces whose bounds depend only on the range, the grain and the thread
+ * count; threads (the caller too) claim pieces from one atomic counter until none are left. When a
+ * worker is slow to wake or is descheduled (a loaded machine), the others take its pieces instead
+ * of waiting for it. Which thread runs a piece never changes what the piece computes.
+ *
+ * Waiting threads spin for some tens of microseconds (the next node usually comes sooner) and then
+ * sleep on a condition variable, so an idle process burns no CPU. The spin has no PAUSE
+ * instruction on purpose: in a virtual machine a pause loop traps to the hypervisor (pause-loop
+ * exiting), which deschedules the vCPU; on a 2-vCPU VM that made every region cost milliseconds.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "cpu_internal.h"
+
+#define MAX_THREADS 64
+#define SPINS 20000          /* atomic loads before a waiting thread sleeps */
+#define PIECES_PER_THREAD 2  /* pieces per thread at most (a little slack for a slow thread) */
+
+/* The claim word: generation (24 bits) | pieces (20 bits) | next piece (20 bits). A thread may
+ * run piece `next` of region `generation` only by winning the compare-and-swap that bumps next,
+ * so it never runs a piece of a region that has ended. */
+#define NEXT_BITS 20
+#define PIECES_MAX ((1 << NEXT_BITS) - 1)
+#define MASK ((UINT64_C(1) << NEXT_BITS) - 1)
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    int want;    /* threads to use, the caller included; 0 = not chosen yet */
+    int started; /* workers running (ids 1 .. started) */
+    atomic_uint gen;
+    _Atomic uint64_t claim;
+    atomic_int finished; /* pieces of the current region done */
+    /* the region being run: written before claim is published, read after a piece is won */
+    ptrt_cpu_range_fn fn;
+    void *ctx;
+    int64_t n;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+
+static _Thread_local bool in_region;
+/* The generation each worker was started at (it must not wait for one already begun). */
+static unsigned start_gen[MAX_THREADS];
+
+/* Wins the next piece of region gen; false when the region has none left or has ended. */
+static bool claim_piece(unsigned gen, int64_t *piece, int64_t *pieces)
+{
+    uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    for (;;) {
+        uint64_t g = c >> (2 * NEXT_BITS), np = (c >> NEXT_BITS) & MASK, next = c & MASK;
+        if (g != (gen & 0xFFFFFF) || next >= np)
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *piece = (int64_t)next;
+            *pieces = (int64_t)np;
+            return true;
+        }
+    }
+}
+
+/* Runs pieces of region gen until none are left. */
+static void work(unsigned gen)
+{
+    int64_t piece, pieces;
+    while (claim_piece(gen, &piece, &pieces)) {
+        int64_t begin = pool.n * piece / pieces, end = pool.n * (piece + 1) / pieces;
+        if (begin < end)
+            pool.fn(pool.ctx, begin, end);
+        if (atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel) + 1 == pieces) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
+    }
+}
+
+static void *worker(void *arg)
+{
+    unsigned seen = start_gen[(intptr_t)arg];
+    in_region = true;
+    for (;;) {
+        unsigned g;
+        for (int spins = 0; (g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen;
+             spins++) {
+            if (spins < SPINS)
+                continue;
+            pthread_mutex_lock(&pool.mu);
+            while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
+                pthread_cond_wait(&pool.wake, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+            break;
+        }
+        seen = g;
+        work(g);
+    }
+    return NULL;
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
+void ptrt_cpu_pool_set_threads(int n)
+{
+    PTC_ASSERT(!in_region);
+    pool.want = n < 1 ? online_cpus() : n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+int ptrt_cpu_threads(void)
+{
+    if (!pool.want)
+        pool.want = online_cpus();
+    return pool.want;
+}
+
+/* Starts workers up to the wanted count; after a lower --threads the extra ones just sleep. */
+static void start_workers(void)
+{
+    while (pool.started + 1 < pool.want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        start_gen[pool.started + 1] = atomic_load_explicit(&pool.gen, memory_order_relaxed);
+        int rc = pthread_create(&t, &attr, worker, (void *)(intptr_t)(pool.started + 1));
+        pthread_attr_destroy(&attr);
+        if (rc != 0) { /* no more threads: run with the ones there are */
+            pool.want = pool.started + 1;
+            break;
+        }
+        pool.started++;
+    }
+}
+
+void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    int threads = ptrt_cpu_threads();
+    int64_t pieces = n / (grain > 0 ? grain : 1), most = (int64_t)threads * PIECES_PER_THREAD;
+    pieces = pieces < most ? pieces : most;
+    pieces = pieces < PIECES_MAX ? pieces : PIECES_MAX;
+    if (in_region || threads < 2 || pieces < 2) {
+        fn(ctx, 0, n);
+        return;
+    }
+    start_workers();
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
+    unsigned gen = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool.claim,
+                          ((uint64_t)(gen & 0xFFFFFF) << (2 * NEXT_BITS)) |
+                              ((uint64_t)pieces << NEXT_BITS),
+                          memory_order_release);
+    pthread_mutex_lock(&pool.mu);
+    atomic_store_explicit(&pool.gen, gen, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    in_region = true;
+    work(gen);
+    in_region = false;
+    for (int spins = 0; atomic_load_explicit(&pool.finished, memory_order_acquire) != pieces;
+         spins++) {
+        if (spins < SPINS)
+            continue;
+        pthread_mutex_lock(&pool.mu);
+        while (atomic_load_explicit(&pool.finished, memory_order_acquire) != pieces)
+            pthread_cond_wait(&pool.done, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+        break;
+    }
+}

@@ -1,0 +1,563 @@
+/* test_cpu_backend.c - every fast CPU kernel (runtime/cpu*.c) against its reference kernel.
+ *
+ * Each case runs one node through ptrt_ref_run and through ptrt_cpu_run on the same random inputs
+ * of awkward shapes (odd sizes, sizes that are not multiples of the vector width, the GEMM block
+ * or the attention query block; broadcasting; grouped-query and causal attention) and compares the
+ * results with the error measure of tests/torch/compare.py: max |cpu - ref| over the tensor divided
+ * by max |ref|. The tolerances, by kind of kernel:
+ *
+ *   exact (0)  the fast kernel does the reference's arithmetic: float +,-,*,/ round once, like the
+ *              reference's double op rounded to float; AdamW and rope repeat its double arithmetic;
+ *              sum_to adds the same terms in the same order into double; moves copy bits.
+ *   1e-6       float exp/tanh (a polynomial within 2 ulp) and short float sums (softmax rows,
+ *              cross-entropy): a few float roundings, ~6e-8 each, relative to the largest value.
+ *   2e-5       float dot products over k <= ~300 terms (GEMM, attention, norm statistics): the
+ *              rounding error of a float sum grows like sqrt(k) u on random data (u = 6e-8), with
+ *              u k = 2e-5 as the worst case for k = 300; the reference sums in double.
+ *
+ * Every case runs twice at each of 1, 2 and 3 threads and must give the same bits both times; and,
+ * except for matmul, the same bits at every thread count (kernels split work so that no result
+ * depends on where the pieces are cut; OpenBLAS's edge tiles do not promise that). The vector math
+ * runs both its AVX2 and its portable path.
+ */
+#include "ref_test.h"
+
+#include "cpu.h"
+#include "cpu_internal.h"
+
+#define EXACT 0.0
+#define TRANSC 1e-6
+#define DOT 2e-5
+
+typedef struct both {
+    int nout;
+    ptc_type ot[PTC_MAX_RESULTS];
+    void *ref[PTC_MAX_RESULTS], *cpu[PTC_MAX_RESULTS];
+    int rc_ref, rc_cpu;
+    char err_ref[512], err_cpu[512];
+} both;
+
+static void *alloc_poison(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert(p != NULL);
+    memset(p, 0xFF, bytes); /* NaN for floats: an element a kernel forgets shows up */
+    return p;
+}
+
+/* Runs op on both backends (shape inference first, as the executor does). */
+static both run_both(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, void *const *in)
+{
+    both r;
+    memset(&r, 0, sizeof r);
+    char err[512] = "";
+    r.nout = ptc_infer(op, it, nin, &at, r.ot, err, sizeof err);
+    cr_assert(r.nout > 0, "shape inference of %s failed: %s", ptc_ops[op].name, err);
+    ptc_node node;
+    memset(&node, 0, sizeof node);
+    node.op = op;
+    node.nin = nin;
+    node.nout = r.nout;
+    node.attrs = at;
+    for (int j = 0; j < r.nout; j++) {
+        size_t bytes = (size_t)ptc_type_numel(&r.ot[j]) * 4;
+        r.ref[j] = alloc_poison(bytes);
+        r.cpu[j] = alloc_poison(bytes);
+    }
+    r.rc_ref = ptrt_ref_run(&node, it, in, r.ot, r.ref, r.err_ref, sizeof r.err_ref);
+    r.rc_cpu = ptrt_cpu_run(&node, it, in, r.ot, r.cpu, r.err_cpu, sizeof r.err_cpu);
+    return r;
+}
+
+static void free_both(both *r)
+{
+    for (int j = 0; j < r->nout; j++) {
+        free(r->ref[j]);
+        free(r->cpu[j]);
+    }
+}
+
+/* max |a - b| / max |b| (0/0 = 0); NaN anywhere in a that b does not have counts as infinite. */
+static double rel_error(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(b[i]))
+            return INFINITY;
+        if (isnan(b[i]))
+            continue;
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return worst == 0 ? 0 : scale == 0 ? INFINITY : worst / scale;
+}
+
+/* Compares every result of r within tol, and the return codes and messages. */
+static void expect_close(const both *r, const char *what, double tol)
+{
+    cr_expect_eq(r->rc_cpu, r->rc_ref, "%s: cpu returned %d, reference %d (%s / %s)", what,
+                 r->rc_cpu, r->rc_ref, r->err_cpu, r->err_ref);
+    if (r->rc_ref != 0) {
+        cr_expect_str_eq(r->err_cpu, r->err_ref, "%s: messages differ", what);
+        return;
+    }
+    for (int j = 0; j < r->nout; j++) {
+        int64_t n = ptc_type_numel(&r->ot[j]);
+        if (r->ot[j].dtype == PTC_I32) {
+            cr_expect(memcmp(r->cpu[j], r->ref[j], (size_t)n * 4) == 0, "%s: result %d differs",
+                      what, j);
+            continue;
+        }
+        double e = rel_error(r->cpu[j], r->ref[j], n);
+        if (tol == 0)
+            cr_expect(memcmp(r->cpu[j], r->ref[j], (size_t)n * 4) == 0,
+                      "%s: result %d is not bit-identical to the reference (error %.3g)", what, j,
+                      e);
+        else
+            cr_expect(e <= tol, "%s: result %d error %.3g > %.3g", what, j, e, tol);
+    }
+}
+
+static void expect_same_bits(const both *a, const both *b, const char *what, int threads)
+{
+    for (int j = 0; j < a->nout && a->rc_cpu == 0; j++)
+        cr_expect(memcmp(a->cpu[j], b->cpu[j], (size_t)ptc_type_numel(&a->ot[j]) * 4) == 0,
+                  "%s: result %d at %d threads is not the same bits", what, j, threads);
+}
+
+/* Runs op at 1, 2 and 3 threads, twice each: within tol of the reference, the same bits on both
+ * runs and, unless varies_with_threads, the same bits at every thread count. */
+static void check_threads(const char *what, ptc_op op, ptc_attrs at, int nin, const ptc_type *it,
+                          void *const *in, double tol, bool varies_with_threads)
+{
+    both first;
+    memset(&first, 0, sizeof first);
+    for (int threads = 1; threads <= 3; threads++) {
+        ptrt_cpu_set_threads(threads);
+        both r = run_both(op, at, nin, it, in), again = run_both(op, at, nin, it, in);
+        expect_close(&r, what, tol);
+        expect_same_bits(&r, &again, what, threads);
+        free_both(&again);
+        if (threads == 1) {
+            first = r;
+            continue;
+        }
+        if (!varies_with_threads)
+            expect_same_bits(&r, &first, what, threads);
+        free_both(&r);
+    }
+    free_both(&first);
+    ptrt_cpu_set_threads(0);
+}
+
+static void check(const char *what, ptc_op op, ptc_attrs at, int nin, const ptc_type *it,
+                  void *const *in, double tol)
+{
+    check_threads(what, op, at, nin, it, in, tol, false);
+}
+
+static float *rnd(int64_t n, uint32_t seed, float lo, float hi)
+{
+    float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    cr_assert(p != NULL);
+    rt_fill(p, n, seed, lo, hi);
+    return p;
+}
+
+static int32_t *ids(int64_t n, uint32_t seed, int32_t bound)
+{
+    int32_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    cr_assert(p != NULL);
+    uint32_t s = seed * 2654435761u + 7;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = (int32_t)((s >> 8) % (uint32_t)bound);
+    }
+    return p;
+}
+
+#define DEF(op) ptc_attrs_default(PTC_OP_##op)
+
+/* ---- elementwise ---- */
+
+static void binary_case(const char *what, ptc_type ta, ptc_type tb)
+{
+    float *a = rnd(ptc_type_numel(&ta), 1, -2, 2), *b = rnd(ptc_type_numel(&tb), 2, 0.5f, 3);
+    ptc_op ops[] = {PTC_OP_ADD, PTC_OP_SUB, PTC_OP_MUL, PTC_OP_DIV};
+    for (int i = 0; i < 4; i++) {
+        char name[200];
+        snprintf(name, sizeof name, "%s %s", ptc_ops[ops[i]].name, what);
+        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){ta, tb},
+              (void *[]){a, b}, EXACT);
+        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){tb, ta},
+              (void *[]){b, a}, EXACT);
+    }
+    free(a);
+    free(b);
+}
+
+Test(cpu_elementwise, binary_broadcasts)
+{
+    binary_case("same shape", TY(PTC_F32, 3, 37, 129), TY(PTC_F32, 3, 37, 129));
+    binary_case("bias", TY(PTC_F32, 5, 33, 131), TY(PTC_F32, 131));
+    binary_case("positions", TY(PTC_F32, 4, 9, 65), TY(PTC_F32, 9, 65));
+    binary_case("leading ones", TY(PTC_F32, 4, 9, 65), TY(PTC_F32, 1, 1, 65));
+    binary_case("scalar", TY(PTC_F32, 7, 1001), SCALAR(PTC_F32));
+    binary_case("both scalar", SCALAR(PTC_F32), SCALAR(PTC_F32));
+    binary_case("short rows (reference)", TY(PTC_F32, 50, 3), TY(PTC_F32, 3));
+    binary_case("outer (reference)", TY(PTC_F32, 70, 1), TY(PTC_F32, 1, 90));
+    binary_case("middle (reference)", TY(PTC_F32, 6, 70, 80), TY(PTC_F32, 6, 1, 80));
+}
+
+Test(cpu_elementwise, binary_bf16_goes_to_the_reference)
+{
+    ptc_type t = TY(PTC_BF16, 9, 77);
+    float *a = rnd(9 * 77, 3, -2, 2), *b = rnd(9 * 77, 4, -2, 2);
+    for (int i = 0; i < 9 * 77; i++) { /* values representable in bf16 */
+        a[i] = ptrt_round_bf16(a[i]);
+        b[i] = ptrt_round_bf16(b[i]);
+    }
+    check("add bf16", PTC_OP_ADD, DEF(ADD), 2, (ptc_type[]){t, t}, (void *[]){a, b}, EXACT);
+    free(a);
+    free(b);
+}
+
+static void unary_cases(bool portable)
+{
+    ptrt_cpu_vec_force_portable(portable);
+    int64_t n = 4099; /* not a multiple of 8 */
+    ptc_type t = TY(PTC_F32, n);
+    float *x = rnd(n, 5, -12, 12), *dy = rnd(n, 6, -1, 1);
+    x[0] = 0;
+    x[1] = -0.0f;
+    x[2] = 1e-7f;
+    x[3] = -30;
+    x[4] = 30;
+    ptc_op fwd[] = {PTC_OP_GELU, PTC_OP_SILU, PTC_OP_RELU, PTC_OP_NEG};
+    double tol[] = {TRANSC, TRANSC, EXACT, EXACT};
+    for (int i = 0; i < 4; i++)
+        check(ptc_ops[fwd[i]].name, fwd[i], ptc_attrs_default(fwd[i]), 1, &t, (void *[]){x},
+              tol[i]);
+    ptc_op bwd[] = {PTC_OP_GELU_GRAD, PTC_OP_SILU_GRAD, PTC_OP_RELU_GRAD};
+    for (int i = 0; i < 3; i++)
+        check(ptc_ops[bwd[i]].name, bwd[i], ptc_attrs_default(bwd[i]), 2, (ptc_type[]){t, t},
+              (void *[]){x, dy}, tol[i]);
+    /* small |x|, where GELU's tanh(u) is nearly u: errors relative to a small tensor */
+    rt_fill(x, n, 7, -1e-3f, 1e-3f);
+    check("gelu small", PTC_OP_GELU, DEF(GELU), 1, &t, (void *[]){x}, TRANSC);
+    check("gelu_grad small", PTC_OP_GELU_GRAD, DEF(GELU_GRAD), 2, (ptc_type[]){t, t},
+          (void *[]){x, dy}, TRANSC);
+    free(x);
+    free(dy);
+    ptrt_cpu_vec_force_portable(false);
+}
+
+Test(cpu_elementwise, unary_and_grads_vector_path)
+{
+    unary_cases(false);
+}
+
+Test(cpu_elementwise, unary_and_grads_portable_path)
+{
+    unary_cases(true);
+}
+
+Test(cpu_elementwise, transpose_and_reshape)
+{
+    float *x = rnd(130 * 70, 8, -1, 1);
+    check("transpose [3,37,41]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+          (ptc_type[]){TY(PTC_F32, 3, 37, 41)}, (void *[]){x}, EXACT);
+    check("transpose [1,1]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1, (ptc_type[]){TY(PTC_F32, 1, 1)},
+          (void *[]){x}, EXACT);
+    check("transpose [130,70]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+          (ptc_type[]){TY(PTC_F32, 130, 70)}, (void *[]){x}, EXACT);
+    ptc_attrs at = DEF(RESHAPE);
+    at.nshape = 2;
+    at.shape[0] = 111;
+    at.shape[1] = 41;
+    check("reshape", PTC_OP_RESHAPE, at, 1, (ptc_type[]){TY(PTC_F32, 3, 37, 41)}, (void *[]){x},
+          EXACT);
+    free(x);
+}
+
+static void sum_to_case(const char *what, ptc_type tx, ptc_type to)
+{
+    float *x = rnd(ptc_type_numel(&tx), 9, -1, 1);
+    ptc_attrs at = DEF(SUM_TO);
+    at.nshape = to.rank;
+    memcpy(at.shape, to.dims, sizeof(int64_t) * (size_t)to.rank);
+    check(what, PTC_OP_SUM_TO, at, 1, &tx, (void *[]){x}, EXACT);
+    free(x);
+}
+
+Test(cpu_elementwise, sum_to)
+{
+    sum_to_case("bias grad", TY(PTC_F32, 5, 33, 131), TY(PTC_F32, 131));
+    sum_to_case("positions grad", TY(PTC_F32, 4, 33, 70), TY(PTC_F32, 33, 70));
+    sum_to_case("leading ones", TY(PTC_F32, 4, 33, 70), TY(PTC_F32, 1, 70));
+    sum_to_case("same shape", TY(PTC_F32, 3, 70), TY(PTC_F32, 3, 70));
+    sum_to_case("to scalar (reference)", TY(PTC_F32, 3, 70), SCALAR(PTC_F32));
+    sum_to_case("middle (reference)", TY(PTC_F32, 3, 7, 70), TY(PTC_F32, 3, 1, 70));
+}
+
+Test(cpu_elementwise, sumsq)
+{
+    int64_t n = 7 * 14287; /* several blocks and a partial one */
+    float *x = rnd(n, 10, -3, 3);
+    check("sumsq big", PTC_OP_SUMSQ, DEF(SUMSQ), 1, (ptc_type[]){TY(PTC_F32, 7, 14287)},
+          (void *[]){x}, TRANSC);
+    check("sumsq small", PTC_OP_SUMSQ, DEF(SUMSQ), 1, (ptc_type[]){TY(PTC_F32, 77)},
+          (void *[]){x}, EXACT);
+    free(x);
+}
+
+Test(cpu_elementwise, adamw_update_is_the_reference_arithmetic)
+{
+    int64_t n = 70001;
+    ptc_type t = TY(PTC_F32, n), s = SCALAR(PTC_F32);
+    float *p = rnd(n, 11, -1, 1), *g = rnd(n, 12, -0.1f, 0.1f), *m = rnd(n, 13, -0.01f, 0.01f);
+    float *v = rnd(n, 14, 0, 1e-4f), lr = 3e-3f, step = 7;
+    ptc_attrs at = DEF(ADAMW_UPDATE);
+    at.beta2 = 0.95;
+    at.wd = 0.1;
+    check("adamw", PTC_OP_ADAMW_UPDATE, at, 6, (ptc_type[]){t, t, t, t, s, s},
+          (void *[]){p, g, m, v, &lr, &step}, EXACT);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+}
+
+/* ---- matmul and the GEMM ---- */
+
+static void matmul_case(const char *what, ptc_type ta, ptc_type tb)
+{
+    float *a = rnd(ptc_type_numel(&ta), 15, -1, 1), *b = rnd(ptc_type_numel(&tb), 16, -1, 1);
+    /* OpenBLAS's edge tiles may round differently when the split points move: a GEMM gives the
+     * same bits run after run at one thread count, not across thread counts */
+    check_threads(what, PTC_OP_MATMUL, DEF(MATMUL), 2, (ptc_type[]){ta, tb}, (void *[]){a, b}, DOT,
+                  true);
+    free(a);
+    free(b);
+}
+
+Test(cpu_gemm, matmul_shapes)
+{
+    matmul_case("x @ w", TY(PTC_F32, 3, 17, 33), TY(PTC_F32, 33, 29));
+    matmul_case("2-d big enough to split", TY(PTC_F32, 130, 70), TY(PTC_F32, 70, 90));
+    matmul_case("wide (split by columns)", TY(PTC_F32, 20, 90), TY(PTC_F32, 90, 1300));
+    matmul_case("batched", TY(PTC_F32, 5, 31, 23), TY(PTC_F32, 5, 23, 19));
+    matmul_case("broadcast batches", TY(PTC_F32, 2, 1, 5, 7), TY(PTC_F32, 3, 7, 4));
+    matmul_case("left broadcast", TY(PTC_F32, 9, 11), TY(PTC_F32, 4, 11, 13));
+    matmul_case("few big batches", TY(PTC_F32, 2, 150, 120), TY(PTC_F32, 2, 120, 140));
+    matmul_case("k = 1", TY(PTC_F32, 40, 1), TY(PTC_F32, 1, 50));
+    matmul_case("1 x 1", TY(PTC_F32, 1, 1), TY(PTC_F32, 1, 1));
+}
+
+/* The GEMM with every transpose combination, through OpenBLAS (when built with it) and through
+ * the plain loop, against a double loop. */
+Test(cpu_gemm, transposes_and_plain_loop)
+{
+    int64_t m = 37, n = 45, k = 29;
+    float *a = rnd(m * k, 17, -1, 1), *b = rnd(k * n, 18, -1, 1), *c0 = rnd(m * n, 19, -1, 1);
+    float *c = malloc((size_t)(m * n) * sizeof *c), *want = malloc((size_t)(m * n) * sizeof *c);
+    for (int mode = 0; mode < 8; mode++) {
+        bool ta = mode & 1, tb = mode & 2, plain = mode & 4;
+        int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < k; p++)
+                    s += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                         (tb ? b[j * ldb + p] : b[p * ldb + j]);
+                want[i * n + j] = (float)(0.5 * s + 0.25 * c0[i * n + j]);
+            }
+        memcpy(c, c0, (size_t)(m * n) * sizeof *c);
+        if (plain)
+            ptrt_cpu_gemm_plain(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c, n);
+        else
+            ptrt_cpu_gemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c, n);
+        double e = rel_error(c, want, m * n);
+        cr_expect(e <= DOT, "gemm ta=%d tb=%d plain=%d: error %.3g", ta, tb, plain, e);
+    }
+    free(a);
+    free(b);
+    free(c0);
+    free(c);
+    free(want);
+}
+
+/* ---- normalisation, softmax, losses, embedding ---- */
+
+Test(cpu_norm, layernorm_and_rmsnorm)
+{
+    int64_t rows = 3 * 37, d = 131;
+    ptc_type tx = TY(PTC_F32, 3, 37, 131), tg = TY(PTC_F32, 131);
+    float *x = rnd(rows * d, 20, -2, 3), *g = rnd(d, 21, 0.5f, 1.5f), *b = rnd(d, 22, -1, 1);
+    float *dy = rnd(rows * d, 23, -1, 1);
+    ptc_attrs ln = DEF(LAYERNORM), lng = DEF(LAYERNORM_GRAD);
+    check("layernorm", PTC_OP_LAYERNORM, ln, 3, (ptc_type[]){tx, tg, tg}, (void *[]){x, g, b}, DOT);
+    check("layernorm_grad", PTC_OP_LAYERNORM_GRAD, lng, 3, (ptc_type[]){tx, tg, tx},
+          (void *[]){x, g, dy}, DOT);
+    ptc_attrs rms = DEF(RMSNORM), rmsg = DEF(RMSNORM_GRAD);
+    check("rmsnorm", PTC_OP_RMSNORM, rms, 2, (ptc_type[]){tx, tg}, (void *[]){x, g}, DOT);
+    check("rmsnorm_grad", PTC_OP_RMSNORM_GRAD, rmsg, 3, (ptc_type[]){tx, tg, tx},
+          (void *[]){x, g, dy}, DOT);
+    /* a constant row: variance 0, eps alone */
+    for (int64_t i = 0; i < d; i++)
+        x[i] = 1.25f;
+    check("layernorm constant row", PTC_OP_LAYERNORM, ln, 3, (ptc_type[]){tx, tg, tg},
+          (void *[]){x, g, b}, DOT);
+    free(x);
+    free(g);
+    free(b);
+    free(dy);
+}
+
+Test(cpu_norm, softmax_last_axis_and_fallback)
+{
+    float *x = rnd(13 * 301, 24, -20, 20);
+    ptc_type t = TY(PTC_F32, 13, 301);
+    ptc_attrs at = DEF(SOFTMAX);
+    check("softmax", PTC_OP_SOFTMAX, at, 1, &t, (void *[]){x}, TRANSC);
+    check("log_softmax", PTC_OP_LOG_SOFTMAX, DEF(LOG_SOFTMAX), 1, &t, (void *[]){x}, TRANSC);
+    at.axis = 0;
+    check("softmax axis 0 (reference)", PTC_OP_SOFTMAX, at, 1, &t, (void *[]){x}, EXACT);
+    free(x);
+}
+
+Test(cpu_norm, cross_entropy)
+{
+    int64_t rows = 3 * 37, c = 301;
+    ptc_type tl = TY(PTC_F32, 3, 37, 301), tt = TY(PTC_I32, 3, 37), s = SCALAR(PTC_F32);
+    float *l = rnd(rows * c, 25, -8, 8), dl = 0.7f;
+    int32_t *t = ids(rows, 26, (int32_t)c);
+    check("cross_entropy", PTC_OP_CROSS_ENTROPY, DEF(CROSS_ENTROPY), 2, (ptc_type[]){tl, tt},
+          (void *[]){l, t}, TRANSC);
+    check("cross_entropy_grad", PTC_OP_CROSS_ENTROPY_GRAD, DEF(CROSS_ENTROPY_GRAD), 3,
+          (ptc_type[]){tl, tt, s}, (void *[]){l, t, &dl}, TRANSC);
+    t[40] = (int32_t)c; /* out of range: the reference's message */
+    check("cross_entropy bad target", PTC_OP_CROSS_ENTROPY, DEF(CROSS_ENTROPY), 2,
+          (ptc_type[]){tl, tt}, (void *[]){l, t}, EXACT);
+    t[40] = -1;
+    check("cross_entropy_grad bad target", PTC_OP_CROSS_ENTROPY_GRAD, DEF(CROSS_ENTROPY_GRAD), 3,
+          (ptc_type[]){tl, tt, s}, (void *[]){l, t, &dl}, EXACT);
+    free(l);
+    free(t);
+}
+
+Test(cpu_norm, embedding_and_grad)
+{
+    int64_t rows = 53, d = 133, n = 4 * 67;
+    ptc_type tt = TY(PTC_F32, 53, 133), ti = TY(PTC_I32, 4, 67), tdy = TY(PTC_F32, 4, 67, 133);
+    float *table = rnd(rows * d, 27, -1, 1), *dy = rnd(n * d, 28, -1, 1);
+    int32_t *id = ids(n, 29, 11); /* few distinct ids: many repeats add up */
+    id[5] = 52;
+    check("embedding", PTC_OP_EMBEDDING, DEF(EMBEDDING), 2, (ptc_type[]){tt, ti},
+          (void *[]){table, id}, EXACT);
+    ptc_attrs at = DEF(EMBEDDING_GRAD);
+    at.n = rows;
+    check("embedding_grad", PTC_OP_EMBEDDING_GRAD, at, 2, (ptc_type[]){ti, tdy},
+          (void *[]){id, dy}, TRANSC);
+    id[7] = (int32_t)rows;
+    check("embedding bad id", PTC_OP_EMBEDDING, DEF(EMBEDDING), 2, (ptc_type[]){tt, ti},
+          (void *[]){table, id}, EXACT);
+    check("embedding_grad bad id", PTC_OP_EMBEDDING_GRAD, at, 2, (ptc_type[]){ti, tdy},
+          (void *[]){id, dy}, EXACT);
+    free(table);
+    free(dy);
+    free(id);
+}
+
+/* ---- attention and rope ---- */
+
+static void attention_case(const char *what, int64_t nb, int64_t s, int64_t s2, int64_t heads,
+                           int64_t kv, int64_t dh, bool causal)
+{
+    ptc_type tq = TY(PTC_F32, nb, s, heads * dh), tk = TY(PTC_F32, nb, s2, kv * dh);
+    float *q = rnd(nb * s * heads * dh, 30, -1, 1), *k = rnd(nb * s2 * kv * dh, 31, -1, 1);
+    float *v = rnd(nb * s2 * kv * dh, 32, -1, 1), *dy = rnd(nb * s * heads * dh, 33, -1, 1);
+    ptc_attrs at = DEF(ATTENTION);
+    at.heads = heads;
+    at.kv_heads = kv;
+    at.causal = causal;
+    char name[200];
+    snprintf(name, sizeof name, "attention %s", what);
+    check(name, PTC_OP_ATTENTION, at, 3, (ptc_type[]){tq, tk, tk}, (void *[]){q, k, v}, DOT);
+    ptc_attrs ag = DEF(ATTENTION_GRAD);
+    ag.heads = heads;
+    ag.kv_heads = kv;
+    ag.causal = causal;
+    snprintf(name, sizeof name, "attention_grad %s", what);
+    check(name, PTC_OP_ATTENTION_GRAD, ag, 4, (ptc_type[]){tq, tk, tk, tq},
+          (void *[]){q, k, v, dy}, DOT);
+    free(q);
+    free(k);
+    free(v);
+    free(dy);
+}
+
+Test(cpu_attention, causal_and_not)
+{
+    attention_case("causal, seq 70 (blocks of 64 and 6)", 2, 70, 70, 3, 3, 5, true);
+    attention_case("not causal", 2, 70, 70, 3, 3, 5, false);
+    attention_case("one row", 1, 1, 1, 1, 1, 4, true);
+    attention_case("causal, 130 rows, dh 64", 1, 130, 130, 2, 2, 64, true);
+}
+
+Test(cpu_attention, grouped_query_and_other_key_length)
+{
+    attention_case("GQA 6 heads on 2", 2, 67, 67, 6, 2, 7, true);
+    attention_case("GQA 4 heads on 1", 3, 19, 19, 4, 1, 8, false);
+    attention_case("keys longer than queries", 2, 21, 83, 4, 2, 6, false);
+    attention_case("causal, keys longer than queries", 2, 21, 83, 4, 2, 6, true);
+    attention_case("causal, keys shorter than queries", 2, 83, 21, 2, 1, 6, true);
+}
+
+Test(cpu_attention, rope_is_the_reference_arithmetic)
+{
+    ptc_type t = TY(PTC_F32, 3, 37, 4 * 10);
+    float *x = rnd(3 * 37 * 40, 34, -2, 2);
+    ptc_attrs at = DEF(ROPE);
+    at.heads = 4;
+    check("rope", PTC_OP_ROPE, at, 1, &t, (void *[]){x}, EXACT);
+    ptc_attrs ag = DEF(ROPE_GRAD);
+    ag.heads = 4;
+    check("rope_grad", PTC_OP_ROPE_GRAD, ag, 1, &t, (void *[]){x}, EXACT);
+    free(x);
+}
+
+/* ---- the thread pool ---- */
+
+typedef struct sum_ctx {
+    int64_t *hits;
+} sum_ctx;
+
+static void mark(void *ctx, int64_t begin, int64_t end)
+{
+    sum_ctx *c = ctx;
+    for (int64_t i = begin; i < end; i++)
+        c->hits[i]++;
+}
+
+Test(cpu_pool, every_index_once)
+{
+    int64_t n = 10007;
+    int64_t *hits = calloc((size_t)n, sizeof *hits);
+    sum_ctx c = {hits};
+    for (int threads = 1; threads <= 4; threads++) {
+        ptrt_cpu_set_threads(threads);
+        for (int64_t grain = 1; grain < 20000; grain = grain * 7 + 1)
+            for (int rep = 0; rep < 20; rep++)
+                ptrt_cpu_parallel_for(n, grain, mark, &c);
+    }
+    int64_t grains = 0;
+    for (int64_t grain = 1; grain < 20000; grain = grain * 7 + 1)
+        grains++;
+    int64_t want = 4 * 20 * grains; /* threads x grains x repetitions */
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(hits[i], want, "index %lld ran %lld times, want %lld", (long long)i,
+                     (long long)hits[i], (long long)want);
+    free(hits);
+    ptrt_cpu_set_threads(0);
+}
