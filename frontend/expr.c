@@ -55,6 +55,7 @@ int ptc_lower_build(ptc_lower *L, ptc_op op, const int *in, int nin, const ptc_a
         return ptc_lower_fail(L, loc, "model too large: more than %d values after unrolling",
                               PTC_FE_MAX_VALUES);
     int none = 0; /* never NULL: ptc_build memcpy's the operands even when there are none */
+    loc.scope = L->scopelen ? L->scope : NULL;
     if (ptc_build(L->g, op, in ? in : &none, nin, at, loc, res, err, sizeof err) < 0)
         return ptc_lower_fail(L, loc, "%s", err);
     const ptc_node *n = &L->g->nodes[L->g->nnodes - 1];

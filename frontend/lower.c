@@ -500,7 +500,7 @@ static int check_decls(ptc_lower *L, ptc_decl **model)
             optim = d;
     }
     if (!*model)
-        return ptc_lower_fail(L, (ptc_loc){L->file, 1, 1},
+        return ptc_lower_fail(L, (ptc_loc){.file = L->file, .line = 1, .col = 1},
                               "no model in this file (a file has "
                               "exactly one `model NAME(ARGS) { ... }`)");
     return 0;
@@ -515,10 +515,10 @@ static int unknown_define(ptc_lower *L, const char *name)
             cands[n++] = d->name;
     const char *near = ptc_lower_similar(name, cands, n);
     if (near)
-        return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0},
+        return ptc_lower_fail(L, (ptc_loc){.file = L->file},
                               "-D %s: this file has no const named '%s'; did you mean '%s'?", name,
                               name, near);
-    return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0}, "-D %s: this file has no const named '%s'",
+    return ptc_lower_fail(L, (ptc_loc){.file = L->file}, "-D %s: this file has no const named '%s'",
                           name, name);
 }
 
@@ -534,7 +534,7 @@ static int apply_defines(ptc_lower *L, const ptc_frontend_opts *opts)
         if (!c)
             return unknown_define(L, name);
         if (!isfinite(def->value))
-            return ptc_lower_fail(L, (ptc_loc){L->file, 0, 0},
+            return ptc_lower_fail(L, (ptc_loc){.file = L->file},
                                   "-D %s: the value must be a finite number", def->name);
         c->num = (ptc_num){.v = def->value};
         c->state = 1;

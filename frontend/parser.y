@@ -74,7 +74,7 @@ int ptc_yylex(PTC_YYSTYPE *yylval, PTC_YYLTYPE *yylloc, yyscan_t scanner);
 
 static void ptc_yyerror(PTC_YYLTYPE *loc, yyscan_t scanner, ptc_pctx *ctx, const char *msg);
 
-#define LOC(l) ((ptc_loc){ctx->file, (l).first_line, (l).first_column})
+#define LOC(l) ((ptc_loc){.file = ctx->file, .line = (l).first_line, .col = (l).first_column})
 #define A (ctx->arena)
 
 /* Rejects an expression nested deeper than lowering may recurse. */
@@ -522,10 +522,10 @@ int ptc_parse(ptc_arena *a, const char *path, const char *src, size_t len, ptc_d
 {
     ptc_pctx ctx = {.arena = a, .names = {.arena = a}, .diag = diag, .file = path, .line = 1,
                     .col = 1, .src = src, .out = out};
-    ctx.end = (ptc_loc){path, 1, 1};
+    ctx.end = (ptc_loc){.file = path, .line = 1, .col = 1};
     memset(out, 0, sizeof *out);
     if (len > (size_t)1 << 30) {
-        ptc_pctx_error(&ctx, (ptc_loc){path, 0, 0}, "input is too large (more than 1 GiB)");
+        ptc_pctx_error(&ctx, (ptc_loc){.file = path}, "input is too large (more than 1 GiB)");
         return -1;
     }
     int rc = ptc_lex_run(&ctx, src, len);

@@ -196,6 +196,11 @@ int ptc_build(ptc_graph *g, ptc_op op, const int *in, int nin, const ptc_attrs *
         a.name = ptc_arena_strdup(g->arena, a.name);
     if (loc.file)
         loc.file = ptc_arena_strdup(g->arena, loc.file);
+    if (loc.scope) { /* nodes of one instance share one copy */
+        if (!g->last_scope || strcmp(g->last_scope, loc.scope) != 0)
+            g->last_scope = ptc_arena_strdup(g->arena, loc.scope);
+        loc.scope = g->last_scope;
+    }
 
     int nid = g->nnodes;
     PTC_GROW(g->nodes, g->capnodes, nid);

@@ -42,6 +42,7 @@ char *ptc_type_str(const ptc_type *t, char *buf, size_t n);
 typedef struct ptc_loc {
     const char *file;
     int line, col;
+    const char *scope; /* block instance path, e.g. "h.3.attn" (NULL = the model body) */
 } ptc_loc;
 
 /* ---- the op table ---- */
@@ -197,6 +198,7 @@ typedef struct ptc_graph {
         int state, to;
     } *updates;
     int nupdates, capupdates;
+    const char *last_scope; /* builder: the last interned scope string */
     /* ceiling on nodes, so a pathological model fails cleanly instead of eating memory */
     int max_nodes;
 } ptc_graph;

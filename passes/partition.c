@@ -534,8 +534,13 @@ static int partition_node(part *p, int ni)
         break;
     }
     ptc_placement in[PTC_MAX_RESULTS * 2];
-    for (int k = 0; k < n->nin; k++)
+    bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
+    for (int k = 0; k < n->nin; k++) {
         in[k] = p->deferred[n->in[k]] ? (ptc_placement){PLACE_UNDECIDED, 0, 0} : p->pl[n->in[k]];
+        /* ZeRO-3: a parameter is gathered before every use but its update */
+        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
+            in[k] = pl_r();
+    }
     rule_out ro;
     memset(&ro, 0, sizeof ro);
     if (ptc_shard_rule(p, ni, in, &ro) < 0)

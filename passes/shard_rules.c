@@ -277,7 +277,8 @@ static int rule_matmul(part *p, int ni, const ptc_placement *in, rule_out *ro)
     }
     /* a weight (rank 2) sharded on its columns stays sharded: a sequence-sharded activation is
      * gathered instead (the backward of Megatron-SP's row-parallel layer, and the logits) */
-    if (sharded(b) && rb == 2 && b.dim == 1 && sharded(a) && a.dim != ra - 1) {
+    if (part_axis_kind(p) == PART_TENSOR && sharded(b) && rb == 2 && b.dim == 1 && sharded(a) &&
+        a.dim != ra - 1) {
         ro->req[0] = pl_r();
         ro->out[0] = pl_s(rc - 1, pl_groups(b));
         return 0;

@@ -26,10 +26,12 @@
 /* fn(ctx, begin, end) over [begin, end) of a range split across threads. */
 typedef void (*ptrt_cpu_range_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* Runs fn over [0, n) in contiguous chunks, one per thread, on the calling thread and the pool's
- * workers; returns when all are done. Ranges shorter than 2 * grain (or any range while already
- * inside the pool) run on the calling thread in one piece. Kernels give fn pieces whose results do
- * not depend on where the chunks are cut. */
+/* Runs fn over [0, n) cut into contiguous pieces of at least grain (at most two per thread, one
+ * piece in all with one thread), on the calling thread and the pool's workers; returns when all
+ * are done. The pieces depend only on n, grain and the thread count: a caller inside a region, or
+ * one that finds the pool busy with another thread's region, runs the same pieces itself. Kernels
+ * give fn pieces whose results do not depend on where the pieces are cut. Safe to call from
+ * several threads at once. */
 void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void *ctx);
 /* Threads the pool uses (the calling thread included); at least 1. */
 int ptrt_cpu_threads(void);

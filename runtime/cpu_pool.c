@@ -1,14 +1,16 @@
 /* cpu_pool.c - the worker threads of the fast CPU backend (see cpu_internal.h).
  *
- * One pool for the whole process, sized from --threads (default: the online CPUs), with one
- * parallel region at a time: the interpreter runs one node at a time and only the calling thread
- * opens regions. OpenBLAS is kept to one thread (cpu_gemm.c) and the GEMMs are split here instead,
- * so there is one set of threads and no two pools fighting over the same cores.
+ * One pool for the whole process, sized from --threads (default: the online CPUs). OpenBLAS is
+ * kept to one thread (cpu_gemm.c) and the GEMMs are split here instead, so there is one set of
+ * threads and no two pools fighting over the same cores.
  *
  * A region is cut into pieces whose bounds depend only on the range, the grain and the thread
  * count; threads (the caller too) claim pieces from one atomic counter until none are left. When a
  * worker is slow to wake or is descheduled (a loaded machine), the others take its pieces instead
- * of waiting for it. Which thread runs a piece never changes what the piece computes.
+ * of waiting for it. Which thread runs a piece never changes what the piece computes, and the
+ * pieces are the same when there is no pool to run them: one region runs at a time, and a caller
+ * that finds the pool busy (the rank threads of a partitioned plan each run kernels) or that is
+ * already inside a region runs the same pieces itself, one after another.
  *
  * Waiting threads spin for some tens of microseconds (the next node usually comes sooner) and then
  * sleep on a condition variable, so an idle process burns no CPU. The spin has no PAUSE
@@ -34,6 +36,7 @@
 #define MASK ((UINT64_C(1) << NEXT_BITS) - 1)
 
 static struct {
+    pthread_mutex_t region; /* held by the thread whose region the pool runs */
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
     int want;    /* threads to use, the caller included; 0 = not chosen yet */
@@ -45,7 +48,8 @@ static struct {
     ptrt_cpu_range_fn fn;
     void *ctx;
     int64_t n;
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER,
+} pool = {.region = PTHREAD_MUTEX_INITIALIZER,
+          .mu = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER,
           .done = PTHREAD_COND_INITIALIZER};
 
@@ -120,10 +124,17 @@ void ptrt_cpu_pool_set_threads(int n)
     pool.want = n < 1 ? online_cpus() : n > MAX_THREADS ? MAX_THREADS : n;
 }
 
-int ptrt_cpu_threads(void)
+static pthread_once_t want_once = PTHREAD_ONCE_INIT;
+
+static void default_want(void)
 {
     if (!pool.want)
         pool.want = online_cpus();
+}
+
+int ptrt_cpu_threads(void)
+{
+    pthread_once(&want_once, default_want);
     return pool.want;
 }
 
@@ -152,10 +163,15 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
         return;
     int threads = ptrt_cpu_threads();
     int64_t pieces = n / (grain > 0 ? grain : 1), most = (int64_t)threads * PIECES_PER_THREAD;
-    pieces = pieces < most ? pieces : most;
+    pieces = threads < 2 ? 1 : pieces < most ? pieces : most;
     pieces = pieces < PIECES_MAX ? pieces : PIECES_MAX;
-    if (in_region || threads < 2 || pieces < 2) {
+    if (pieces < 2) {
         fn(ctx, 0, n);
+        return;
+    }
+    if (in_region || pthread_mutex_trylock(&pool.region) != 0) {
+        for (int64_t p = 0; p < pieces; p++)
+            fn(ctx, n * p / pieces, n * (p + 1) / pieces);
         return;
     }
     start_workers();
@@ -185,4 +201,5 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
         pthread_mutex_unlock(&pool.mu);
         break;
     }
+    pthread_mutex_unlock(&pool.region);
 }

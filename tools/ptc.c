@@ -41,6 +41,8 @@ static const char usage[] =
     "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's size;\n"
     "                       inputs not given are random (ids in range for their consumers)\n"
     "  --dump-after PASS    print the IR after pass PASS (autodiff, optimizer, partition)\n"
+    "  --optim KEY=VALUE    override a setting of the model's optimizer line (lr, beta1, beta2,\n"
+    "                       eps, weight_decay, momentum), e.g. --optim eps=1e-6 (repeatable)\n"
     "\n"
     "parallelism (implies --train):\n"
     "  --mesh AXES          device mesh, e.g. dp=2,tp=4 (axes left out are 1). Ranks number\n"
@@ -64,6 +66,8 @@ typedef struct options {
     int zero;
     ptc_pin pins[64];
     int npins;
+    const char *optim[16];
+    int noptim;
     uint64_t seed;
     ptc_define defines[64];
     int ndefines;
@@ -146,7 +150,8 @@ static int parse_args(int argc, char **argv, options *o)
                      strcmp(a, "--seed") == 0 || strcmp(a, "--input") == 0 ||
                      strcmp(a, "-o") == 0 || strcmp(a, "--dump-after") == 0 ||
                      strcmp(a, "--runner") == 0 || strcmp(a, "--mesh") == 0 ||
-                     strcmp(a, "--zero") == 0 || strcmp(a, "--place") == 0;
+                     strcmp(a, "--zero") == 0 || strcmp(a, "--place") == 0 ||
+                     strcmp(a, "--optim") == 0;
         if (takes) {
             if (i + 1 >= argc)
                 return usage_error("option '%s' needs a value", a);
@@ -186,6 +191,10 @@ static int parse_args(int argc, char **argv, options *o)
             o->run = true;
         } else if (strcmp(a, "--train") == 0) {
             o->train = true;
+        } else if (strcmp(a, "--optim") == 0) {
+            if (o->noptim == 16 || !strchr(val, '='))
+                return usage_error("--optim expects KEY=VALUE, got '%s'", val);
+            o->optim[o->noptim++] = val;
         } else if (strcmp(a, "--mesh") == 0) {
             if (parse_mesh(val, &o->mesh) < 0)
                 return usage_error("--mesh expects AXIS=N,... with axes dp and tp, got '%s'", val);
@@ -320,6 +329,30 @@ static int run_forward(const ptc_graph *g, const options *o)
     return rc;
 }
 
+/* Applies --optim KEY=VALUE overrides to the model's optimizer line. */
+static int apply_optim(ptc_graph *g, const options *o)
+{
+    for (int i = 0; i < o->noptim; i++) {
+        const char *kv = o->optim[i], *eq = strchr(kv, '=');
+        char *end;
+        double v = strtod(eq + 1, &end);
+        size_t k = (size_t)(eq - kv);
+        double *slot = !strncmp(kv, "lr", k) && k == 2              ? &g->optim.lr
+                       : !strncmp(kv, "beta1", k) && k == 5         ? &g->optim.beta1
+                       : !strncmp(kv, "beta2", k) && k == 5         ? &g->optim.beta2
+                       : !strncmp(kv, "eps", k) && k == 3           ? &g->optim.eps
+                       : !strncmp(kv, "weight_decay", k) && k == 12 ? &g->optim.weight_decay
+                       : !strncmp(kv, "momentum", k) && k == 8      ? &g->optim.momentum
+                                                                    : NULL;
+        if (!slot || end == eq + 1 || *end || v < 0)
+            return usage_error("--optim: bad setting '%s' (lr, beta1, beta2, eps, weight_decay, "
+                               "momentum = a non-negative number)",
+                               kv);
+        *slot = v;
+    }
+    return 0;
+}
+
 /* Runs the pass list with training on: the step graph replaces the forward graph in g. */
 static int compile_step(ptc_graph **gp, const options *o)
 {
@@ -411,7 +444,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
     } else if (o.train) {
-        rc = compile_step(&g, &o);
+        rc = apply_optim(g, &o);
+        if (!rc)
+            rc = compile_step(&g, &o);
     }
     if (rc) {
     } else if (o.emit && strcmp(o.emit, "ir") == 0) {

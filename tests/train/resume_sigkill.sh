@@ -17,7 +17,8 @@
 # epochs and the resume lands in the middle of one (the data position matters).
 #
 # Environment: RESUME_STEPS (N, default 40), RESUME_KILL_AT (K, default 13), RESUME_ROUNDS (rounds
-# of part 3, default 8), RESUME_SEED (bash RANDOM seed for the kill moments; printed).
+# of part 3, default 8), RESUME_SEED (bash RANDOM seed for the kill moments; printed), RESUME_ARGS
+# (more flags for every run, e.g. "--backend ref").
 # Exit 0 when everything matches; 1 with a message naming the first difference otherwise.
 set -u -o pipefail
 
@@ -64,6 +65,8 @@ head -c 3000 "$src/examples/data/corpus.txt" > slice.txt
 common() {
   printf '%s\n' "$exe" --data "$work/train.bin" --steps "$N" --checkpoint-dir "$1" \
     --checkpoint-every 1 --log "$2" --shuffle --seed 7
+  # shellcheck disable=SC2086 # RESUME_ARGS is a list of flags
+  [ -z "${RESUME_ARGS:-}" ] || printf '%s\n' $RESUME_ARGS
 }
 mapfile -t cmd_a < <(common "$work/A" "$work/a.jsonl")
 mapfile -t cmd_b < <(common "$work/B" "$work/b.jsonl")
@@ -144,7 +147,7 @@ wait_for() {
   return 0
 }
 
-echo "resume_sigkill: N=$N steps, kill at step >= $K, $ROUNDS kill rounds, RESUME_SEED=$seed"
+echo "resume_sigkill: N=$N steps, kill at step >= $K, $ROUNDS kill rounds, RESUME_SEED=$seed${RESUME_ARGS:+, RESUME_ARGS=$RESUME_ARGS}"
 t0=$SECONDS
 
 # ---- 1. reference ----

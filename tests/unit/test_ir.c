@@ -6,7 +6,7 @@
 
 #include "ir.h"
 
-static ptc_loc L = {"t.ptm", 1, 1};
+static ptc_loc L = {.file = "t.ptm", .line = 1, .col = 1};
 
 static int input(ptc_graph *g, const char *name, ptc_dtype dt, int rank, const int64_t *dims)
 {
@@ -59,7 +59,7 @@ static ptc_graph *small_graph(void)
     int parts[3];
     cr_assert_eq(ptc_build(g, PTC_OP_SPLIT, &h, 1, &sa, L, parts, err, sizeof err), 0, "%s", err);
     int s = ptc_build1(g, PTC_OP_ADD, (int[]){parts[0], parts[1]}, 2, NULL, L, err, sizeof err);
-    int gl = ptc_build1(g, PTC_OP_GELU, &s, 1, NULL, (ptc_loc){"t.ptm", 3, 7}, err, sizeof err);
+    int gl = ptc_build1(g, PTC_OP_GELU, &s, 1, NULL, (ptc_loc){.file = "t.ptm", .line = 3, .col = 7}, err, sizeof err);
     int loss = ptc_build1(g, PTC_OP_CROSS_ENTROPY, (int[]){gl, t}, 2, NULL, L, err, sizeof err);
     cr_assert_geq(loss, 0, "%s", err);
     g->loss = loss;

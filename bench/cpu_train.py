@@ -1,0 +1,283 @@
+#!/usr/bin/python3
+"""ptc against PyTorch: training throughput of the same GPT on the same CPU, in one run.
+
+For each model (gpt2_tiny, and a ~20M-parameter GPT-2 made from examples/gpt2.ptm with -D
+overrides) it writes one set of initial weights and one token file, then trains
+  - ptc: the executable `ptc MODEL.ptm -o EXE` writes, on the fast CPU backend, and
+  - PyTorch: the same model written with torch.nn.functional (fused layer_norm, tanh GELU,
+    cross_entropy; attention as matmul, causal mask, softmax, matmul, as torch 1.13 has no fused
+    CPU attention), weights in nn.Linear's [out, in] layout,
+from those weights on those batches with the same AdamW (the model's optimizer line, weight decay
+on matrices only), a constant learning rate and gradient clipping at 1.0. The first --warmup steps
+are not timed. It prints one table (tokens/s of each and the ratio ptc/torch), the loss of the
+first step on each side (the same weights and batch: they must agree, which shows that both
+train the same model), and writes the results with the machine, date, commit and command to
+bench/results/cpu_train_<date>.md.
+
+    /usr/bin/python3 bench/cpu_train.py [--ptc build/tools/ptc] [--threads 2] [--repeat 1]
+        [--models gpt2_tiny,gpt2_20m] [--steps N] [--warmup N] [--out bench/results]
+
+It never fails on timing: the exit status is 1 only when a program fails to run.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from compare import (GPT2, batch_at, op_attr, parse_consts, parse_optimizer,
+                         save_safetensors, write_tokens)
+except ImportError as e:
+    sys.exit(f"cpu_train.py: cannot import torch/numpy ({e}); run it with /usr/bin/python3")
+
+# name: (.ptm file, -D overrides, timed steps, warm-up steps)
+MODELS = {
+    "gpt2_tiny": ("examples/gpt2_tiny.ptm", {}, 60, 10),
+    # 20,088,320 parameters: 5 layers of width 512 (8 heads of 64), 8192-token vocabulary tied
+    # to the head, context 256; a batch of 8 sequences of 256 tokens
+    "gpt2_20m": ("examples/gpt2.ptm", {"vocab": 8192, "ctx": 256, "d": 512, "heads": 8,
+                                       "layers": 5, "batch": 8, "seq": 256}, 5, 2),
+}
+
+
+def run(cmd, what):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(f"cpu_train.py: {what} failed (exit {r.returncode}):\n  {' '.join(cmd)}\n{r.stdout}",
+              file=sys.stderr)
+        sys.exit(1)
+    return r.stdout
+
+
+def initial_weights(params, seed):
+    """GPT-2's initialisation: matrices N(0, 0.02), norm gains 1, biases 0."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape, kind in params:
+        if kind == "matrix":
+            w = 0.02 * torch.randn(shape, generator=gen)
+        else:
+            w = torch.ones(shape) if kind == "gain" else torch.zeros(shape)
+        out[name] = w.to(torch.float32).numpy()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch side
+# ---------------------------------------------------------------------------------------------
+
+class TorchGPT2:
+    """examples/gpt2*.ptm written the usual PyTorch way (nanoGPT's model with its fused ops)."""
+
+    def __init__(self, model, init, eps):
+        self.m, self.eps = model, eps
+        self.P = {}
+        for name, _, _ in model.params():
+            w = torch.from_numpy(init[name])
+            if w.dim() == 2 and name not in ("wte", "wpe"):
+                w = w.t()  # ptc's x @ w [in, out] is F.linear's x @ W.T with W [out, in]
+            self.P[name] = torch.nn.Parameter(w.contiguous())
+        T = model.seq
+        self.future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+
+    def loss(self, tokens, targets):
+        m, P, d, H = self.m, self.P, self.m.d, self.m.heads
+        B, T = tokens.shape
+        x = F.embedding(tokens, P["wte"]) + P["wpe"][:T]
+        for i in range(m.layers):
+            h = f"h.{i}."
+            a = F.layer_norm(x, (d,), P[h + "ln_1.g"], P[h + "ln_1.b"], self.eps)
+            q, k, v = F.linear(a, P[h + "attn.w_qkv"], P[h + "attn.b_qkv"]).split(d, dim=2)
+            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (d // H) ** 0.5)
+            att = F.softmax(att.masked_fill(self.future, float("-inf")), dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, d)
+            x = x + F.linear(y, P[h + "attn.w_o"], P[h + "attn.b_o"])
+            a = F.layer_norm(x, (d,), P[h + "ln_2.g"], P[h + "ln_2.b"], self.eps)
+            a = F.gelu(F.linear(a, P[h + "mlp.w_fc"], P[h + "mlp.b_fc"]), approximate="tanh")
+            x = x + F.linear(a, P[h + "mlp.w_proj"], P[h + "mlp.b_proj"])
+        x = F.layer_norm(x, (d,), P["ln_f.g"], P["ln_f.b"], self.eps)
+        logits = F.linear(x, P["wte"])  # the head tied to the token embedding
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def train_torch(model, init, eps, opt, tokens, steps, warmup):
+    """Returns (timed seconds, losses of every step)."""
+    net = TorchGPT2(model, init, eps)
+    decay = [p for n, p in net.P.items() if p.dim() >= 2]
+    no_decay = [p for n, p in net.P.items() if p.dim() < 2]
+    optim = torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
+                               {"params": no_decay, "weight_decay": 0.0}],
+                              lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"],
+                              foreach=True)
+    params = list(net.P.values())
+    losses, t0 = [], None
+    for k in range(warmup + steps):
+        if k == warmup:
+            t0 = time.perf_counter()
+        x, y = batch_at(tokens, k, model.batch, model.seq)
+        optim.zero_grad(set_to_none=True)
+        loss = net.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        losses.append(loss.item())
+    return time.perf_counter() - t0, losses
+
+
+# ---------------------------------------------------------------------------------------------
+# The ptc side
+# ---------------------------------------------------------------------------------------------
+
+def train_ptc(exe, wd, steps, warmup, threads, lr):
+    """Returns (timed seconds from the log's step_ms, losses of every step)."""
+    log = os.path.join(wd, "ptc.jsonl")
+    run([exe, "--init-from", os.path.join(wd, "init.safetensors"),
+         "--data", os.path.join(wd, "data.bin"), "--steps", str(warmup + steps),
+         "--lr", repr(lr), "--schedule", "constant", "--grad-clip", "1", "--threads",
+         str(threads), "--log", log, "--quiet"], "the compiled model")
+    recs = [json.loads(line) for line in open(log)]
+    recs = sorted((r for r in recs if "loss" in r), key=lambda r: r["step"])
+    timed = [r["step_ms"] for r in recs if r["step"] > warmup]
+    return sum(timed) / 1e3, [r["loss"] for r in recs]
+
+
+# ---------------------------------------------------------------------------------------------
+
+def machine():
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "?"
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return {"uname": " ".join(platform.uname()), "nproc": os.cpu_count(), "cpu": cpu,
+            "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
+def bench_model(name, args, wd):
+    path, defines, steps, warmup = MODELS[name]
+    steps, warmup = args.steps or steps, args.warmup if args.warmup is not None else warmup
+    path = os.path.join(ROOT, path)
+    text = open(path).read()
+    consts = parse_consts(text, defines)
+    opt = parse_optimizer(text)
+    model = GPT2(text, consts)
+    params = model.params()
+    nparams = sum(int(np.prod(s)) for _, s, _ in params)
+    B, T = model.batch, model.seq
+
+    init = initial_weights(params, 1234)
+    rng = np.random.default_rng(1234)
+    tokens = rng.integers(0, model.vocab, size=(warmup + steps) * B * T + 1).astype(np.uint16)
+    save_safetensors(os.path.join(wd, "init.safetensors"), init)
+    write_tokens(os.path.join(wd, "data.bin"), tokens)
+    exe = os.path.join(wd, "exe")
+    dflags = [x for k, v in defines.items() for x in ("-D", f"{k}={v}")]
+    run([args.ptc] + dflags + [path, "-o", exe], "ptc")
+
+    eps = op_attr(text, "layernorm", "eps", 1e-5)
+    ptc_s, torch_s, ptc_loss, torch_loss = [], [], None, None
+    for _ in range(args.repeat):  # alternate, so a change in the machine's load hits both
+        s, ptc_loss = train_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
+        ptc_s.append(s)
+        s, torch_loss = train_torch(model, init, eps, opt, tokens, steps, warmup)
+        torch_s.append(s)
+    ptc_tps = steps * B * T / statistics.median(ptc_s)
+    torch_tps = steps * B * T / statistics.median(torch_s)
+    return {"model": name, "file": os.path.relpath(path, ROOT), "defines": dflags,
+            "params": nparams, "batch": B, "seq": T, "steps": steps, "warmup": warmup,
+            "ptc_tok_s": ptc_tps, "torch_tok_s": torch_tps, "ratio": ptc_tps / torch_tps,
+            "ptc_s": ptc_s, "torch_s": torch_s,
+            "loss1": (ptc_loss[0], torch_loss[0]), "loss_last": (ptc_loss[-1], torch_loss[-1])}
+
+
+def table(rows):
+    head = (f"{'model':<10} {'params':>11} {'batch x seq':>11} {'ptc tok/s':>10} "
+            f"{'torch tok/s':>11} {'ptc/torch':>9}  {'loss step 1 ptc / torch':<25}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['model']:<10} {r['params']:>11,} {r['batch']:>5} x {r['seq']:<5}"
+                     f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}  "
+                     f"{r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
+    return "\n".join(lines)
+
+
+def write_results(out_dir, rows, info, command, threads):
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    path = os.path.join(out_dir, f"cpu_train_{stamp}.md")
+    with open(path, "w") as f:
+        f.write(f"# cpu_train: ptc vs PyTorch, {stamp}\n\n")
+        f.write(f"    {command}\n\n")
+        f.write(f"- machine: `{info['uname']}`\n- CPU: {info['cpu']}, nproc {info['nproc']}, "
+                f"threads used {threads}\n- load average at the end: {info['load']}\n"
+                f"- commit: {info['commit']}\n- PyTorch {info['torch']}, Python "
+                f"{info['python']}\n\n")
+        f.write("```\n" + table(rows) + "\n```\n\n")
+        for r in rows:
+            f.write(f"- {r['model']}: `{r['file']} {' '.join(r['defines'])}`, {r['steps']} timed "
+                    f"steps after {r['warmup']} warm-up; seconds per run ptc {r['ptc_s']}, torch "
+                    f"{r['torch_s']}; loss after the last step ptc {r['loss_last'][0]:.6f}, "
+                    f"torch {r['loss_last'][1]:.6f}\n")
+        f.write("\n```json\n" + json.dumps({"machine": info, "command": command, "results": rows},
+                                           indent=1) + "\n```\n")
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ptc", default=os.path.join(ROOT, "build", "tools", "ptc"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads for both sides (default: every CPU)")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " +
+                    ", ".join(MODELS))
+    ap.add_argument("--steps", type=int, help="timed steps (default: per model)")
+    ap.add_argument("--warmup", type=int, help="untimed steps first (default: per model)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each side this many times, alternating; the median counts")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = ap.parse_args()
+    for m in args.models.split(","):
+        if m not in MODELS:
+            ap.error(f"unknown model {m} (known: {', '.join(MODELS)})")
+    if not os.access(args.ptc, os.X_OK):
+        ap.error(f"{args.ptc} is not an executable: build first (cmake --build build)")
+    torch.set_num_threads(args.threads)
+    command = "/usr/bin/python3 " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ptc-bench-") as wd:
+        for m in args.models.split(","):
+            rows.append(bench_model(m, args, wd))
+            print(f"{m}: ptc {rows[-1]['ptc_tok_s']:.0f} tok/s, torch "
+                  f"{rows[-1]['torch_tok_s']:.0f} tok/s", flush=True)
+    print()
+    print(table(rows))
+    path = write_results(args.out, rows, machine(), command, args.threads)
+    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
