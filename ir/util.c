@@ -143,11 +143,15 @@ char *ptc_read_file(const char *path, size_t *len)
         return NULL;
     size_t cap = 4096, n = 0;
     char *buf = ptc_xmalloc(cap);
+    int saved = 0;
     for (;;) {
+        errno = 0;
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         n += r;
-        if (n + 1 < cap)
+        if (n + 1 < cap) {
+            saved = errno; /* e.g. EISDIR: keep the real reason for the message */
             break;
+        }
         cap *= 2;
         buf = ptc_xrealloc(buf, cap);
     }
@@ -155,7 +159,7 @@ char *ptc_read_file(const char *path, size_t *len)
     fclose(f);
     if (err) {
         free(buf);
-        errno = EIO;
+        errno = saved ? saved : EIO;
         return NULL;
     }
     buf[n] = 0;

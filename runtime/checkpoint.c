@@ -158,9 +158,31 @@ static int64_t *list_steps(const char *dir, int *n)
     return steps;
 }
 
+/* Temporary files left by a writer that was killed mid-save (NAME.tmp.PID, see io.h) are as
+ * large as a checkpoint; a save removes those of other processes. */
+static void remove_stale_temps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char mine[32];
+    snprintf(mine, sizeof mine, ".tmp.%ld", (long)getpid());
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        bool ours_kind = strncmp(e->d_name, "step_", 5) == 0 || strncmp(e->d_name, "latest", 6) == 0;
+        if (!t || !ours_kind || strcmp(t, mine) == 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
 static int prune(const char *dir, int keep, int64_t current, char *err, size_t errn)
 {
     int n, rc = 0;
+    remove_stale_temps(dir);
     int64_t *steps = list_steps(dir, &n);
     for (int i = keep; i < n && rc == 0; i++) {
         if (steps[i] == current)

@@ -5,6 +5,8 @@
  * 2 a bad flag or a bad file given by the user.
  */
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,12 +67,12 @@ static int bad(const char *prog, const char *fmt, const char *a, const char *b)
     return 2;
 }
 
-static int parse_int(const char *s, int64_t lo, int64_t *out)
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo)
+    if (errno || end == s || *end || v < lo || v > hi)
         return -1;
     *out = v;
     return 0;
@@ -107,10 +109,14 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
             }
         int64_t n = 0;
         double x = 0;
-#define INT_FLAG(flag, lo, field)                                                                  \
+#define INT_FLAG(flag, lo, hi, field)                                                              \
     if (strcmp(a, flag) == 0) {                                                                    \
-        if (parse_int(v, lo, &n) < 0)                                                              \
-            return bad(prog, "%s expects an integer >= " #lo ", got '%s'", a, v);                  \
+        if (parse_int(v, lo, hi, &n) < 0) {                                                        \
+            char what[96];                                                                         \
+            snprintf(what, sizeof what, "%s expects an integer from %lld to %lld", a,              \
+                     (long long)(lo), (long long)(hi));                                            \
+            return bad(prog, "%s, got '%s'", what, v);                                             \
+        }                                                                                          \
         o->field = n;                                                                              \
         continue;                                                                                  \
     }
@@ -126,14 +132,14 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
         o->field = v;                                                                              \
         continue;                                                                                  \
     }
-        INT_FLAG("--steps", 1, steps)
-        INT_FLAG("--seed", 0, seed)
-        INT_FLAG("--val-every", 0, val_every)
-        INT_FLAG("--val-batches", 1, val_batches)
-        INT_FLAG("--warmup", 0, warmup)
-        INT_FLAG("--checkpoint-every", 0, ckpt_every)
-        INT_FLAG("--keep", 0, keep)
-        INT_FLAG("--threads", 0, threads)
+        INT_FLAG("--steps", 1, INT64_MAX, steps)
+        INT_FLAG("--seed", 0, INT64_MAX, seed)
+        INT_FLAG("--val-every", 0, INT64_MAX, val_every)
+        INT_FLAG("--val-batches", 1, 1000000, val_batches)
+        INT_FLAG("--warmup", 0, INT64_MAX, warmup)
+        INT_FLAG("--checkpoint-every", 0, INT64_MAX, ckpt_every)
+        INT_FLAG("--keep", 0, INT_MAX, keep)
+        INT_FLAG("--threads", 0, 1024, threads)
         NUM_FLAG("--lr", lr)
         NUM_FLAG("--min-lr", min_lr)
         NUM_FLAG("--grad-clip", max_norm)
