@@ -405,6 +405,18 @@ int part_const(part *p, double value, ptc_loc loc)
     return nv;
 }
 
+/* The placement a rule should see for old value v: a Partial value that has already been
+ * reduced (for another consumer) is offered in its reduced form, so it is not reduced twice. */
+static ptc_placement best_placement(const part *p, int v)
+{
+    if (p->pl[v].kind != PTC_PLACE_PARTIAL)
+        return p->pl[v];
+    for (int i = 0; i < p->ncache[v]; i++)
+        if (p->cache[v][i].pl.kind != PTC_PLACE_PARTIAL)
+            return p->cache[v][i].pl;
+    return p->pl[v];
+}
+
 static int input_source(part *p, int ni)
 {
     const ptc_node *n = &p->g->nodes[ni];
@@ -536,7 +548,8 @@ static int partition_node(part *p, int ni)
     ptc_placement in[PTC_MAX_RESULTS * 2];
     bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
     for (int k = 0; k < n->nin; k++) {
-        in[k] = p->deferred[n->in[k]] ? (ptc_placement){PLACE_UNDECIDED, 0, 0} : p->pl[n->in[k]];
+        in[k] = p->deferred[n->in[k]] ? (ptc_placement){PLACE_UNDECIDED, 0, 0}
+                                      : best_placement(p, n->in[k]);
         /* ZeRO-3: a parameter is gathered before every use but its update */
         if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
             in[k] = pl_r();

@@ -173,31 +173,30 @@ int ptrt_cpu_unary_grad(ptc_op op, const ptc_type *tx, const float *x, const flo
 /* ---- transpose ---- */
 
 typedef struct tr_job {
-    const uint32_t *x;
-    uint32_t *o;
+    const float *x;
+    float *o;
     int64_t r, c, rblocks, cblocks;
 } tr_job;
 
-#define TILE 32
+#define TILE 64
 
-/* Tiles [begin, end) of all batches: each reads a TILE x TILE block of rows and writes it as
- * columns, so both sides stay within a few cache lines per row. */
+/* Tiles [begin, end) of all batches: a TILE x TILE block of rows is written as columns, in 8x8
+ * register transposes, so reads and writes both go a vector at a time. */
 static void tr_tiles(void *ctx, int64_t begin, int64_t end)
 {
     const tr_job *j = ctx;
     int64_t per = j->rblocks * j->cblocks;
     for (int64_t t = begin; t < end; t++) {
         int64_t bi = t / per, rb = t % per / j->cblocks, cb = t % j->cblocks;
-        const uint32_t *x = j->x + bi * j->r * j->c;
-        uint32_t *o = j->o + bi * j->r * j->c;
-        int64_t i1 = (rb + 1) * TILE < j->r ? (rb + 1) * TILE : j->r;
-        int64_t k1 = (cb + 1) * TILE < j->c ? (cb + 1) * TILE : j->c;
-        for (int64_t i = rb * TILE; i < i1; i++)
-            for (int64_t k = cb * TILE; k < k1; k++)
-                o[k * j->r + i] = x[i * j->c + k];
+        int64_t i0 = rb * TILE, k0 = cb * TILE;
+        int64_t rows = j->r - i0 < TILE ? j->r - i0 : TILE, cols = j->c - k0 < TILE ? j->c - k0 : TILE;
+        const float *x = j->x + bi * j->r * j->c + i0 * j->c + k0;
+        float *o = j->o + bi * j->r * j->c + k0 * j->r + i0;
+        ptrt_cpu_transpose_block(x, j->c, o, j->r, rows, cols);
     }
 }
 
+/* Moves 4-byte words (as floats, bit for bit), so it serves every dtype. */
 int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o)
 {
     int64_t r = tx->dims[tx->rank - 2], c = tx->dims[tx->rank - 1];
@@ -205,7 +204,7 @@ int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o)
         return 1;
     tr_job j = {x, o, r, c, (r + TILE - 1) / TILE, (c + TILE - 1) / TILE};
     int64_t batches = ptc_type_numel(tx) / (r * c);
-    ptrt_cpu_parallel_for(batches * j.rblocks * j.cblocks, GRAIN / (TILE * TILE), tr_tiles, &j);
+    ptrt_cpu_parallel_for(batches * j.rblocks * j.cblocks, GRAIN / (TILE * TILE) + 1, tr_tiles, &j);
     return 1;
 }
 

@@ -68,6 +68,10 @@ void ptrt_cpu_gelu_grad(const float *x, const float *dy, float *o, int64_t n);
 /* SiLU x sigmoid(x) and its derivative times dy. */
 void ptrt_cpu_silu(const float *x, float *o, int64_t n);
 void ptrt_cpu_silu_grad(const float *x, const float *dy, float *o, int64_t n);
+/* o[k * ldo + i] = x[i * ldx + k] for a rows x cols block (8x8 register transposes on AVX2). Moves
+ * 4-byte words exactly, so it serves every dtype. */
+void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
+                              int64_t cols);
 /* Whether the AVX2+FMA paths are in use (the test runs the portable ones too). */
 bool ptrt_cpu_vec_avx2(void);
 void ptrt_cpu_vec_force_portable(bool on);

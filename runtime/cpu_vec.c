@@ -248,6 +248,40 @@ AVX2 static void silu_grad_avx2(const float *x, const float *dy, float *o, int64
     }
 }
 
+/* o (8 rows, stride ldo) = the 8x8 block of x (stride ldx) transposed, in registers. */
+AVX2 static void transpose8x8(const float *x, int64_t ldx, float *o, int64_t ldo)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(x + i * ldx);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(o + i * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(o + (i + 4) * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+AVX2 static void transpose_avx2(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
+                                int64_t cols)
+{
+    int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+    for (int64_t i = 0; i < r8; i += 8)
+        for (int64_t k = 0; k < c8; k += 8)
+            transpose8x8(x + i * ldx + k, ldx, o + k * ldo + i, ldo);
+    for (int64_t i = 0; i < rows; i++) /* the edges */
+        for (int64_t k = i < r8 ? c8 : 0; k < cols; k++)
+            memcpy(o + k * ldo + i, x + i * ldx + k, sizeof *o);
+}
+
 static int have_avx2 = -1;
 #endif
 
@@ -342,4 +376,18 @@ void ptrt_cpu_silu_grad(const float *x, const float *dy, float *o, int64_t n)
         float oms, s = sigmoid_portable(x[i], &oms);
         o[i] = dy[i] * (s * (1.0f + x[i] * oms));
     }
+}
+
+void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
+                              int64_t cols)
+{
+#ifdef PTRT_X86
+    if (ptrt_cpu_vec_avx2()) {
+        transpose_avx2(x, ldx, o, ldo, rows, cols);
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < cols; k++) /* writes in order; the block's rows stay in cache */
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(o + k * ldo + i, x + i * ldx + k, sizeof *o); /* the bits, whatever the dtype */
 }

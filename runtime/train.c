@@ -21,6 +21,7 @@
 #include "cpu.h"
 #include "data.h"
 #include "interp.h"
+#include "plan.h"
 #include "ref.h"
 #include "spmd.h"
 
@@ -37,6 +38,7 @@ void ptrt_train_opts_default(ptrt_train_opts *o)
     o->val_batches = 4;
     o->backend = PTRT_BACKEND_CPU;
     o->timeout_s = 60;
+    o->drop_rank = o->drop_index = -1;
 }
 
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
@@ -621,6 +623,9 @@ static int setup(shared *sh, char *err, size_t errn)
     }
     if (find_roles(sh, err, errn) < 0)
         return 2;
+    /* before launch: the ranks' collectives must match up, or the run would hang */
+    if (!o->no_check && ptc_plan_check(sh->g, o->drop_rank, o->drop_index, err, errn) < 0)
+        return 1;
     find_entries(sh);
     sh->runs = ptc_xcalloc((size_t)sh->nranks, sizeof *sh->runs);
     sh->all = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
@@ -638,6 +643,8 @@ static int setup(shared *sh, char *err, size_t errn)
             ptrt_interp_set_kernels(r->it, ptrt_cpu_run);
         if (sh->nranks > 1) {
             ptrt_spmd_ctx_init(&r->spmd, sh->comm, &sh->g->mesh, k);
+            if (k == o->drop_rank)
+                r->spmd.drop = o->drop_index;
             ptrt_interp_set_spmd(r->it, &r->spmd);
         }
         int rc = open_data(r, err, errn);

@@ -57,7 +57,10 @@ static const char usage[] =
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --profile              after the run, print the time spent per op kind (per step, the\n"
     "                         first step left out: it allocates the buffers)\n"
-    "  -h, --help             this help\n";
+    "  -h, --help             this help\n"
+    "test hooks:\n"
+    "  --debug-drop-collective R:K  rank R leaves out its K-th collective of every step\n"
+    "  --debug-no-check       skip the pre-launch check that the ranks' collectives match\n";
 
 static int bad(const char *prog, const char *fmt, const char *a, const char *b)
 {
@@ -98,7 +101,7 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
         static const char *const with_value[] = {
             "--steps", "--seed", "--data", "--val-data", "--val-every", "--val-batches", "--lr",
             "--schedule", "--warmup", "--min-lr", "--grad-clip", "--checkpoint-dir",
-            "--checkpoint-every", "--keep", "--init-from", "--save", "--log", "--backend", "--dump-grads", "--comm-timeout",
+            "--checkpoint-every", "--keep", "--init-from", "--save", "--log", "--backend", "--dump-grads", "--comm-timeout", "--debug-drop-collective",
             "--threads", NULL};
         const char *v = NULL;
         for (int k = 0; with_value[k]; k++)
@@ -165,6 +168,12 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
                 o->backend = PTRT_BACKEND_REF;
             else
                 return bad(prog, "--backend expects cpu or ref, got '%s'%s", v, "");
+        } else if (strcmp(a, "--debug-drop-collective") == 0) {
+            if (sscanf(v, "%d:%d", &o->drop_rank, &o->drop_index) != 2 || o->drop_rank < 0 ||
+                o->drop_index < 0)
+                return bad(prog, "--debug-drop-collective expects RANK:INDEX, got '%s'%s", v, "");
+        } else if (strcmp(a, "--debug-no-check") == 0) {
+            o->no_check = true;
         } else if (strcmp(a, "--shuffle") == 0) {
             o->shuffle = true;
         } else if (strcmp(a, "--resume") == 0) {

@@ -16,6 +16,7 @@
 #include "interp.h"
 #include "ir.h"
 #include "passes.h"
+#include "plan.h"
 #include "plan_embed.h"
 
 #define PTC_VERSION "0.1.0"
@@ -34,6 +35,9 @@ static const char usage[] =
     "                         ir      the IR as text (read back by the IR parser)\n"
     "                         dot     the logical IR as a Graphviz graph\n"
     "                         params  every parameter with its shape, and the total count\n"
+    "                         plan    the partitioned plan: parameter placements, per-rank\n"
+    "                                 memory and communication, the rank program\n"
+    "                         plan-json  the same as JSON (schema in docs/plan-json.md)\n"
     "  -D NAME=VALUE        override the const NAME (repeatable)\n"
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
     "  --seed N             seed for initial values and random inputs (default 1)\n"
@@ -53,6 +57,9 @@ static const char usage[] =
     "                       sequence on tp, all-gather/reduce-scatter instead of all-reduce\n"
     "  --place NAME=AXIS:PL pin parameter NAME (glob, * matches anything) to placement PL on a\n"
     "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. 'h.*.attn.w_o=tp:R'\n"
+    "  --debug-drop-collective R:K\n"
+    "                       test hook: rank R leaves out its K-th collective; the pre-launch\n"
+    "                       check must reject the plan\n"
     "  --runner PATH        the runner program -o embeds (default: ptc-runner beside ptc)\n"
     "  -h, --help           show this help\n"
     "  --version            show the version\n";
@@ -68,6 +75,7 @@ typedef struct options {
     int npins;
     const char *optim[16];
     int noptim;
+    int drop_rank, drop_index;
     uint64_t seed;
     ptc_define defines[64];
     int ndefines;
@@ -151,7 +159,7 @@ static int parse_args(int argc, char **argv, options *o)
                      strcmp(a, "-o") == 0 || strcmp(a, "--dump-after") == 0 ||
                      strcmp(a, "--runner") == 0 || strcmp(a, "--mesh") == 0 ||
                      strcmp(a, "--zero") == 0 || strcmp(a, "--place") == 0 ||
-                     strcmp(a, "--optim") == 0;
+                     strcmp(a, "--optim") == 0 || strcmp(a, "--debug-drop-collective") == 0;
         if (takes) {
             if (i + 1 >= argc)
                 return usage_error("option '%s' needs a value", a);
@@ -167,9 +175,13 @@ static int parse_args(int argc, char **argv, options *o)
             printf("ptc %s\n", PTC_VERSION);
             return -1;
         } else if (strcmp(a, "--emit") == 0) {
-            if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params"))
-                return usage_error("unknown --emit kind '%s' (ir, dot, params)", val);
+            if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params") &&
+                strcmp(val, "plan") && strcmp(val, "plan-json"))
+                return usage_error("unknown --emit kind '%s' (ir, dot, params, plan, plan-json)",
+                                   val);
             o->emit = val;
+            if (strncmp(val, "plan", 4) == 0)
+                o->train = true;
         } else if (strcmp(a, "-D") == 0) {
             if (o->ndefines == 64)
                 return usage_error("too many -D options%s", "");
@@ -191,6 +203,10 @@ static int parse_args(int argc, char **argv, options *o)
             o->run = true;
         } else if (strcmp(a, "--train") == 0) {
             o->train = true;
+        } else if (strcmp(a, "--debug-drop-collective") == 0) {
+            if (sscanf(val, "%d:%d", &o->drop_rank, &o->drop_index) != 2 || o->drop_rank < 0 ||
+                o->drop_index < 0)
+                return usage_error("--debug-drop-collective expects RANK:INDEX, got '%s'", val);
         } else if (strcmp(a, "--optim") == 0) {
             if (o->noptim == 16 || !strchr(val, '='))
                 return usage_error("--optim expects KEY=VALUE, got '%s'", val);
@@ -368,6 +384,8 @@ static int compile_step(ptc_graph **gp, const options *o)
     ptc_pass_ctx ctx = {.g = *gp, .opts = &co, .err = err, .errn = sizeof err};
     int rc = ptc_run_passes(&ctx) < 0 ? 1 : 0;
     *gp = ctx.g;
+    if (!rc && ptc_plan_check(ctx.g, o->drop_rank, o->drop_index, err, sizeof err) < 0)
+        rc = 1;
     if (rc)
         fprintf(stderr, "%s\n", err);
     ptc_pass_ctx_free(&ctx);
@@ -393,7 +411,7 @@ static int find_runner(const options *o, char *path, size_t n)
     return access(path, R_OK) == 0 ? 0 : -1;
 }
 
-static int write_executable(const ptc_graph *g, const options *o)
+static int write_executable(const ptc_graph *g, const options *o, int64_t nparams)
 {
     char runner[4200], err[1024];
     if (find_runner(o, runner, sizeof runner) < 0) {
@@ -411,7 +429,7 @@ static int write_executable(const ptc_graph *g, const options *o)
         rc = 2;
     } else {
         printf("wrote %s: model '%s', ", o->output, g->name);
-        print_count(stdout, ptc_graph_param_count(g));
+        print_count(stdout, nparams);
         printf(" parameters, training step of %d operations (run %s --help)\n", g->nnodes,
                o->output);
     }
@@ -421,7 +439,7 @@ static int write_executable(const ptc_graph *g, const options *o)
 
 int main(int argc, char **argv)
 {
-    options o = {0};
+    options o = {.drop_rank = -1, .drop_index = -1};
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -443,6 +461,9 @@ int main(int argc, char **argv)
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
+    }
+    int64_t logical_params = ptc_graph_param_count(g);
+    if (rc) {
     } else if (o.train) {
         rc = apply_optim(g, &o);
         if (!rc)
@@ -455,8 +476,15 @@ int main(int argc, char **argv)
         ptc_print_dot(g, stdout);
     } else if (o.emit && strcmp(o.emit, "params") == 0) {
         emit_params(g);
+    } else if (o.emit && strncmp(o.emit, "plan", 4) == 0) {
+        ptc_plan_info info = {.zero = o.zero, .seq_parallel = o.seq_parallel,
+                              .logical_params = logical_params};
+        if (strcmp(o.emit, "plan") == 0)
+            ptc_print_plan(g, &info, stdout);
+        else
+            ptc_print_plan_json(g, &info, stdout);
     } else if (o.output) {
-        rc = write_executable(g, &o);
+        rc = write_executable(g, &o, logical_params);
     } else if (!o.run && !o.dump_after) {
         printf("%s: model '%s', ", o.file, g->name);
         print_count(stdout, ptc_graph_param_count(g));

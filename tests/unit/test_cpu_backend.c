@@ -265,12 +265,18 @@ Test(cpu_elementwise, unary_and_grads_portable_path)
 Test(cpu_elementwise, transpose_and_reshape)
 {
     float *x = rnd(130 * 70, 8, -1, 1);
-    check("transpose [3,37,41]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
-          (ptc_type[]){TY(PTC_F32, 3, 37, 41)}, (void *[]){x}, EXACT);
-    check("transpose [1,1]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1, (ptc_type[]){TY(PTC_F32, 1, 1)},
-          (void *[]){x}, EXACT);
-    check("transpose [130,70]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
-          (ptc_type[]){TY(PTC_F32, 130, 70)}, (void *[]){x}, EXACT);
+    for (int portable = 0; portable < 2; portable++) { /* 8x8 register blocks, plain loop */
+        ptrt_cpu_vec_force_portable(portable);
+        check("transpose [3,37,41]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+              (ptc_type[]){TY(PTC_F32, 3, 37, 41)}, (void *[]){x}, EXACT);
+        check("transpose [1,1]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+              (ptc_type[]){TY(PTC_F32, 1, 1)}, (void *[]){x}, EXACT);
+        check("transpose [130,70]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+              (ptc_type[]){TY(PTC_F32, 130, 70)}, (void *[]){x}, EXACT);
+        check("transpose i32 [2,16,24]", PTC_OP_TRANSPOSE, DEF(TRANSPOSE), 1,
+              (ptc_type[]){TY(PTC_I32, 2, 16, 24)}, (void *[]){x}, EXACT);
+    }
+    ptrt_cpu_vec_force_portable(false);
     ptc_attrs at = DEF(RESHAPE);
     at.nshape = 2;
     at.shape[0] = 111;

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Checks of `ptc --emit plan-json` against the published accounting, and of the pre-launch check.
+
+1. Megatron tensor parallelism on examples/gpt2.ptm, tp=4: every transformer layer has two
+   all-reduces in the forward and two in the backward; no collective carries the logits (the
+   vocabulary-parallel cross-entropy reduces per-row statistics only); each layer sends exactly
+   8*b*s*h*(t-1)/t elements of 4 bytes (Megatron-LM, Shoeybi et al. 2019, section 3: four
+   all-reduces of b*s*h per layer per microbatch, each moving 2(t-1)/t of its size in a ring).
+2. ZeRO on examples/gpt2.ptm, dp=8: the per-rank model states are those of the ZeRO paper
+   (Rajbhandari et al. 2020, figure 1) for fp32 AdamW: parameters 4P, gradients 4P, optimizer
+   state (m and v) 8P bytes, divided by N=8 as the stage shards them.
+3. A plan with one collective dropped on one rank is rejected before launch, by ptc and by the
+   executable; with the check skipped, the hang is reported by the communicator's timeout with
+   the rank, the collective, the group and the step.
+Usage: plan_checks.py PTC SOURCE_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PTC, SRC = sys.argv[1], sys.argv[2]
+GPT2 = os.path.join(SRC, 'examples', 'gpt2.ptm')
+TINY = os.path.join(SRC, 'examples', 'gpt2_tiny.ptm')
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    print(('PASS ' if cond else 'FAIL ') + what)
+    passed += bool(cond)
+    failed += not cond
+
+
+def plan(*args):
+    out = subprocess.run([PTC, '--emit', 'plan-json'] + list(args), capture_output=True, text=True)
+    if out.returncode:
+        sys.exit('ptc failed: %s' % out.stderr)
+    return json.loads(out.stdout)
+
+
+# 1. Megatron
+p = plan('--mesh', 'tp=4', GPT2)
+prog = p['programs'][0]
+b, s, h, t, layers, vocab = 8, 1024, 768, 4, 12, 50304
+per_layer = 8 * b * s * h * (t - 1) // t * 4
+colls = prog['collectives']
+for i in range(layers):
+    mine = [c for c in colls if c['scope'].split('.')[:2] == ['h', str(i)]]
+    fwd = [c for c in mine if c['phase'] == 'forward']
+    bwd = [c for c in mine if c['phase'] == 'backward']
+    check(len(fwd) == 2 and all(c['kind'] == 'allreduce' for c in fwd),
+          'h.%d: two all-reduces in the forward (%d)' % (i, len(fwd)))
+    check(len(bwd) == 2 and all(c['kind'] == 'allreduce' for c in bwd),
+          'h.%d: two all-reduces in the backward (%d)' % (i, len(bwd)))
+    got = prog['communication']['by_layer'].get('h.%d' % i, {}).get('bytes')
+    check(got == per_layer, 'h.%d: %s bytes == 8*b*s*h*(t-1)/t*4 = %d' % (i, got, per_layer))
+logit_sized = [c for c in colls if vocab in c['shape'] or vocab // t in c['shape']]
+check(not logit_sized, 'no collective carries vocabulary-sized (logit) tensors')
+wte = [q for q in p['parameters'] if q['name'] == 'wte'][0]
+check(wte['placement'] == {'tp': 'S0'}, 'wte is vocabulary-parallel: %s' % wte['placement'])
+qkv = [q for q in p['parameters'] if q['name'] == 'h.0.attn.w_qkv'][0]
+check(qkv['placement'] == {'tp': 'S1x3'} and qkv['local_shape'] == [768, 576],
+      'w_qkv is split by heads in three groups (q, k, v): %s' % qkv['placement'])
+
+# 2. ZeRO
+P, N = 124475904, 8
+want = {0: (4 * P, 4 * P, 8 * P), 1: (4 * P, 4 * P, 8 * P // N),
+        2: (4 * P, 4 * P // N, 8 * P // N), 3: (4 * P // N, 4 * P // N, 8 * P // N)}
+for z in range(4):
+    m = plan('--mesh', 'dp=8', '--zero', str(z), GPT2)['programs'][0]['memory_bytes']
+    got = (m['parameters'], m['gradients'], m['optimizer_state'])
+    check(got == want[z], 'ZeRO-%d model states per rank %s == %s' % (z, got, want[z]))
+
+# 3. mismatched plans and hangs
+r = subprocess.run([PTC, '--mesh', 'dp=2,tp=2', '--debug-drop-collective', '1:3', TINY],
+                   capture_output=True, text=True)
+check(r.returncode == 1 and 'plan check: collective mismatch' in r.stderr and 'rank 1' in r.stderr,
+      'ptc rejects a plan with a dropped collective: ' + r.stderr.strip()[:150])
+with tempfile.TemporaryDirectory() as d:
+    exe = os.path.join(d, 'g')
+    subprocess.run([PTC, '--mesh', 'dp=2,tp=2', TINY, '-o', exe], check=True,
+                   capture_output=True)
+    r = subprocess.run([exe, '--steps', '1', '--debug-drop-collective', '1:3'],
+                       capture_output=True, text=True)
+    check(r.returncode == 1 and 'plan check' in r.stderr and r.stdout == '',
+          'the executable rejects it before launch (nothing ran)')
+    n = len(plan('--mesh', 'dp=2,tp=2', TINY)['programs'][0]['collectives'])
+    r = subprocess.run([exe, '--steps', '1', '--debug-drop-collective', '1:%d' % (n - 1),
+                        '--debug-no-check', '--comm-timeout', '1'],
+                       capture_output=True, text=True, timeout=60)
+    msg = r.stderr.strip()
+    check(r.returncode == 1 and 'timeout after 1.0 s' in msg and 'rank 1 did not' in msg and
+          'step 1' in msg and 'group dp' in msg, 'a real hang is reported by the timeout: ' + msg)
+
+print('%d passed, %d failed' % (passed, failed))
+sys.exit(1 if failed else 0)
