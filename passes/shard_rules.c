@@ -164,9 +164,10 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
 
 /* Follows the single chain of consumers of old value v (through elementwise ops, rope and
  * reshapes that keep the last dim) to see how its last dim may be sharded: returns the number of
- * strided groups (1 = plain), or 0 if it must not be sharded (attention key/value heads that do
- * not divide, heads that do not divide). */
-static int column_groups(const part *p, int v, int depth)
+ * strided groups (1 = plain), 0 if it stays whole (attention key/value heads that do not divide
+ * by the axis: they are replicated, the stated strategy for grouped-query attention), or -1 with
+ * *why set when query heads do not divide (an error: attention is split by heads). */
+static int column_groups(const part *p, int v, int depth, const ptc_node **why)
 {
     const ptc_graph *g = part_graph(p);
     int T = part_size(p);
@@ -184,9 +185,9 @@ static int column_groups(const part *p, int v, int depth)
             if (n->attrs.axis == g->values[v].type.rank - 1) {
                 int gsub = 1;
                 for (int j = 0; j < n->nout; j++) {
-                    int s = column_groups(p, n->out[j], depth + 1);
-                    if (s == 0)
-                        return 0;
+                    int s = column_groups(p, n->out[j], depth + 1, why);
+                    if (s <= 0)
+                        return s;
                     gsub = s > gsub ? s : gsub;
                 }
                 return gsub > 1 ? 0 : (int)n->attrs.n;
@@ -194,12 +195,15 @@ static int column_groups(const part *p, int v, int depth)
             return 1;
         case PTC_OP_ATTENTION: {
             int64_t h = k == 0 ? n->attrs.heads : n->attrs.kv_heads;
-            return h % T == 0 ? 1 : 0;
+            if (h % T == 0)
+                return 1;
+            *why = n;
+            return k == 0 ? -1 : 0;
         }
-        case PTC_OP_ROPE:
-            if (n->attrs.heads % T)
-                return 0;
-            return column_groups(p, n->out[0], depth + 1);
+        case PTC_OP_ROPE: {
+            int s = column_groups(p, n->out[0], depth + 1, why);
+            return s > 0 && n->attrs.heads % T ? 0 : s;
+        }
         case PTC_OP_ADD:
         case PTC_OP_SUB:
         case PTC_OP_MUL:
@@ -210,16 +214,34 @@ static int column_groups(const part *p, int v, int depth)
                 const ptc_type *ot = &g->values[n->out[0]].type;
                 if (ot->dims[ot->rank - 1] != last)
                     return 1;
-                return column_groups(p, n->out[0], depth + 1);
+                return column_groups(p, n->out[0], depth + 1, why);
             }
             return 1;
         default:
             if (ptc_ops[n->op].flags & PTC_F_UNARY)
-                return column_groups(p, n->out[0], depth + 1);
+                return column_groups(p, n->out[0], depth + 1, why);
             return 1;
         }
     }
     return 1;
+}
+
+/* Attention is split by heads: a mesh axis that does not divide the query heads is an error,
+ * reported at the weight that would have to be split. */
+static int heads_error(part *p, int weight, const ptc_node *attn)
+{
+    const ptc_graph *g = part_graph(p);
+    const ptc_node *w = &g->nodes[g->values[weight].def];
+    const ptc_type *t = &g->values[weight].type;
+    char ty[160];
+    ptc_type_str(t, ty, sizeof ty);
+    return part_error(p, g->values[weight].def,
+                      "mesh axis %s=%d does not divide the %lld heads of the attention at line %d, "
+                      "so %s '%s' %s cannot be split by heads along dimension %d (size %lld)",
+                      g->mesh.names[part_axis(p)], part_size(p), (long long)attn->attrs.heads,
+                      attn->loc.line, w->op == PTC_OP_PARAM ? "parameter" : "value",
+                      w->attrs.name ? w->attrs.name : "?", ty, t->rank - 1,
+                      (long long)t->dims[t->rank - 1]);
 }
 
 /* Output dim of operand dim d of a broadcast operand of rank r into an output of rank R. */
@@ -246,7 +268,10 @@ static int rule_matmul(part *p, int ni, const ptc_placement *in, rule_out *ro)
             } else {
                 /* column-parallel, on the whole input: a sequence-sharded input (Megatron-SP) is
                  * all-gathered first */
-                int groups = column_groups(p, n->out[0], 0);
+                const ptc_node *why = NULL;
+                int groups = column_groups(p, n->out[0], 0, &why);
+                if (groups < 0)
+                    return heads_error(p, n->in[1], why);
                 if (groups > 0) {
                     ro->req[0] = pl_r();
                     ro->req[1] = pl_s(1, groups); /* the walker reports a mesh that does not
@@ -523,8 +548,19 @@ static int rule_embedding(part *p, int ni, const ptc_placement *in, rule_out *ro
     int T = part_size(p), R = gty(p, n->out[0])->rank;
     if (partial(ids))
         ids = pl_r();
+    if (undecided(tab) && part_axis_kind(p) == PART_TENSOR && tt->dims[0] % T) {
+        const ptc_graph *g = part_graph(p);
+        const ptc_node *w = &g->nodes[g->values[n->in[0]].def];
+        return part_error(p, g->values[n->in[0]].def,
+                          "mesh axis %s=%d does not divide dimension 0 (the %lld rows) of "
+                          "embedding table '%s': pad the vocabulary to a multiple of %d, or keep "
+                          "the table whole with --place '%s=%s:R'",
+                          g->mesh.names[part_axis(p)], T, (long long)tt->dims[0],
+                          w->attrs.name ? w->attrs.name : "?", T,
+                          w->attrs.name ? w->attrs.name : "?", g->mesh.names[part_axis(p)]);
+    }
     if (undecided(tab))
-        tab = part_axis_kind(p) == PART_TENSOR && tt->dims[0] % T == 0 ? pl_s(0, 1) : pl_r();
+        tab = part_axis_kind(p) == PART_TENSOR ? pl_s(0, 1) : pl_r();
     ro->req[0] = tab;
     if (sharded(tab) && tab.dim == 0) { /* vocabulary-parallel */
         ro->req[1] = pl_r();

@@ -370,9 +370,24 @@ static int apply_optim(ptc_graph *g, const options *o)
 }
 
 /* Runs the pass list with training on: the step graph replaces the forward graph in g. */
-static int compile_step(ptc_graph **gp, const options *o)
+/* Shows a "FILE:L:C: error: MSG" from a pass like the front end's errors: with the source line
+ * and a caret. */
+static void report(ptc_diag *diag, const char *file, const char *msg)
 {
-    char err[1024];
+    size_t n = strlen(file);
+    int line, col, used = 0;
+    if (strncmp(msg, file, n) == 0 && msg[n] == ':' &&
+        sscanf(msg + n, ":%d:%d: error: %n", &line, &col, &used) == 2 && used) {
+        ptc_diag_error(diag, (ptc_loc){.file = file, .line = line, .col = col}, "%s",
+                       msg + n + used);
+        return;
+    }
+    fprintf(stderr, "%s\n", msg);
+}
+
+static int compile_step(ptc_graph **gp, const options *o, ptc_diag *diag)
+{
+    char err[2048];
     ptc_compile_opts co = {.train = true,
                            .verify_each = true,
                            .dump_after = o->dump_after,
@@ -387,7 +402,7 @@ static int compile_step(ptc_graph **gp, const options *o)
     if (!rc && ptc_plan_check(ctx.g, o->drop_rank, o->drop_index, err, sizeof err) < 0)
         rc = 1;
     if (rc)
-        fprintf(stderr, "%s\n", err);
+        report(diag, o->file, err);
     ptc_pass_ctx_free(&ctx);
     return rc;
 }
@@ -467,7 +482,7 @@ int main(int argc, char **argv)
     } else if (o.train) {
         rc = apply_optim(g, &o);
         if (!rc)
-            rc = compile_step(&g, &o);
+            rc = compile_step(&g, &o, &diag);
     }
     if (rc) {
     } else if (o.emit && strcmp(o.emit, "ir") == 0) {
