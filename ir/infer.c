@@ -516,8 +516,8 @@ static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at,
     return infer_spmd(op, in, at, out, err, errn);
 }
 
-int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out, char *err,
-              size_t errn)
+static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out,
+                     char *err, size_t errn)
 {
     const ptc_op_info *info = &ptc_ops[op];
     char s0[160], s1[160];
@@ -617,4 +617,19 @@ int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *o
     default:
         return infer_internal(op, in, nin, at, out, err, errn);
     }
+}
+
+int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out, char *err,
+              size_t errn)
+{
+    int n = infer_any(op, in, nin, at, out, err, errn);
+    /* every result must be a tensor the runtime can hold (also for IR read from text) */
+    for (int i = 0; i < n; i++)
+        if (check_numel(&out[i], err, errn) < 0) {
+            char t[160];
+            ptc_fmt(err, errn, "the result of %s, %s, is too large (more than 2^46 elements)",
+                    ptc_ops[op].name, ptc_type_str(&out[i], t, sizeof t));
+            return -1;
+        }
+    return n;
 }
