@@ -88,9 +88,7 @@ static float to_float_dtype(double v, ptc_dtype t)
     }
 }
 
-/* Float to i32: truncation toward zero; NaN gives 0 and values beyond the i32 range saturate (C
- * leaves those undefined, so the reference defines them). */
-static int32_t to_i32(double v)
+int32_t ptrt_ref_to_i32(double v)
 {
     if (isnan(v))
         return 0;
@@ -107,7 +105,8 @@ static void ref_cast(const ptc_type *ti, const void *x, const ptc_type *to, void
     for (int64_t i = 0; i < n; i++) {
         double v = ti->dtype == PTC_I32 ? (double)((const int32_t *)x)[i] : ((const float *)x)[i];
         if (to->dtype == PTC_I32)
-            ((int32_t *)o)[i] = ti->dtype == PTC_I32 ? ((const int32_t *)x)[i] : to_i32(v);
+            ((int32_t *)o)[i] =
+                ti->dtype == PTC_I32 ? ((const int32_t *)x)[i] : ptrt_ref_to_i32(v);
         else
             ((float *)o)[i] = to_float_dtype(v, to->dtype);
     }
@@ -118,7 +117,7 @@ static void ref_const(const ptc_attrs *at, const ptc_type *to, void *o)
     int64_t n = ptc_type_numel(to);
     for (int64_t i = 0; i < n; i++) {
         if (to->dtype == PTC_I32)
-            ((int32_t *)o)[i] = to_i32(at->value);
+            ((int32_t *)o)[i] = ptrt_ref_to_i32(at->value);
         else
             ((float *)o)[i] = to_float_dtype(at->value, to->dtype);
     }

@@ -16,24 +16,12 @@
 
 /* ---- sources, broadcasting, pad ---- */
 
-/* Float to i32 as a cast does: toward zero, NaN to 0, saturating at the ends of the range. */
-static int32_t double_to_i32(double v)
-{
-    if (isnan(v))
-        return 0;
-    if (v >= 2147483647.0)
-        return INT32_MAX;
-    if (v <= -2147483648.0)
-        return INT32_MIN;
-    return (int32_t)trunc(v);
-}
-
 static void fill(double value, const ptc_type *to, void *o)
 {
     int64_t n = ptc_type_numel(to);
     for (int64_t i = 0; i < n; i++) {
         if (to->dtype == PTC_I32)
-            ((int32_t *)o)[i] = double_to_i32(value);
+            ((int32_t *)o)[i] = ptrt_ref_to_i32(value);
         else
             ((float *)o)[i] = (float)value;
     }
@@ -78,7 +66,7 @@ static void sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void *
             ints ? (double)((const int32_t *)x)[i] : ((const float *)x)[i];
     for (int64_t i = 0; i < m; i++) {
         if (ints)
-            ((int32_t *)o)[i] = double_to_i32(acc[i]);
+            ((int32_t *)o)[i] = ptrt_ref_to_i32(acc[i]);
         else
             ((float *)o)[i] = (float)acc[i];
     }
@@ -406,19 +394,9 @@ static int cross_entropy_grad(const ptc_type *tl, const float *logits, const int
     for (int64_t r = 0; r < rows; r++) {
         const float *row = logits + r * c;
         int32_t t = targets[r];
-        if (t < 0 || t >= c) {
-            ptc_fmt(err, errn,
-                    "cross_entropy_grad: target %d at position %lld is out of range for %lld "
-                    "classes (valid targets are 0 to %lld)",
-                    (int)t, (long long)r, (long long)c, (long long)(c - 1));
+        if (ptrt_ref_check_target("cross_entropy_grad", t, r, c, err, errn) < 0)
             return -1;
-        }
-        double mx = row[0], sum = 0;
-        for (int64_t i = 1; i < c; i++)
-            if (row[i] > mx)
-                mx = row[i];
-        for (int64_t i = 0; i < c; i++)
-            sum += exp(row[i] - mx);
+        double mx, sum = exp(ptrt_ref_logsumexp(row, c, &mx) - mx);
         for (int64_t i = 0; i < c; i++)
             o[r * c + i] = (float)((exp(row[i] - mx) / sum - (i == t ? 1.0 : 0.0)) * scale);
     }

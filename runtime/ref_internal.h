@@ -27,6 +27,13 @@ void ptrt_ref_strides(const ptc_type *t, int64_t *strides);
 /* Rounds x to the nearest (ties to even) value of bf16 / f16, overflowing to infinity; NaN stays
  * NaN. Works from a double so that casts from i32 round only once. */
 double ptrt_ref_round_bf16d(double x);
+/* Float to i32 as a cast does: toward zero, NaN to 0, saturating at the ends of the range (C
+ * leaves those undefined, so the reference defines them). */
+int32_t ptrt_ref_to_i32(double v);
+/* Cross-entropy rows: checks that target t of row r is one of the c classes (-1 with a message
+ * naming op otherwise), and the log-sum-exp of a row with its max (for stability). */
+int ptrt_ref_check_target(const char *op, int32_t t, int64_t r, int64_t c, char *err, size_t errn);
+double ptrt_ref_logsumexp(const float *row, int64_t c, double *max);
 double ptrt_ref_round_f16d(double x);
 
 /* ref_elementwise.c */

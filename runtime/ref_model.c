@@ -88,6 +88,29 @@ void ptrt_ref_rope(const ptc_type *tx, const float *x, int64_t heads, double bas
                 }
 }
 
+int ptrt_ref_check_target(const char *op, int32_t t, int64_t r, int64_t c, char *err, size_t errn)
+{
+    if (t >= 0 && t < c)
+        return 0;
+    ptc_fmt(err, errn,
+            "%s: target %d at position %lld is out of range for %lld classes (valid targets are "
+            "0 to %lld)",
+            op, (int)t, (long long)r, (long long)c, (long long)(c - 1));
+    return -1;
+}
+
+double ptrt_ref_logsumexp(const float *row, int64_t c, double *max)
+{
+    double mx = row[0], sum = 0;
+    for (int64_t i = 1; i < c; i++)
+        if (row[i] > mx)
+            mx = row[i];
+    for (int64_t i = 0; i < c; i++)
+        sum += exp(row[i] - mx);
+    *max = mx;
+    return mx + log(sum);
+}
+
 /* Mean over all rows of logsumexp(row) - row[target]. */
 int ptrt_ref_cross_entropy(const ptc_type *tl, const float *logits, const int32_t *targets,
                            float *o, char *err, size_t errn)
@@ -97,20 +120,10 @@ int ptrt_ref_cross_entropy(const ptc_type *tl, const float *logits, const int32_
     for (int64_t r = 0; r < rows; r++) {
         const float *row = logits + r * c;
         int32_t t = targets[r];
-        if (t < 0 || t >= c) {
-            ptc_fmt(err, errn,
-                    "cross_entropy: target %d at position %lld is out of range for %lld classes "
-                    "(valid targets are 0 to %lld)",
-                    (int)t, (long long)r, (long long)c, (long long)(c - 1));
+        if (ptrt_ref_check_target("cross_entropy", t, r, c, err, errn) < 0)
             return -1;
-        }
-        double mx = row[0], sum = 0;
-        for (int64_t i = 1; i < c; i++)
-            if (row[i] > mx)
-                mx = row[i];
-        for (int64_t i = 0; i < c; i++)
-            sum += exp(row[i] - mx);
-        total += mx + log(sum) - row[t];
+        double mx;
+        total += ptrt_ref_logsumexp(row, c, &mx) - row[t];
     }
     o[0] = (float)(total / (double)rows);
     return 0;
