@@ -33,6 +33,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
+# PyTorch's OpenMP threads spin-wait with PAUSE by default; in a virtual machine a pause loop traps
+# to the hypervisor, and on the 2-vCPU VM this was written on that made PyTorch's steps 2 to 25
+# times slower (gpt2_tiny at 2 threads: 363 ms a step against 36 ms passive and 14 ms at 1 thread).
+# Passive waiting is PyTorch's best setting there, so it is the default here (set before torch
+# loads libgomp; an OMP_WAIT_POLICY in the environment wins). ptc does not use OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     import numpy as np
@@ -170,7 +176,10 @@ def machine():
                             capture_output=True, text=True).stdout.strip() or "?"
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
+    blas = subprocess.run(["sh", "-c", "dpkg-query -W -f '${Version}' libopenblas0-pthread"],
+                          capture_output=True, text=True).stdout.strip() or "?"
     return {"uname": " ".join(platform.uname()), "nproc": os.cpu_count(), "cpu": cpu,
+            "openblas": blas, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
             "commit": commit + (" (with uncommitted changes)" if dirty else ""),
             "torch": torch.__version__, "python": platform.python_version(),
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
@@ -224,17 +233,19 @@ def table(rows):
     return "\n".join(lines)
 
 
-def write_results(out_dir, rows, info, command, threads):
+def write_results(out_dir, rows, info, command, args):
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
     path = os.path.join(out_dir, f"cpu_train_{stamp}.md")
     with open(path, "w") as f:
         f.write(f"# cpu_train: ptc vs PyTorch, {stamp}\n\n")
         f.write(f"    {command}\n\n")
-        f.write(f"- machine: `{info['uname']}`\n- CPU: {info['cpu']}, nproc {info['nproc']}, "
-                f"threads used {threads}\n- load average at the end: {info['load']}\n"
+        f.write(f"- machine: `{info['uname']}`\n- CPU: {info['cpu']}, nproc {info['nproc']}; "
+                f"threads: ptc {args.threads}, PyTorch {args.torch_threads} "
+                f"(OMP_WAIT_POLICY={info['omp_wait_policy']})\n"
+                f"- load average at the end (1, 5, 15 min): {info['load']}\n"
                 f"- commit: {info['commit']}\n- PyTorch {info['torch']}, Python "
-                f"{info['python']}\n\n")
+                f"{info['python']}, OpenBLAS {info['openblas']}\n\n")
         f.write("```\n" + table(rows) + "\n```\n\n")
         for r in rows:
             f.write(f"- {r['model']}: `{r['file']} {' '.join(r['defines'])}`, {r['steps']} timed "
@@ -250,7 +261,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ptc", default=os.path.join(ROOT, "build", "tools", "ptc"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="threads for both sides (default: every CPU)")
+                    help="threads for ptc and PyTorch (default: every CPU)")
+    ap.add_argument("--torch-threads", type=int,
+                    help="PyTorch's threads when they should differ from --threads")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " +
                     ", ".join(MODELS))
     ap.add_argument("--steps", type=int, help="timed steps (default: per model)")
@@ -264,7 +277,8 @@ def main():
             ap.error(f"unknown model {m} (known: {', '.join(MODELS)})")
     if not os.access(args.ptc, os.X_OK):
         ap.error(f"{args.ptc} is not an executable: build first (cmake --build build)")
-    torch.set_num_threads(args.threads)
+    args.torch_threads = args.torch_threads or args.threads
+    torch.set_num_threads(args.torch_threads)
     command = "/usr/bin/python3 " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     rows = []
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as wd:
@@ -274,7 +288,7 @@ def main():
                   f"{rows[-1]['torch_tok_s']:.0f} tok/s", flush=True)
     print()
     print(table(rows))
-    path = write_results(args.out, rows, machine(), command, args.threads)
+    path = write_results(args.out, rows, machine(), command, args)
     print(f"\nresults: {os.path.relpath(path, ROOT)}")
     return 0
 

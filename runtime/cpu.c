@@ -56,8 +56,7 @@ static int fast(const ptc_node *n, const ptc_type *it, void *const *in, const pt
     case PTC_OP_GELU:
     case PTC_OP_SILU: return ot[0].dtype == PTC_F32 && ptrt_cpu_unary(n->op, &it[0], in[0], out[0]);
     case PTC_OP_MATMUL: return ptrt_cpu_matmul(&it[0], in[0], &it[1], in[1], &ot[0], out[0]);
-    case PTC_OP_LAYERNORM:
-        return ptrt_cpu_layernorm(&it[0], in[0], in[1], in[2], at->eps, out[0]);
+    case PTC_OP_LAYERNORM: return ptrt_cpu_layernorm(&it[0], in[0], in[1], in[2], at->eps, out[0]);
     case PTC_OP_RMSNORM: return ptrt_cpu_rmsnorm(&it[0], in[0], in[1], at->eps, out[0]);
     case PTC_OP_SOFTMAX:
     case PTC_OP_LOG_SOFTMAX:
@@ -80,7 +79,8 @@ static int fast(const ptc_node *n, const ptc_type *it, void *const *in, const pt
                                        out[2]);
     case PTC_OP_RMSNORM_GRAD:
         return ptrt_cpu_rmsnorm_grad(&it[0], in[0], in[1], in[2], at->eps, out[0], out[1]);
-    case PTC_OP_EMBEDDING_GRAD: return ptrt_cpu_embedding_grad(&it[0], in[0], in[1], &ot[0], out[0]);
+    case PTC_OP_EMBEDDING_GRAD:
+        return ptrt_cpu_embedding_grad(&it[0], in[0], in[1], &ot[0], out[0]);
     case PTC_OP_ATTENTION_GRAD:
         return ptrt_cpu_attention_grad(&it[0], &it[1], in, at->heads, kv, at->causal, out);
     case PTC_OP_ROPE_GRAD: return ptrt_cpu_rope(&it[0], in[0], at->heads, at->base, true, out[0]);

@@ -53,8 +53,8 @@ static int64_t row_keys(const attn_job *j, int64_t i)
 
 /* Softmax weights of query rows [i0, i1) of head h in batch b over the block's nk keys, into p
  * (rows of nk); a row's entries past its own last key are 0. */
-static void block_probs(const attn_job *j, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                        int64_t nk, float *p)
+static void block_probs(const attn_job *j, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t nk,
+                        float *p)
 {
     const float *q = j->q + (b * j->s + i0) * j->qf + h * j->dh;
     const float *k = j->k + b * j->s2 * j->kf + h / j->group * j->dh;
@@ -164,8 +164,8 @@ static void attn_bwd(void *ctx, int64_t begin, int64_t end)
 int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
                             int64_t kv_heads, bool causal, void *const *out)
 {
-    attn_job j = {.q = in[0], .k = in[1], .v = in[2], .dy = in[3], .dq = out[0], .dk = out[1],
-                  .dv = out[2]};
+    attn_job j = {
+        .q = in[0], .k = in[1], .v = in[2], .dy = in[3], .dq = out[0], .dk = out[1], .dv = out[2]};
     attn_setup(&j, tq, tk, heads, kv_heads, causal);
     if (j.s2 == 0 || j.dh == 0)
         return 0;

@@ -39,7 +39,8 @@ typedef struct bin_job {
     ptc_op op;
     const float *a, *b;
     float *o;
-    int64_t pa, pb, row; /* periods of a and b (1 = scalar); row: the shorter non-scalar one */
+    int64_t pa, pb; /* periods of a and b (1 = scalar) */
+    int64_t row, n; /* a row: the shorter period below n (neither operand wraps within a row) */
 } bin_job;
 
 #define BIN_LOOP(EXPR)                                                                             \
@@ -52,12 +53,12 @@ typedef struct bin_job {
             }                                                                                      \
         } else if (j->pb == 1) {                                                                   \
             const float y = b[0];                                                                  \
-            for (int64_t i = 0; i < len; i++) {                                                   \
+            for (int64_t i = 0; i < len; i++) {                                                    \
                 const float x = a[i];                                                              \
                 o[i] = (EXPR);                                                                     \
             }                                                                                      \
         } else {                                                                                   \
-            for (int64_t i = 0; i < len; i++) {                                                   \
+            for (int64_t i = 0; i < len; i++) {                                                    \
                 const float x = a[i], y = b[i];                                                    \
                 o[i] = (EXPR);                                                                     \
             }                                                                                      \
@@ -69,7 +70,7 @@ static void bin_rows(void *ctx, int64_t begin, int64_t end)
 {
     const bin_job *j = ctx;
     for (int64_t r = begin; r < end; r++) {
-        int64_t at = r * j->row, len = j->row;
+        int64_t at = r * j->row, len = j->n - at < j->row ? j->n - at : j->row;
         const float *restrict a = j->pa == 1 ? j->a : j->a + at % j->pa;
         const float *restrict b = j->pb == 1 ? j->b : j->b + at % j->pb;
         float *restrict o = j->o + at;
@@ -86,18 +87,21 @@ int ptrt_cpu_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_typ
                     const float *b, const ptc_type *to, float *o)
 {
     int64_t n = ptc_type_numel(to);
-    bin_job j = {.op = op, .a = a, .b = b, .o = o, .pa = period(ta, to), .pb = period(tb, to)};
+    bin_job j = {.op = op, .a = a, .b = b, .o = o, .pa = period(ta, to), .pb = period(tb, to),
+                 .n = n};
     if (!j.pa || !j.pb || n == 0)
         return 0;
-    if (j.pa == 1 && j.pb == 1)
-        j.row = n;
-    else
-        j.row = j.pa == 1 ? j.pb : j.pb == 1 ? j.pa : j.pa < j.pb ? j.pa : j.pb;
     /* a period is a product of o's trailing dims, so the shorter one divides the longer and n */
-    int64_t rows = n / j.row;
-    if (j.row < 64 && rows > 1) /* short rows (e.g. [.., 2] + [2]): the reference serves */
+    j.row = n;
+    if (j.pa > 1 && j.pa < j.row)
+        j.row = j.pa;
+    if (j.pb > 1 && j.pb < j.row)
+        j.row = j.pb;
+    if (j.row < 64 && j.row < n) /* short rows (e.g. [.., 2] + [2]): the reference serves */
         return 0;
-    ptrt_cpu_parallel_for(rows, GRAIN / j.row + 1, bin_rows, &j);
+    if (j.row == n) /* nothing wraps: any row length will do */
+        j.row = GRAIN;
+    ptrt_cpu_parallel_for((n + j.row - 1) / j.row, GRAIN / j.row + 1, bin_rows, &j);
     return 1;
 }
 
@@ -189,7 +193,8 @@ static void tr_tiles(void *ctx, int64_t begin, int64_t end)
     for (int64_t t = begin; t < end; t++) {
         int64_t bi = t / per, rb = t % per / j->cblocks, cb = t % j->cblocks;
         int64_t i0 = rb * TILE, k0 = cb * TILE;
-        int64_t rows = j->r - i0 < TILE ? j->r - i0 : TILE, cols = j->c - k0 < TILE ? j->c - k0 : TILE;
+        int64_t rows = j->r - i0 < TILE ? j->r - i0 : TILE,
+                cols = j->c - k0 < TILE ? j->c - k0 : TILE;
         const float *x = j->x + bi * j->r * j->c + i0 * j->c + k0;
         float *o = j->o + bi * j->r * j->c + k0 * j->r + i0;
         ptrt_cpu_transpose_block(x, j->c, o, j->r, rows, cols);
@@ -307,8 +312,8 @@ int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void 
 {
     const ptc_attrs *at = &n->attrs;
     double lr = ((const float *)in[4])[0], step = ((const float *)in[5])[0];
-    adam_job j = {in[0], in[1], in[2], in[3], out[0], out[1], out[2], .lr = lr, .b1 = at->beta1,
-                  .b2 = at->beta2, .eps = at->eps, .wd = at->wd};
+    adam_job j = {in[0],  in[1],    in[2],           in[3],           out[0],         out[1],
+                  out[2], .lr = lr, .b1 = at->beta1, .b2 = at->beta2, .eps = at->eps, .wd = at->wd};
     double bias_c1 = 1 - pow(j.b1, step), bias_c2 = 1 - pow(j.b2, step);
     j.step_size = lr / bias_c1;
     j.bias_c2_sqrt = sqrt(bias_c2);

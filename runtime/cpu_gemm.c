@@ -11,6 +11,7 @@
  * one serial GEMM per batch, the batches split across the pool.
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -112,14 +113,29 @@ void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                    int64_t ldc)
 {
-    gemm_job j = {.ta = trans_a, .tb = trans_b, .by_rows = m >= n, .m = m, .n = n, .k = k,
-                  .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .a = a,
-                  .b = b, .c = c};
+    gemm_job j = {.ta = trans_a,
+                  .tb = trans_b,
+                  .by_rows = m >= n,
+                  .m = m,
+                  .n = n,
+                  .k = k,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = alpha,
+                  .beta = beta,
+                  .a = a,
+                  .b = b,
+                  .c = c};
     int64_t split = j.by_rows ? m : n, other = j.by_rows ? n : m;
     int64_t blocks = (split + BLOCK - 1) / BLOCK;
     /* a piece worth splitting off does at least ~1M multiply-adds */
     int64_t per_block = BLOCK * (other > 0 ? other : 1) * (k > 0 ? k : 1);
     int64_t grain = (1 << 20) / per_block + 1;
+    if (getenv("GEMM_ONE")) {
+        int64_t t = ptrt_cpu_threads(), g2 = (blocks + t - 1) / t;
+        grain = grain > g2 ? grain : g2;
+    }
     ptrt_cpu_parallel_for(blocks, grain, gemm_piece, &j);
 }
 

@@ -93,8 +93,8 @@ int ptrt_cpu_layernorm(const ptc_type *tx, const float *x, const float *g, const
     int64_t d = tx->dims[tx->rank - 1];
     if (d == 0)
         return 0;
-    norm_job j = {.x = x, .g = g, .b = b, .o = o, .rows = ptc_type_numel(tx) / d, .d = d,
-                  .eps = eps};
+    norm_job j = {
+        .x = x, .g = g, .b = b, .o = o, .rows = ptc_type_numel(tx) / d, .d = d, .eps = eps};
     ptrt_cpu_parallel_for(j.rows, GRAIN / d + 1, norm_fwd_rows, &j);
     return 1;
 }
@@ -104,8 +104,8 @@ int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double 
     int64_t d = tx->dims[tx->rank - 1];
     if (d == 0)
         return 0;
-    norm_job j = {.x = x, .g = g, .o = o, .rows = ptc_type_numel(tx) / d, .d = d, .eps = eps,
-                  .rms = true};
+    norm_job j = {
+        .x = x, .g = g, .o = o, .rows = ptc_type_numel(tx) / d, .d = d, .eps = eps, .rms = true};
     ptrt_cpu_parallel_for(j.rows, GRAIN / d + 1, norm_fwd_rows, &j);
     return 1;
 }
@@ -178,7 +178,14 @@ int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, 
                             double eps, float *dx, float *dg, float *db)
 {
     int64_t d = tx->dims[tx->rank - 1];
-    norm_job j = {.x = x, .g = g, .dy = dy, .dx = dx, .dg = dg, .db = db, .d = d, .eps = eps,
+    norm_job j = {.x = x,
+                  .g = g,
+                  .dy = dy,
+                  .dx = dx,
+                  .dg = dg,
+                  .db = db,
+                  .d = d,
+                  .eps = eps,
                   .rows = d ? ptc_type_numel(tx) / d : 0};
     return norm_grad(&j);
 }
@@ -187,7 +194,14 @@ int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, co
                           double eps, float *dx, float *dg)
 {
     int64_t d = tx->dims[tx->rank - 1];
-    norm_job j = {.x = x, .g = g, .dy = dy, .dx = dx, .dg = dg, .d = d, .eps = eps, .rms = true,
+    norm_job j = {.x = x,
+                  .g = g,
+                  .dy = dy,
+                  .dx = dx,
+                  .dg = dg,
+                  .d = d,
+                  .eps = eps,
+                  .rms = true,
                   .rows = d ? ptc_type_numel(tx) / d : 0};
     return norm_grad(&j);
 }
@@ -259,8 +273,8 @@ int ptrt_cpu_cross_entropy(const ptc_type *tl, const float *logits, const int32_
     int64_t c = tl->dims[tl->rank - 1], rows = c ? ptc_type_numel(tl) / c : 0;
     if (rows == 0 || !targets_ok(targets, rows, c))
         return 0;
-    row_job j = {.x = logits, .t = targets, .c = c,
-                 .loss = ptc_xmalloc((size_t)rows * sizeof(double))};
+    row_job j = {
+        .x = logits, .t = targets, .c = c, .loss = ptc_xmalloc((size_t)rows * sizeof(double))};
     ptrt_cpu_parallel_for(rows, GRAIN / c + 1, ce_rows, &j);
     double total = 0;
     for (int64_t r = 0; r < rows; r++)
@@ -325,7 +339,11 @@ static void emb_rows(void *ctx, int64_t begin, int64_t end)
 int ptrt_cpu_embedding(const ptc_type *tt, const float *table, const ptc_type *ti,
                        const int32_t *ids, float *o)
 {
-    emb_job j = {.table = table, .ids = ids, .o = o, .n = ptc_type_numel(ti), .d = tt->dims[1],
+    emb_job j = {.table = table,
+                 .ids = ids,
+                 .o = o,
+                 .n = ptc_type_numel(ti),
+                 .d = tt->dims[1],
                  .rows = tt->dims[0]};
     if (!ids_ok(ids, j.n, j.rows))
         return 0;
@@ -351,7 +369,11 @@ static void emb_grad_cols(void *ctx, int64_t begin, int64_t end)
 int ptrt_cpu_embedding_grad(const ptc_type *ti, const int32_t *ids, const float *dy,
                             const ptc_type *to, float *o)
 {
-    emb_job j = {.dy = dy, .ids = ids, .o = o, .n = ptc_type_numel(ti), .d = to->dims[1],
+    emb_job j = {.dy = dy,
+                 .ids = ids,
+                 .o = o,
+                 .n = ptc_type_numel(ti),
+                 .d = to->dims[1],
                  .rows = to->dims[0]};
     if (!ids_ok(ids, j.n, j.rows))
         return 0;

@@ -25,8 +25,8 @@
 #include "cpu_internal.h"
 
 #define MAX_THREADS 64
-#define SPINS 20000          /* atomic loads before a waiting thread sleeps */
-#define PIECES_PER_THREAD 2  /* pieces per thread at most (a little slack for a slow thread) */
+#define SPINS 20000         /* atomic loads before a waiting thread sleeps */
+#define PIECES_PER_THREAD 2 /* pieces per thread at most (a little slack for a slow thread) */
 
 /* The claim word: generation (24 bits) | pieces (20 bits) | next piece (20 bits). A thread may
  * run piece `next` of region `generation` only by winning the compare-and-swap that bumps next,

@@ -119,8 +119,8 @@ AVX2 static __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-                                     23);
+    __m256i bits =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
@@ -140,7 +140,8 @@ AVX2 static __m256 gelu_half8(__m256 x, __m256 *sech2)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_K), x3, x));
+    __m256 u =
+        _mm256_mul_ps(_mm256_set1_ps(GELU_C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_K), x3, x));
     __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, u)));
     __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
     if (sech2)
@@ -185,9 +186,9 @@ AVX2 static float exp_sum_avx2(const float *x, float sub, float *o, int64_t n)
         int64_t left = n - i;
         __m256 e = exp8(_mm256_sub_ps(load_part(x + i, left, 0), s));
         if (left < 8) /* padding must not count */
-            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                                     _mm256_set1_epi32((int)left),
-                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+            e = _mm256_and_ps(
+                e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                       _mm256_set1_epi32((int)left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
         acc = _mm256_add_ps(acc, e);
         if (o)
             store_part(o + i, e, left);

@@ -187,10 +187,10 @@ static void binary_case(const char *what, ptc_type ta, ptc_type tb)
     for (int i = 0; i < 4; i++) {
         char name[200];
         snprintf(name, sizeof name, "%s %s", ptc_ops[ops[i]].name, what);
-        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){ta, tb},
-              (void *[]){a, b}, EXACT);
-        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){tb, ta},
-              (void *[]){b, a}, EXACT);
+        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){ta, tb}, (void *[]){a, b},
+              EXACT);
+        check(name, ops[i], ptc_attrs_default(ops[i]), 2, (ptc_type[]){tb, ta}, (void *[]){b, a},
+              EXACT);
     }
     free(a);
     free(b);
@@ -202,7 +202,9 @@ Test(cpu_elementwise, binary_broadcasts)
     binary_case("bias", TY(PTC_F32, 5, 33, 131), TY(PTC_F32, 131));
     binary_case("positions", TY(PTC_F32, 4, 9, 65), TY(PTC_F32, 9, 65));
     binary_case("leading ones", TY(PTC_F32, 4, 9, 65), TY(PTC_F32, 1, 1, 65));
+    binary_case("same shape, several blocks", TY(PTC_F32, 5, 70, 130), TY(PTC_F32, 5, 70, 130));
     binary_case("scalar", TY(PTC_F32, 7, 1001), SCALAR(PTC_F32));
+    binary_case("scalar, several blocks", TY(PTC_F32, 3, 20011), SCALAR(PTC_F32));
     binary_case("both scalar", SCALAR(PTC_F32), SCALAR(PTC_F32));
     binary_case("short rows (reference)", TY(PTC_F32, 50, 3), TY(PTC_F32, 3));
     binary_case("outer (reference)", TY(PTC_F32, 70, 1), TY(PTC_F32, 1, 90));
@@ -312,8 +314,8 @@ Test(cpu_elementwise, sumsq)
     float *x = rnd(n, 10, -3, 3);
     check("sumsq big", PTC_OP_SUMSQ, DEF(SUMSQ), 1, (ptc_type[]){TY(PTC_F32, 7, 14287)},
           (void *[]){x}, TRANSC);
-    check("sumsq small", PTC_OP_SUMSQ, DEF(SUMSQ), 1, (ptc_type[]){TY(PTC_F32, 77)},
-          (void *[]){x}, EXACT);
+    check("sumsq small", PTC_OP_SUMSQ, DEF(SUMSQ), 1, (ptc_type[]){TY(PTC_F32, 77)}, (void *[]){x},
+          EXACT);
     free(x);
 }
 
@@ -463,8 +465,8 @@ Test(cpu_norm, embedding_and_grad)
           (void *[]){table, id}, EXACT);
     ptc_attrs at = DEF(EMBEDDING_GRAD);
     at.n = rows;
-    check("embedding_grad", PTC_OP_EMBEDDING_GRAD, at, 2, (ptc_type[]){ti, tdy},
-          (void *[]){id, dy}, TRANSC);
+    check("embedding_grad", PTC_OP_EMBEDDING_GRAD, at, 2, (ptc_type[]){ti, tdy}, (void *[]){id, dy},
+          TRANSC);
     id[7] = (int32_t)rows;
     check("embedding bad id", PTC_OP_EMBEDDING, DEF(EMBEDDING), 2, (ptc_type[]){tt, ti},
           (void *[]){table, id}, EXACT);
@@ -495,8 +497,8 @@ static void attention_case(const char *what, int64_t nb, int64_t s, int64_t s2, 
     ag.kv_heads = kv;
     ag.causal = causal;
     snprintf(name, sizeof name, "attention_grad %s", what);
-    check(name, PTC_OP_ATTENTION_GRAD, ag, 4, (ptc_type[]){tq, tk, tk, tq},
-          (void *[]){q, k, v, dy}, DOT);
+    check(name, PTC_OP_ATTENTION_GRAD, ag, 4, (ptc_type[]){tq, tk, tk, tq}, (void *[]){q, k, v, dy},
+          DOT);
     free(q);
     free(k);
     free(v);
