@@ -11,7 +11,6 @@
  * one serial GEMM per batch, the batches split across the pool.
  */
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -129,13 +128,12 @@ void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                   .c = c};
     int64_t split = j.by_rows ? m : n, other = j.by_rows ? n : m;
     int64_t blocks = (split + BLOCK - 1) / BLOCK;
-    /* a piece worth splitting off does at least ~1M multiply-adds */
+    /* a piece worth splitting off does at least ~1M multiply-adds; and one piece per thread, as
+     * each piece packs the operand it does not split again (the smaller one: see by_rows) */
     int64_t per_block = BLOCK * (other > 0 ? other : 1) * (k > 0 ? k : 1);
-    int64_t grain = (1 << 20) / per_block + 1;
-    if (getenv("GEMM_ONE")) {
-        int64_t t = ptrt_cpu_threads(), g2 = (blocks + t - 1) / t;
-        grain = grain > g2 ? grain : g2;
-    }
+    int64_t grain = (1 << 20) / per_block + 1, threads = ptrt_cpu_threads();
+    if (grain < (blocks + threads - 1) / threads)
+        grain = (blocks + threads - 1) / threads;
     ptrt_cpu_parallel_for(blocks, grain, gemm_piece, &j);
 }
 

@@ -2,7 +2,8 @@
 """Equivalence matrix: every parallel plan trains like the single-device program it came from.
 
 For mlp, gpt2_tiny and llama_tiny, and every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
-ranks, with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
+ranks (and tests/golden/ir/every_op.ptm, which uses every op of the language, on the meshes its
+batch of 2 and its 2 heads divide), with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
 compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads) and compares with the
 single-device run of the same model and seed:
   - the loss of every step: relative error below 1e-5;
@@ -52,9 +53,18 @@ def load_safetensors(path):
     return out
 
 
-def configs():
-    for dp in (1, 2, 4):
-        for tp in (1, 2, 4):
+# model name -> (path relative to the repository, largest dp and tp it divides)
+MODELS = {
+    'mlp': ('examples/mlp.ptm', 4, 4),
+    'gpt2_tiny': ('examples/gpt2_tiny.ptm', 4, 4),
+    'llama_tiny': ('examples/llama_tiny.ptm', 4, 4),
+    'every_op': ('tests/golden/ir/every_op.ptm', 2, 2),
+}
+
+
+def configs(max_dp, max_tp):
+    for dp in (d for d in (1, 2, 4) if d <= max_dp):
+        for tp in (t for t in (1, 2, 4) if t <= max_tp):
             if dp * tp > 8 or dp * tp == 1:
                 continue
             for sp in ([False, True] if tp > 1 else [False]):
@@ -94,7 +104,7 @@ def compare(ref, got):
 
 def main():
     ptc = sys.argv[1]
-    models = ['mlp', 'gpt2_tiny', 'llama_tiny']
+    models = list(MODELS)
     for a in sys.argv[2:]:
         if a.startswith('--models='):
             models = a.split('=', 1)[1].split(',')
@@ -103,13 +113,14 @@ def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix='ptc-equiv-') as work:
         for model in models:
-            path = os.path.join(ROOT, 'examples', model + '.ptm')
+            rel, max_dp, max_tp = MODELS[model]
+            path = os.path.join(ROOT, rel)
             ref, err = run_plan(ptc, path, [], work, model + '-single')
             if err:
                 print('FAIL %s single device: %s' % (model, err))
                 failures += 1
                 continue
-            for dp, tp, sp, zero in configs():
+            for dp, tp, sp, zero in configs(max_dp, max_tp):
                 if quick and (sp or zero not in (0, 3)):
                     continue
                 args = ['--mesh', 'dp=%d,tp=%d' % (dp, tp), '--zero', str(zero)]
