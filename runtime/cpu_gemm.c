@@ -1,9 +1,10 @@
 /* cpu_gemm.c - GEMM and matmul for the fast CPU backend.
  *
  * The GEMM is OpenBLAS's sgemm (through CBLAS) kept to one thread; the pool splits C by rows or
- * columns into pieces of whole 16-wide blocks, one sgemm each, so each element of C is still one
- * dot product summed by one call in one order. Without OpenBLAS a plain loop takes its place
- * (slower, same contract).
+ * columns into pieces of whole 16-wide blocks, one sgemm each. The split depends only on the shapes
+ * and the thread count, so a run repeats bit for bit; OpenBLAS's edge tiles may round differently
+ * when the split points move, so two thread counts may differ in the last bit. Without OpenBLAS a
+ * plain loop takes its place (slower, same contract).
  *
  * Matmul with NumPy-style broadcasting of the leading dimensions becomes one GEMM per distinct
  * pair of matrices: when the right operand is a single matrix (x[B,S,d] @ w[d,f]) the left

@@ -6,9 +6,9 @@
  * path chosen at run time; cpu_elementwise.c, cpu_norm.c and cpu_attention.c the kernels.
  *
  * Determinism: every kernel splits its work into pieces whose results do not depend on how many
- * threads run them (a row, a column block, a fixed-size block of a reduction), and partial sums
- * are combined in a fixed order. So a run gives the same bits whatever --threads says, and the
- * same bits every time.
+ * threads run them or which thread runs which (a row, a column block, a fixed-size block of a
+ * reduction), and partial sums are combined in a fixed order. So a run gives the same bits every
+ * time, and the same bits whatever --threads says except for the GEMMs (see cpu_gemm.c).
  *
  * A kernel returns 1 when it ran, 0 when the case is not one it handles (the dispatcher then runs
  * the reference kernel), so a fast path can be narrow without being wrong.

@@ -452,6 +452,32 @@ static int write_executable(const ptc_graph *g, const options *o, int64_t nparam
     return rc;
 }
 
+/* Prints or writes what the options ask for. */
+static int emit(const ptc_graph *g, const options *o, int64_t logical_params)
+{
+    if (o->emit && strcmp(o->emit, "ir") == 0) {
+        ptc_print(g, stdout);
+    } else if (o->emit && strcmp(o->emit, "dot") == 0) {
+        ptc_print_dot(g, stdout);
+    } else if (o->emit && strcmp(o->emit, "params") == 0) {
+        emit_params(g);
+    } else if (o->emit) { /* plan, plan-json */
+        ptc_plan_info info = {.zero = o->zero, .seq_parallel = o->seq_parallel,
+                              .logical_params = logical_params};
+        if (strcmp(o->emit, "plan") == 0)
+            ptc_print_plan(g, &info, stdout);
+        else
+            ptc_print_plan_json(g, &info, stdout);
+    } else if (o->output) {
+        return write_executable(g, o, logical_params);
+    } else if (!o->run && !o->dump_after) {
+        printf("%s: model '%s', ", o->file, g->name);
+        print_count(stdout, logical_params);
+        printf(" parameters, %d operations\n", g->nnodes);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o = {.drop_rank = -1, .drop_index = -1};
@@ -473,38 +499,15 @@ int main(int argc, char **argv)
         return 1;
     }
     char err[512];
+    int64_t logical_params = ptc_graph_param_count(g);
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
+    } else if (o.train && (rc = apply_optim(g, &o)) == 0) {
+        rc = compile_step(&g, &o, &diag);
     }
-    int64_t logical_params = ptc_graph_param_count(g);
-    if (rc) {
-    } else if (o.train) {
-        rc = apply_optim(g, &o);
-        if (!rc)
-            rc = compile_step(&g, &o, &diag);
-    }
-    if (rc) {
-    } else if (o.emit && strcmp(o.emit, "ir") == 0) {
-        ptc_print(g, stdout);
-    } else if (o.emit && strcmp(o.emit, "dot") == 0) {
-        ptc_print_dot(g, stdout);
-    } else if (o.emit && strcmp(o.emit, "params") == 0) {
-        emit_params(g);
-    } else if (o.emit && strncmp(o.emit, "plan", 4) == 0) {
-        ptc_plan_info info = {.zero = o.zero, .seq_parallel = o.seq_parallel,
-                              .logical_params = logical_params};
-        if (strcmp(o.emit, "plan") == 0)
-            ptc_print_plan(g, &info, stdout);
-        else
-            ptc_print_plan_json(g, &info, stdout);
-    } else if (o.output) {
-        rc = write_executable(g, &o, logical_params);
-    } else if (!o.run && !o.dump_after) {
-        printf("%s: model '%s', ", o.file, g->name);
-        print_count(stdout, ptc_graph_param_count(g));
-        printf(" parameters, %d operations\n", g->nnodes);
-    }
+    if (!rc)
+        rc = emit(g, &o, logical_params);
     if (!rc && o.run)
         rc = run_forward(g, &o);
     ptc_graph_free(g);
