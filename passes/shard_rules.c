@@ -587,15 +587,15 @@ static int rule_embedding_grad(part *p, int ni, const ptc_placement *in, rule_ou
         if (undecided(want) && n->attrs.n % part_size(p) == 0)
             want = pl_s(0, 1); /* embedding tables are vocabulary-parallel on tp */
         if (sharded(want) && want.dim == 0) {
-            ro->req[0] = pl_r();
-            ro->req[1] = partial(dy) ? pl_r() : (sharded(dy) ? pl_r() : dy);
+            ro->req[0] = pl_r(); /* every rank scatters the rows of its vocabulary range */
+            ro->req[1] = pl_r();
             ro->out[0] = want;
             ro->emit = EMIT_CUSTOM;
             return 0;
         }
     }
-    if (partial(dy) || (sharded(dy) && dy.dim == R - 1))
-        dy = sharded(dy) ? dy : pl_r();
+    if (partial(dy))
+        dy = pl_r();
     if (sharded(dy) && dy.dim == R - 1) { /* feature-sharded rows */
         ro->req[0] = pl_r();
         ro->req[1] = dy;
@@ -667,7 +667,7 @@ static int rule_loss(part *p, int ni, const ptc_placement *in, rule_out *ro)
     }
     if (sharded(l) && (!ce || l.dim < tl->rank - 1) && pl_groups(l) == 1) { /* positions */
         ro->req[0] = l;
-        ro->req[1] = ce ? l : l; /* targets share the position dims; mse's b is like a */
+        ro->req[1] = l; /* targets share the position dims; mse's b is like a */
         ro->out[0] = grad ? l : pl_p();
         ro->emit = EMIT_CUSTOM;
         return 0;
@@ -715,11 +715,10 @@ static int rule_inner_rows(part *p, int ni, const ptc_placement *in, rule_out *r
             x = in[k];
     for (int k = 0; k < n->nin; k++) {
         const ptc_type *t = gty(p, n->in[k]);
-        ro->req[k] = sharded(x) && t->rank >= 1 && t->dims[0] == gty(p, n->in[0])->dims[0] &&
-                             !(n->op == PTC_OP_EMBEDDING_SHARD && k == 0) &&
-                             !(n->op == PTC_OP_EMBEDDING_GRAD_SHARD && k == 2)
-                         ? x
-                         : pl_r();
+        /* operands with the batch dim follow it; the embedding table does not have one */
+        bool batch = t->rank >= 1 && t->dims[0] == gty(p, n->in[0])->dims[0] &&
+                     !(n->op == PTC_OP_EMBEDDING_SHARD && k == 0);
+        ro->req[k] = sharded(x) && batch ? x : pl_r();
     }
     if (n->op == PTC_OP_EMBEDDING_SHARD) {
         ro->req[1] = x;
