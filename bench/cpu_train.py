@@ -92,7 +92,7 @@ class TorchGPT2:
         self.m, self.eps = model, eps
         self.P = {}
         for name, _, _ in model.params():
-            w = torch.from_numpy(init[name])
+            w = torch.tensor(init[name])  # a copy: the optimizer must not train `init`
             if w.dim() == 2 and name not in ("wte", "wpe"):
                 w = w.t()  # ptc's x @ w [in, out] is F.linear's x @ W.T with W [out, in]
             self.P[name] = torch.nn.Parameter(w.contiguous())
@@ -248,7 +248,8 @@ def write_results(out_dir, rows, info, command, args):
                 f"{info['python']}, OpenBLAS {info['openblas']}\n\n")
         f.write("```\n" + table(rows) + "\n```\n\n")
         for r in rows:
-            f.write(f"- {r['model']}: `{r['file']} {' '.join(r['defines'])}`, {r['steps']} timed "
+            cmd = " ".join([r["file"]] + r["defines"])
+            f.write(f"- {r['model']}: `{cmd}`, {r['steps']} timed "
                     f"steps after {r['warmup']} warm-up; seconds per run ptc {r['ptc_s']}, torch "
                     f"{r['torch_s']}; loss after the last step ptc {r['loss_last'][0]:.6f}, "
                     f"torch {r['loss_last'][1]:.6f}\n")

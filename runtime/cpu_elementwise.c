@@ -87,8 +87,8 @@ int ptrt_cpu_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_typ
                     const float *b, const ptc_type *to, float *o)
 {
     int64_t n = ptc_type_numel(to);
-    bin_job j = {.op = op, .a = a, .b = b, .o = o, .pa = period(ta, to), .pb = period(tb, to),
-                 .n = n};
+    bin_job j = {
+        .op = op, .a = a, .b = b, .o = o, .pa = period(ta, to), .pb = period(tb, to), .n = n};
     if (!j.pa || !j.pb || n == 0)
         return 0;
     /* a period is a product of o's trailing dims, so the shorter one divides the longer and n */
@@ -221,23 +221,21 @@ typedef struct sum_job {
     int64_t rows, cols;
 } sum_job;
 
-#define COLS 64
-
-/* Column blocks [begin, end) of COLS: every row added in order into double accumulators. */
+/* Columns [begin, end): every row added in order into double accumulators, the rows streamed
+ * one contiguous segment at a time. */
 static void sum_cols(void *ctx, int64_t begin, int64_t end)
 {
     const sum_job *j = ctx;
-    for (int64_t cb = begin; cb < end; cb++) {
-        int64_t c0 = cb * COLS, w = j->cols - c0 < COLS ? j->cols - c0 : COLS;
-        double acc[COLS] = {0};
-        for (int64_t r = 0; r < j->rows; r++) {
-            const float *xr = j->x + r * j->cols + c0;
-            for (int64_t c = 0; c < w; c++)
-                acc[c] += xr[c];
-        }
+    int64_t w = end - begin;
+    double *acc = ptc_xcalloc((size_t)w, sizeof *acc);
+    for (int64_t r = 0; r < j->rows; r++) {
+        const float *xr = j->x + r * j->cols + begin;
         for (int64_t c = 0; c < w; c++)
-            j->o[c0 + c] = (float)acc[c];
+            acc[c] += xr[c];
     }
+    for (int64_t c = 0; c < w; c++)
+        j->o[begin + c] = (float)acc[c];
+    free(acc);
 }
 
 /* The adjoint of a trailing broadcast: o [trailing dims of x] sums x over its leading dims. */
@@ -247,8 +245,7 @@ int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, floa
     if (!p || p < 16 || tx->dtype != PTC_F32) /* scalars and short rows: the reference */
         return 0;
     sum_job j = {x, o, n / p, p};
-    int64_t blocks = (p + COLS - 1) / COLS;
-    ptrt_cpu_parallel_for(blocks, GRAIN / (COLS * j.rows) + 1, sum_cols, &j);
+    ptrt_cpu_parallel_for(p, 16 + GRAIN / j.rows, sum_cols, &j);
     return 1;
 }
 
@@ -288,35 +285,40 @@ int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o)
 /* ---- AdamW ---- */
 
 typedef struct adam_job {
+    ptrt_cpu_adam a;
     const float *p, *g, *m, *v;
     float *po, *mo, *vo;
-    double lr, b1, b2, eps, wd, step_size, bias_c2_sqrt;
 } adam_job;
 
-/* The reference's arithmetic (ref_grad.c, after torch/optim/adamw.py), element by element. */
 static void adam_piece(void *ctx, int64_t begin, int64_t end)
 {
     const adam_job *j = ctx;
-    for (int64_t i = begin; i < end; i++) {
-        double pi = j->p[i] * (1 - j->lr * j->wd);
-        double mi = j->b1 * j->m[i] + (1 - j->b1) * j->g[i];
-        double vi = j->b2 * j->v[i] + (1 - j->b2) * (double)j->g[i] * j->g[i];
-        double denom = sqrt(vi) / j->bias_c2_sqrt + j->eps;
-        j->po[i] = (float)(pi - j->step_size * mi / denom);
-        j->mo[i] = (float)mi;
-        j->vo[i] = (float)vi;
-    }
+    ptrt_cpu_adamw_span(&j->a, j->p + begin, j->g + begin, j->m + begin, j->v + begin,
+                        j->po + begin, j->mo + begin, j->vo + begin, end - begin);
 }
 
+/* torch/optim/adamw.py as ref_grad.c writes it: the per-call constants are computed the same
+ * way, so the update is the reference's to the bit. */
 int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void *const *out)
 {
     const ptc_attrs *at = &n->attrs;
     double lr = ((const float *)in[4])[0], step = ((const float *)in[5])[0];
-    adam_job j = {in[0],  in[1],    in[2],           in[3],           out[0],         out[1],
-                  out[2], .lr = lr, .b1 = at->beta1, .b2 = at->beta2, .eps = at->eps, .wd = at->wd};
-    double bias_c1 = 1 - pow(j.b1, step), bias_c2 = 1 - pow(j.b2, step);
-    j.step_size = lr / bias_c1;
-    j.bias_c2_sqrt = sqrt(bias_c2);
+    double b1 = at->beta1, b2 = at->beta2;
+    adam_job j = {.a = {.decay = 1 - lr * at->wd,
+                        .b1 = b1,
+                        .b2 = b2,
+                        .c1 = 1 - b1,
+                        .c2 = 1 - b2,
+                        .step_size = lr / (1 - pow(b1, step)),
+                        .bc2_sqrt = sqrt(1 - pow(b2, step)),
+                        .eps = at->eps},
+                  .p = in[0],
+                  .g = in[1],
+                  .m = in[2],
+                  .v = in[3],
+                  .po = out[0],
+                  .mo = out[1],
+                  .vo = out[2]};
     ptrt_cpu_parallel_for(ptc_type_numel(&it[0]), GRAIN, adam_piece, &j);
     return 1;
 }

@@ -2,8 +2,9 @@
  * test).
  *
  * cpu.c dispatches; cpu_pool.c runs loops on every core; cpu_gemm.c holds the GEMM (OpenBLAS, or a
- * plain blocked loop without it) and matmul; cpu_vec.c the vector math (exp, GELU) with an AVX2
- * path chosen at run time; cpu_elementwise.c, cpu_norm.c and cpu_attention.c the kernels.
+ * plain loop without it) and matmul; cpu_vec.c the inner loops that want vector instructions (exp
+ * and softmax sums, GELU, SiLU, 8x8 transposes, AdamW) with an AVX2 path chosen at run time;
+ * cpu_elementwise.c, cpu_norm.c and cpu_attention.c the kernels.
  *
  * Determinism: every kernel splits its work into pieces whose results do not depend on how many
  * threads run them or which thread runs which (a row, a column block, a fixed-size block of a
@@ -40,8 +41,7 @@ void ptrt_cpu_pool_set_threads(int n);
 /* ---- cpu_gemm.c ---- */
 
 /* C[m,n] = alpha op(A) op(B) + beta C, row-major, op = transpose when trans_*; split across the
- * pool by rows or columns of C when big enough. Each element of C is summed in the same order
- * whatever the split. */
+ * pool by rows or columns of C when big enough (one piece per thread). */
 void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                    int64_t ldc);
@@ -60,7 +60,8 @@ int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, cons
 
 /* o[i] = exp(x[i] - sub) for i < n; returns the sum of the o[i]. o may be x. */
 float ptrt_cpu_exp_sum(const float *x, float sub, float *o, int64_t n);
-/* Largest element of x[0..n), n >= 1 (NaN if any element is NaN). */
+/* Largest element of x[0..n), n >= 1. Like the reference's running maximum it passes over a NaN
+ * (unless x[0] is one); the NaN still reaches every result through exp. */
 float ptrt_cpu_max(const float *x, int64_t n);
 /* GELU (tanh approximation) and its derivative times dy. */
 void ptrt_cpu_gelu(const float *x, float *o, int64_t n);
@@ -72,6 +73,18 @@ void ptrt_cpu_silu_grad(const float *x, const float *dy, float *o, int64_t n);
  * 4-byte words exactly, so it serves every dtype. */
 void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
                               int64_t cols);
+/* The AdamW update of elements [0, n): ref_grad.c's double arithmetic, operation for operation
+ * (4 doubles at a time on AVX2, no FMA), so the results are the reference's bits. */
+typedef struct ptrt_cpu_adam {
+    double decay;     /* 1 - lr wd */
+    double b1, b2;    /* beta1, beta2 */
+    double c1, c2;    /* 1 - beta1, 1 - beta2 */
+    double step_size; /* lr / (1 - beta1^t) */
+    double bc2_sqrt;  /* sqrt(1 - beta2^t) */
+    double eps;
+} ptrt_cpu_adam;
+void ptrt_cpu_adamw_span(const ptrt_cpu_adam *a, const float *p, const float *g, const float *m,
+                         const float *v, float *po, float *mo, float *vo, int64_t n);
 /* Whether the AVX2+FMA paths are in use (the test runs the portable ones too). */
 bool ptrt_cpu_vec_avx2(void);
 void ptrt_cpu_vec_force_portable(bool on);

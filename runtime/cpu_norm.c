@@ -15,7 +15,7 @@
 #include "cpu_internal.h"
 
 #define GRAIN (1 << 14) /* elements per piece */
-#define COLS 64         /* columns per piece in the column passes */
+#define COLS 64         /* columns per piece of the embedding's gradient */
 
 /* sum of x[i], and of (x[i] - c)^2, in double with four running sums (a fixed order) */
 static double sum_d(const float *x, int64_t n)
@@ -123,41 +123,49 @@ static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
         row_stats(j, x, &m, &inv);
         j->mean[r] = m;
         j->inv[r] = inv;
-        double se[4] = {0}, sex[4] = {0};
-        for (int64_t i = 0; i < d; i++) {
-            float e = dy[i] * g[i];
-            se[i & 3] += e;
-            sex[i & 3] += (double)e * ((x[i] - m) * inv);
+        double se0 = 0, se1 = 0, sx0 = 0, sx1 = 0; /* two running sums each: a fixed order */
+        int64_t i = 0;
+        for (; i + 2 <= d; i += 2) {
+            float e0 = dy[i] * g[i], e1 = dy[i + 1] * g[i + 1];
+            se0 += e0;
+            se1 += e1;
+            sx0 += (double)e0 * ((x[i] - m) * inv);
+            sx1 += (double)e1 * ((x[i + 1] - m) * inv);
         }
-        float me = j->rms ? 0.0f : (float)(((se[0] + se[1]) + (se[2] + se[3])) / (double)d);
-        float mex = (float)(((sex[0] + sex[1]) + (sex[2] + sex[3])) / (double)d);
+        if (i < d) {
+            float e0 = dy[i] * g[i];
+            se0 += e0;
+            sx0 += (double)e0 * ((x[i] - m) * inv);
+        }
+        float me = j->rms ? 0.0f : (float)((se0 + se1) / (double)d);
+        float mex = (float)((sx0 + sx1) / (double)d);
         for (int64_t i = 0; i < d; i++)
             dx[i] = inv * (dy[i] * g[i] - me - (x[i] - m) * inv * mex);
     }
 }
 
-/* dg (and db) for column blocks [begin, end): every row added in order. */
+/* dg (and db) for columns [begin, end): every row added in order, one contiguous segment of a
+ * row at a time. */
 static void norm_bwd_cols(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
-    int64_t d = j->d;
-    for (int64_t cb = begin; cb < end; cb++) {
-        int64_t c0 = cb * COLS, w = d - c0 < COLS ? d - c0 : COLS;
-        double sg[COLS] = {0}, sb[COLS] = {0};
-        for (int64_t r = 0; r < j->rows; r++) {
-            const float *x = j->x + r * d + c0, *dy = j->dy + r * d + c0;
-            float m = j->mean[r], inv = j->inv[r];
-            for (int64_t c = 0; c < w; c++) {
-                sg[c] += (double)dy[c] * ((x[c] - m) * inv);
-                sb[c] += dy[c];
-            }
-        }
+    int64_t d = j->d, w = end - begin;
+    double *sg = ptc_xcalloc((size_t)w, sizeof *sg), *sb = ptc_xcalloc((size_t)w, sizeof *sb);
+    for (int64_t r = 0; r < j->rows; r++) {
+        const float *x = j->x + r * d + begin, *dy = j->dy + r * d + begin;
+        float m = j->mean[r], inv = j->inv[r];
         for (int64_t c = 0; c < w; c++) {
-            j->dg[c0 + c] = (float)sg[c];
-            if (j->db)
-                j->db[c0 + c] = (float)sb[c];
+            sg[c] += (double)dy[c] * ((x[c] - m) * inv);
+            sb[c] += dy[c];
         }
     }
+    for (int64_t c = 0; c < w; c++) {
+        j->dg[begin + c] = (float)sg[c];
+        if (j->db)
+            j->db[begin + c] = (float)sb[c];
+    }
+    free(sg);
+    free(sb);
 }
 
 static int norm_grad(norm_job *j)
@@ -167,8 +175,7 @@ static int norm_grad(norm_job *j)
     j->mean = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
     j->inv = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
     ptrt_cpu_parallel_for(j->rows, GRAIN / j->d + 1, norm_bwd_rows, j);
-    ptrt_cpu_parallel_for((j->d + COLS - 1) / COLS, GRAIN / (COLS * (j->rows + 1)) + 1,
-                          norm_bwd_cols, j);
+    ptrt_cpu_parallel_for(j->d, 16 + GRAIN / (j->rows + 1), norm_bwd_cols, j);
     free(j->mean);
     free(j->inv);
     return 1;

@@ -100,6 +100,21 @@ static float gelu_deriv_portable(float x)
     return h + 0.5f * x * sech2 * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
 }
 
+/* Elements [lo, hi) of the AdamW update, in the reference's order of operations. */
+static void adam_tail(const ptrt_cpu_adam *a, const float *p, const float *g, const float *m,
+                      const float *v, float *po, float *mo, float *vo, int64_t lo, int64_t hi)
+{
+    for (int64_t i = lo; i < hi; i++) {
+        double pi = p[i] * a->decay;
+        double mi = a->b1 * m[i] + a->c1 * g[i];
+        double vi = a->b2 * v[i] + a->c2 * (double)g[i] * g[i];
+        double denom = sqrt(vi) / a->bc2_sqrt + a->eps;
+        po[i] = (float)(pi - a->step_size * mi / denom);
+        mo[i] = (float)mi;
+        vo[i] = (float)vi;
+    }
+}
+
 /* ---- AVX2 + FMA ---- */
 
 #ifdef PTRT_X86
@@ -283,6 +298,30 @@ AVX2 static void transpose_avx2(const float *x, int64_t ldx, float *o, int64_t l
             memcpy(o + k * ldo + i, x + i * ldx + k, sizeof *o);
 }
 
+AVX2 static void adamw_avx2(const ptrt_cpu_adam *a, const float *p, const float *g, const float *m,
+                            const float *v, float *po, float *mo, float *vo, int64_t n)
+{
+    const __m256d decay = _mm256_set1_pd(a->decay), b1 = _mm256_set1_pd(a->b1);
+    const __m256d b2 = _mm256_set1_pd(a->b2), c1 = _mm256_set1_pd(a->c1);
+    const __m256d c2 = _mm256_set1_pd(a->c2), step = _mm256_set1_pd(a->step_size);
+    const __m256d bc2 = _mm256_set1_pd(a->bc2_sqrt), eps = _mm256_set1_pd(a->eps);
+    int64_t n4 = n / 4 * 4;
+    for (int64_t i = 0; i < n4; i += 4) {
+        __m256d gi = _mm256_cvtps_pd(_mm_loadu_ps(g + i));
+        __m256d pi = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(p + i)), decay);
+        __m256d mi = _mm256_add_pd(_mm256_mul_pd(b1, _mm256_cvtps_pd(_mm_loadu_ps(m + i))),
+                                   _mm256_mul_pd(c1, gi));
+        __m256d vi = _mm256_add_pd(_mm256_mul_pd(b2, _mm256_cvtps_pd(_mm_loadu_ps(v + i))),
+                                   _mm256_mul_pd(_mm256_mul_pd(c2, gi), gi));
+        __m256d denom = _mm256_add_pd(_mm256_div_pd(_mm256_sqrt_pd(vi), bc2), eps);
+        __m256d upd = _mm256_div_pd(_mm256_mul_pd(step, mi), denom);
+        _mm_storeu_ps(po + i, _mm256_cvtpd_ps(_mm256_sub_pd(pi, upd)));
+        _mm_storeu_ps(mo + i, _mm256_cvtpd_ps(mi));
+        _mm_storeu_ps(vo + i, _mm256_cvtpd_ps(vi));
+    }
+    adam_tail(a, p, g, m, v, po, mo, vo, n4, n);
+}
+
 static int have_avx2 = -1;
 #endif
 
@@ -391,4 +430,16 @@ void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo
     for (int64_t k = 0; k < cols; k++) /* writes in order; the block's rows stay in cache */
         for (int64_t i = 0; i < rows; i++)
             memcpy(o + k * ldo + i, x + i * ldx + k, sizeof *o); /* the bits, whatever the dtype */
+}
+
+void ptrt_cpu_adamw_span(const ptrt_cpu_adam *a, const float *p, const float *g, const float *m,
+                         const float *v, float *po, float *mo, float *vo, int64_t n)
+{
+#ifdef PTRT_X86
+    if (ptrt_cpu_vec_avx2()) {
+        adamw_avx2(a, p, g, m, v, po, mo, vo, n);
+        return;
+    }
+#endif
+    adam_tail(a, p, g, m, v, po, mo, vo, 0, n);
 }

@@ -328,8 +328,12 @@ Test(cpu_elementwise, adamw_update_is_the_reference_arithmetic)
     ptc_attrs at = DEF(ADAMW_UPDATE);
     at.beta2 = 0.95;
     at.wd = 0.1;
-    check("adamw", PTC_OP_ADAMW_UPDATE, at, 6, (ptc_type[]){t, t, t, t, s, s},
-          (void *[]){p, g, m, v, &lr, &step}, EXACT);
+    for (int portable = 0; portable < 2; portable++) { /* 4 doubles at a time, and one */
+        ptrt_cpu_vec_force_portable(portable);
+        check("adamw", PTC_OP_ADAMW_UPDATE, at, 6, (ptc_type[]){t, t, t, t, s, s},
+              (void *[]){p, g, m, v, &lr, &step}, EXACT);
+    }
+    ptrt_cpu_vec_force_portable(false);
     free(p);
     free(g);
     free(m);
