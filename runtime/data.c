@@ -97,18 +97,10 @@ static int check_vocab(const ptrt_data *d, int vocab, char *err, size_t errn)
 
 ptrt_data *ptrt_data_open(const char *path, int vocab, char *err, size_t errn)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        ptc_fmt(err, errn, "%s: cannot open: %s", path, strerror(errno));
+    size_t size;
+    int fd = ptrt_io_open_regular(path, &size, err, errn);
+    if (fd < 0)
         return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ptc_fmt(err, errn, "%s: not a regular file", path);
-        close(fd);
-        return NULL;
-    }
-    size_t size = (size_t)st.st_size;
     if (size < PTRT_DATA_HEADER_BYTES) {
         ptc_fmt(err, errn, "%s: file has %zu bytes, too short for the %d-byte header", path, size,
                 PTRT_DATA_HEADER_BYTES);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,4 +240,21 @@ uint64_t ptrt_hash64(const void *p, size_t n, uint64_t seed)
     ptrt_hash64_init(&s, seed);
     ptrt_hash64_update(&s, p, n);
     return ptrt_hash64_final(&s);
+}
+
+int ptrt_io_open_regular(const char *path, size_t *size, char *err, size_t errn)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        ptc_fmt(err, errn, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ptc_fmt(err, errn, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    *size = (size_t)st.st_size;
+    return fd;
 }

@@ -30,6 +30,10 @@ int ptrt_io_commit(ptrt_io_file *f, char *err, size_t errn);
 /* Closes and removes the temporary file; the final name is never touched. */
 void ptrt_io_abort(ptrt_io_file *f);
 
+/* Opens path for reading; it must be a regular file. Returns the descriptor and its size, or -1
+ * with a message naming the file. */
+int ptrt_io_open_regular(const char *path, size_t *size, char *err, size_t errn);
+
 /* Writes n bytes to path atomically (create + write + commit). */
 int ptrt_io_write_file(const char *path, const void *p, size_t n, char *err, size_t errn);
 

@@ -700,18 +700,10 @@ ptrt_st_file *ptrt_st_parse(const char *name, const void *buf, size_t n, char *e
 
 ptrt_st_file *ptrt_st_open(const char *path, char *err, size_t errn)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        ptc_fmt(err, errn, "%s: cannot open: %s", path, strerror(errno));
+    size_t n;
+    int fd = ptrt_io_open_regular(path, &n, err, errn);
+    if (fd < 0)
         return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ptc_fmt(err, errn, "%s: not a regular file", path);
-        close(fd);
-        return NULL;
-    }
-    size_t n = (size_t)st.st_size;
     void *map = NULL;
     if (n > 0) {
         map = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);
