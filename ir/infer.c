@@ -243,8 +243,7 @@ static int infer_model_op(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type
         o->dtype = PTC_F32;
         o->rank = 0;
         return 0;
-    default:
-        break;
+    default: break;
     }
     PTC_UNREACHABLE("not a model op");
     return -1;
@@ -298,8 +297,7 @@ static int infer_spmd(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type *ou
     out[0] = in[0];
     switch (op) {
     case PTC_OP_ALLREDUCE:
-    case PTC_OP_PARTIALIZE:
-        return 1;
+    case PTC_OP_PARTIALIZE: return 1;
     case PTC_OP_ALLGATHER:
     case PTC_OP_REDUCE_SCATTER:
     case PTC_OP_SHARD_SLICE:
@@ -353,9 +351,8 @@ static int infer_spmd(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type *ou
         ptc_type rows = in[0];
         rows.rank--;
         rows.dtype = PTC_F32;
-        if (infer_spmd(PTC_OP_CE_PICK, in, at, out, err, errn) < 0 ||
-            !ptc_type_eq(&in[2], &rows) || !ptc_type_eq(&in[3], &rows) ||
-            is_scalar(name, &in[4], err, errn) < 0)
+        if (infer_spmd(PTC_OP_CE_PICK, in, at, out, err, errn) < 0 || !ptc_type_eq(&in[2], &rows) ||
+            !ptc_type_eq(&in[3], &rows) || is_scalar(name, &in[4], err, errn) < 0)
             FAIL("%s: operands do not match logits %s", name, s0);
         out[0] = in[0];
         return 1;
@@ -383,8 +380,7 @@ static int infer_spmd(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type *ou
         out[2] = in[2];
         return 3;
     }
-    default:
-        break;
+    default: break;
     }
     FAIL("no shape rule for op %s", name);
 }
@@ -462,15 +458,15 @@ static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at,
         return k;
     }
     case PTC_OP_EMBEDDING_GRAD: {
-        bool ok = in[0].dtype == PTC_I32 && is_float(in[1].dtype) &&
-                  in[1].rank == in[0].rank + 1 && at->n >= 1;
+        bool ok = in[0].dtype == PTC_I32 && is_float(in[1].dtype) && in[1].rank == in[0].rank + 1 &&
+                  at->n >= 1;
         for (int i = 0; ok && i < in[0].rank; i++)
             ok = in[0].dims[i] == in[1].dims[i];
         if (!ok)
             FAIL("embedding_grad: ids %s and gradient %s do not match",
                  ptc_type_str(&in[0], s0, sizeof s0), ptc_type_str(&in[1], (char[160]){0}, 160));
-        out[0] = (ptc_type){.dtype = in[1].dtype, .rank = 2,
-                            .dims = {at->n, in[1].dims[in[1].rank - 1]}};
+        out[0] = (ptc_type){
+            .dtype = in[1].dtype, .rank = 2, .dims = {at->n, in[1].dims[in[1].rank - 1]}};
         return 1;
     }
     case PTC_OP_ATTENTION_GRAD:
@@ -481,8 +477,7 @@ static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at,
         out[1] = in[1];
         out[2] = in[2];
         return 3;
-    case PTC_OP_ROPE_GRAD:
-        return infer_model_op(PTC_OP_ROPE, in, at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_ROPE_GRAD: return infer_model_op(PTC_OP_ROPE, in, at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_CROSS_ENTROPY_GRAD:
         if (infer_model_op(PTC_OP_CROSS_ENTROPY, in, at, out, err, errn) < 0 ||
             is_scalar(name, &in[2], err, errn) < 0)
@@ -510,8 +505,7 @@ static int infer_internal(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at,
             out[i] = in[0];
         return nstate;
     }
-    default:
-        break;
+    default: break;
     }
     return infer_spmd(op, in, at, out, err, errn);
 }
@@ -540,8 +534,7 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
     case PTC_OP_PARAM:
     case PTC_OP_STATE:
     case PTC_OP_CONST:
-    case PTC_OP_FILL:
-        return infer_source(op, at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_FILL: return infer_source(op, at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_MATMUL:
         if (in[0].dtype != in[1].dtype || !is_float(in[0].dtype))
             FAIL("matmul needs two float tensors of one dtype, got %s and %s",
@@ -566,10 +559,8 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
             FAIL("%s: eps must not be negative", info->name);
         return infer_norm(op, in, nin, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_SOFTMAX:
-    case PTC_OP_LOG_SOFTMAX:
-        return infer_same(op, &in[0], at, out, err, errn) < 0 ? -1 : 1;
-    case PTC_OP_RESHAPE:
-        return infer_reshape(&in[0], at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_LOG_SOFTMAX: return infer_same(op, &in[0], at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_RESHAPE: return infer_reshape(&in[0], at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_TRANSPOSE:
         if (in[0].rank < 2)
             FAIL("transpose needs rank 2 or more, got %s", ptc_type_str(&in[0], s0, sizeof s0));
@@ -577,8 +568,7 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
         out[0].dims[in[0].rank - 1] = in[0].dims[in[0].rank - 2];
         out[0].dims[in[0].rank - 2] = in[0].dims[in[0].rank - 1];
         return 1;
-    case PTC_OP_PERMUTE:
-        return infer_permute(&in[0], at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_PERMUTE: return infer_permute(&in[0], at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_SPLIT: {
         ptc_type_str(&in[0], s0, sizeof s0);
         if (!norm_axis(&at->axis, in[0].rank))
@@ -594,8 +584,7 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
         }
         return (int)at->n;
     }
-    case PTC_OP_CONCAT:
-        return infer_concat(in, nin, at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_CONCAT: return infer_concat(in, nin, at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_SLICE:
         ptc_type_str(&in[0], s0, sizeof s0);
         if (!norm_axis(&at->axis, in[0].rank))
@@ -607,15 +596,12 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
         out[0] = in[0];
         out[0].dims[at->axis] = at->len;
         return 1;
-    case PTC_OP_ATTENTION:
-        return infer_attention(in, at, out, err, errn) < 0 ? -1 : 1;
+    case PTC_OP_ATTENTION: return infer_attention(in, at, out, err, errn) < 0 ? -1 : 1;
     case PTC_OP_EMBEDDING:
     case PTC_OP_ROPE:
     case PTC_OP_CROSS_ENTROPY:
-    case PTC_OP_MSE:
-        return infer_model_op(op, in, at, out, err, errn) < 0 ? -1 : 1;
-    default:
-        return infer_internal(op, in, nin, at, out, err, errn);
+    case PTC_OP_MSE: return infer_model_op(op, in, at, out, err, errn) < 0 ? -1 : 1;
+    default: return infer_internal(op, in, nin, at, out, err, errn);
     }
 }
 

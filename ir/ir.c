@@ -19,9 +19,10 @@ const ptc_op_info ptc_ops[PTC_NOPS] = {
 };
 
 static const char *const attr_names[PTC_A_COUNT] = {
-    "axis", "n", "start", "len", "eps", "heads", "kv_heads", "causal",
-    "base", "dtype", "shape", "perm", "value", "name", "init",
-    "beta1", "beta2", "weight_decay", "momentum", "mesh_axis", "reduce", "to", "group",
+    "axis",     "n",         "start",  "len",   "eps",   "heads",
+    "kv_heads", "causal",    "base",   "dtype", "shape", "perm",
+    "value",    "name",      "init",   "beta1", "beta2", "weight_decay",
+    "momentum", "mesh_axis", "reduce", "to",    "group",
 };
 
 const char *ptc_attr_name(unsigned bit)
@@ -179,7 +180,8 @@ int ptc_build(ptc_graph *g, ptc_op op, const int *in, int nin, const ptc_attrs *
 {
     PTC_ASSERT((unsigned)op < PTC_NOPS);
     if (g->nnodes >= g->max_nodes) {
-        ptc_fmt(err, errn, "model too large: more than %d operations after unrolling", g->max_nodes);
+        ptc_fmt(err, errn, "model too large: more than %d operations after unrolling",
+                g->max_nodes);
         return -1;
     }
     ptc_type it[nin > 0 ? nin : 1];

@@ -74,13 +74,13 @@ enum {
 };
 
 enum {
-    PTC_F_LANG = 1 << 0,   /* callable by name from .ptm */
-    PTC_F_UNARY = 1 << 1,  /* elementwise, one operand, same type out */
-    PTC_F_BINARY = 1 << 2, /* elementwise, two operands, broadcast */
-    PTC_F_SOURCE = 1 << 3, /* no operands: input, param, const */
-    PTC_F_COMM = 1 << 4,   /* a collective over the ranks of one mesh axis */
+    PTC_F_LANG = 1 << 0,    /* callable by name from .ptm */
+    PTC_F_UNARY = 1 << 1,   /* elementwise, one operand, same type out */
+    PTC_F_BINARY = 1 << 2,  /* elementwise, two operands, broadcast */
+    PTC_F_SOURCE = 1 << 3,  /* no operands: input, param, const */
+    PTC_F_COMM = 1 << 4,    /* a collective over the ranks of one mesh axis */
     PTC_F_RANKDEP = 1 << 5, /* local compute whose result depends on the rank's mesh coordinate */
-    PTC_F_SPMD = 1 << 6,    /* other ops that only SPMD programs contain (run by the SPMD runtime) */
+    PTC_F_SPMD = 1 << 6, /* other ops that only SPMD programs contain (run by the SPMD runtime) */
 };
 
 typedef enum {
@@ -90,7 +90,13 @@ typedef enum {
     PTC_NOPS
 } ptc_op;
 
-typedef enum { PTC_INIT_ZEROS, PTC_INIT_ONES, PTC_INIT_CONSTANT, PTC_INIT_NORMAL, PTC_INIT_UNIFORM } ptc_init_kind;
+typedef enum {
+    PTC_INIT_ZEROS,
+    PTC_INIT_ONES,
+    PTC_INIT_CONSTANT,
+    PTC_INIT_NORMAL,
+    PTC_INIT_UNIFORM
+} ptc_init_kind;
 
 typedef struct ptc_init {
     ptc_init_kind kind;
@@ -196,7 +202,7 @@ typedef struct ptc_graph {
      * parameter or state updates[i].state (the optimizer pass adds them) */
     struct ptc_update {
         int state, to;
-    } *updates;
+    } * updates;
     int nupdates, capupdates;
     const char *last_scope; /* builder: the last interned scope string */
     /* ceiling on nodes, so a pathological model fails cleanly instead of eating memory */

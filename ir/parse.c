@@ -75,7 +75,9 @@ static void next(parser *ps)
         while (isdigit((unsigned char)*e))
             e++;
         ps->kind = T_VALUE;
-    } else if (isdigit((unsigned char)*p) || ((*p == '-' || *p == '+') && (isdigit((unsigned char)p[1]) || p[1] == 'i' || p[1] == 'n'))) {
+    } else if (isdigit((unsigned char)*p) ||
+               ((*p == '-' || *p == '+') &&
+                (isdigit((unsigned char)p[1]) || p[1] == 'i' || p[1] == 'n'))) {
         char *end;
         strtod(p, &end);
         e = end > p ? end : p + 1;
@@ -84,7 +86,8 @@ static void next(parser *ps)
         ps->kind = T_STR;
         e = p + 1;
         while (*e && *e != '"' && n + 1 < sizeof ps->text) {
-            if (*e == '\\' && e[1] == 'x' && isxdigit((unsigned char)e[2]) && isxdigit((unsigned char)e[3])) {
+            if (*e == '\\' && e[1] == 'x' && isxdigit((unsigned char)e[2]) &&
+                isxdigit((unsigned char)e[3])) {
                 char hex[3] = {e[2], e[3], 0};
                 ps->text[n++] = (char)strtol(hex, NULL, 16);
                 e += 4;
@@ -301,7 +304,8 @@ static void parse_type(parser *ps, ptc_type *t, ptc_placement *place)
             place[i].kind = PTC_PLACE_REPLICATE;
         } else if (is_ident(ps, "P")) {
             place[i].kind = PTC_PLACE_PARTIAL;
-        } else if (ps->kind == T_IDENT && ps->text[0] == 'S' && isdigit((unsigned char)ps->text[1])) {
+        } else if (ps->kind == T_IDENT && ps->text[0] == 'S' &&
+                   isdigit((unsigned char)ps->text[1])) {
             place[i].kind = PTC_PLACE_SHARD;
             place[i].dim = (int8_t)atoi(ps->text + 1);
             const char *x = strchr(ps->text, 'x');

@@ -38,7 +38,7 @@ char *ptc_xstrdup(const char *s);
 #define PTC_GROW(ptr, cap, n)                                                                      \
     do {                                                                                           \
         if ((n) >= (cap)) {                                                                        \
-            int ptc_nc_ = (cap) ? (cap) * 2 : 16;                                                  \
+            int ptc_nc_ = (cap) ? (cap)*2 : 16;                                                    \
             while (ptc_nc_ <= (n))                                                                 \
                 ptc_nc_ *= 2;                                                                      \
             (ptr) = ptc_xrealloc((ptr), (size_t)ptc_nc_ * sizeof *(ptr));                          \

@@ -61,7 +61,8 @@ static int check_node(const ptc_graph *g, int i, const bool *defined, char *err,
         if (!ptc_type_eq(&val->type, &ot[k])) {
             char s1[160], s2[160];
             ptc_fmt(err, errn, "node %d (%s): result %d has type %s, inference gives %s", i, name,
-                    k, ptc_type_str(&val->type, s1, sizeof s1), ptc_type_str(&ot[k], s2, sizeof s2));
+                    k, ptc_type_str(&val->type, s1, sizeof s1),
+                    ptc_type_str(&ot[k], s2, sizeof s2));
             return -1;
         }
         for (int m = 0; m < PTC_MAX_MESH_AXES; m++)

@@ -55,7 +55,9 @@ static int b1(ad *a, ptc_op op, const int *in, int nin, const ptc_attrs *at)
     return out[0];
 }
 
-#define B(op, ...) b1(a, PTC_OP_##op, (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), NULL)
+#define B(op, ...)                                                                                 \
+    b1(a, PTC_OP_##op, (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)),    \
+       NULL)
 
 static int cst(ad *a, double value, ptc_dtype dt)
 {
@@ -155,12 +157,8 @@ static void shape_rule(ad *a, const ptc_node *n, const int *x, int dy)
     ptc_type tx = ty(a, x[0]);
     ptc_attrs at;
     switch (n->op) {
-    case PTC_OP_RESHAPE:
-        acc(a, x[0], reshape(a, dy, tx.rank, tx.dims));
-        break;
-    case PTC_OP_TRANSPOSE:
-        acc(a, x[0], transpose(a, dy));
-        break;
+    case PTC_OP_RESHAPE: acc(a, x[0], reshape(a, dy, tx.rank, tx.dims)); break;
+    case PTC_OP_TRANSPOSE: acc(a, x[0], transpose(a, dy)); break;
     case PTC_OP_PERMUTE:
         at = ptc_attrs_default(PTC_OP_PERMUTE);
         at.nshape = n->attrs.nshape;
@@ -189,8 +187,7 @@ static void shape_rule(ad *a, const ptc_node *n, const int *x, int dy)
         }
         break;
     }
-    default:
-        PTC_UNREACHABLE("not a shape op");
+    default: PTC_UNREACHABLE("not a shape op");
     }
 }
 
@@ -254,9 +251,7 @@ static void model_rule(ad *a, const ptc_node *n, const int *x, int y, int dy)
         at.base = n->attrs.base;
         acc(a, x[0], b1(a, PTC_OP_ROPE_GRAD, &dy, 1, &at));
         break;
-    case PTC_OP_CROSS_ENTROPY:
-        acc(a, x[0], B(CROSS_ENTROPY_GRAD, x[0], x[1], dy));
-        break;
+    case PTC_OP_CROSS_ENTROPY: acc(a, x[0], B(CROSS_ENTROPY_GRAD, x[0], x[1], dy)); break;
     case PTC_OP_MSE: {
         ptc_type t = ty(a, x[0]);
         int scale = B(MUL, dy, cst(a, 2.0 / (double)ptc_type_numel(&t), PTC_F32));
@@ -271,8 +266,7 @@ static void model_rule(ad *a, const ptc_node *n, const int *x, int y, int dy)
             acc(a, x[1], B(NEG, d));
         break;
     }
-    default:
-        PTC_UNREACHABLE("not a model op");
+    default: PTC_UNREACHABLE("not a model op");
     }
 }
 
@@ -313,9 +307,7 @@ static void elementwise_rule(ad *a, const ptc_node *n, const int *x, int y, int 
         acc(a, x[0], B(MUL, dy, B(MUL, B(MUL, y, B(MUL, y, y)), cst(a, -0.5, dt))));
         break;
     case PTC_OP_TANH: acc(a, x[0], B(MUL, dy, B(SUB, cst(a, 1.0, dt), B(MUL, y, y)))); break;
-    case PTC_OP_SIGMOID:
-        acc(a, x[0], B(MUL, dy, B(MUL, y, B(SUB, cst(a, 1.0, dt), y))));
-        break;
+    case PTC_OP_SIGMOID: acc(a, x[0], B(MUL, dy, B(MUL, y, B(SUB, cst(a, 1.0, dt), y)))); break;
     case PTC_OP_RELU: acc(a, x[0], B(RELU_GRAD, x[0], dy)); break;
     case PTC_OP_GELU: acc(a, x[0], B(GELU_GRAD, x[0], dy)); break;
     case PTC_OP_SILU: acc(a, x[0], B(SILU_GRAD, x[0], dy)); break;
@@ -341,8 +333,7 @@ static void backprop_node(ad *a, int ni)
     switch (n.op) {
     case PTC_OP_INPUT:
     case PTC_OP_PARAM:
-    case PTC_OP_CONST:
-        break;
+    case PTC_OP_CONST: break;
     case PTC_OP_MATMUL: matmul_rule(a, x, dy); break;
     case PTC_OP_SUM:
     case PTC_OP_MEAN:
@@ -398,9 +389,9 @@ int ptc_pass_autodiff(ptc_pass_ctx *ctx)
     int nfwd_nodes = g->nnodes;
     for (int i = 0; i < nfwd_nodes; i++) {
         const ptc_node *n = &g->nodes[i];
-        if (!(ptc_ops[n->op].flags & PTC_F_LANG) && !(ptc_ops[n->op].flags & (PTC_F_UNARY | PTC_F_BINARY)) &&
-            n->op != PTC_OP_MATMUL && n->op != PTC_OP_INPUT && n->op != PTC_OP_PARAM &&
-            n->op != PTC_OP_CONST) {
+        if (!(ptc_ops[n->op].flags & PTC_F_LANG) &&
+            !(ptc_ops[n->op].flags & (PTC_F_UNARY | PTC_F_BINARY)) && n->op != PTC_OP_MATMUL &&
+            n->op != PTC_OP_INPUT && n->op != PTC_OP_PARAM && n->op != PTC_OP_CONST) {
             ptc_fmt(ctx->err, ctx->errn, "autodiff: the graph already contains %s",
                     ptc_ops[n->op].name);
             goto fail;

@@ -28,7 +28,7 @@ struct part {
     int axis, T;
     part_kind kind;
     const ptc_compile_opts *o;
-    int *vmap;        /* old value -> new value, -1 while deferred */
+    int *vmap;         /* old value -> new value, -1 while deferred */
     ptc_placement *pl; /* old value -> placement of vmap[v] on this axis */
     uint8_t *deferred; /* DEF_* */
     cache_entry (*cache)[6];
@@ -40,12 +40,30 @@ struct part {
     int cur; /* node being partitioned */
 };
 
-const ptc_graph *part_graph(const part *p) { return p->g; }
-part_kind part_axis_kind(const part *p) { return p->kind; }
-int part_size(const part *p) { return p->T; }
-int part_axis(const part *p) { return p->axis; }
-bool part_seq_parallel(const part *p) { return p->kind == PART_TENSOR && p->o->seq_parallel; }
-int part_zero(const part *p) { return p->kind == PART_DATA ? p->o->zero : 0; }
+const ptc_graph *part_graph(const part *p)
+{
+    return p->g;
+}
+part_kind part_axis_kind(const part *p)
+{
+    return p->kind;
+}
+int part_size(const part *p)
+{
+    return p->T;
+}
+int part_axis(const part *p)
+{
+    return p->axis;
+}
+bool part_seq_parallel(const part *p)
+{
+    return p->kind == PART_TENSOR && p->o->seq_parallel;
+}
+int part_zero(const part *p)
+{
+    return p->kind == PART_DATA ? p->o->zero : 0;
+}
 
 int part_error(part *p, int ni, const char *fmt, ...)
 {
@@ -96,7 +114,8 @@ bool part_pinned(const part *p, int v, ptc_placement *pl)
         return false;
     for (int i = p->o->npins - 1; i >= 0; i--) {
         const ptc_pin *pin = &p->o->pins[i];
-        if (strcmp(pin->axis, p->g->mesh.names[p->axis]) == 0 && glob(pin->pattern, n->attrs.name)) {
+        if (strcmp(pin->axis, p->g->mesh.names[p->axis]) == 0 &&
+            glob(pin->pattern, n->attrs.name)) {
             *pl = pin->pl;
             return true;
         }
@@ -321,8 +340,8 @@ static int emit_source(part *p, int v, ptc_placement want)
 {
     const ptc_node *n = &p->g->nodes[p->g->values[v].def];
     ptc_node copy = *n;
-    ptc_placement st = n->op == PTC_OP_FILL ? (want.kind == PLACE_UNDECIDED ? pl_r() : want)
-                                            : storage(p, v, want);
+    ptc_placement st =
+        n->op == PTC_OP_FILL ? (want.kind == PLACE_UNDECIDED ? pl_r() : want) : storage(p, v, want);
     if (n->op == PTC_OP_FILL && st.kind == PTC_PLACE_PARTIAL)
         st = pl_r(); /* a fill of zeros is also a valid partial; others are replicated */
     ptc_type lt;
@@ -471,8 +490,7 @@ static void localize(part *p, const ptc_node *n, const rule_out *ro, ptc_attrs *
         if (ro->out[0].kind == PTC_PLACE_SHARD && ro->out[0].dim == at->axis)
             at->len /= T;
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -501,12 +519,11 @@ static int emit_plain(part *p, int ni, rule_out *ro)
             return -1;
         if (!ptc_type_eq(&want, &p->out->values[outs[k]].type)) {
             char a[160], b[160];
-            return part_error(p, ni,
-                              "internal error: %s over %s gives %s, placement %c%d expects %s",
-                              ptc_ops[n.op].name, p->g->mesh.names[p->axis],
-                              ptc_type_str(&p->out->values[outs[k]].type, a, sizeof a),
-                              "RSP"[ro->out[k].kind], ro->out[k].dim,
-                              ptc_type_str(&want, b, sizeof b));
+            return part_error(
+                p, ni, "internal error: %s over %s gives %s, placement %c%d expects %s",
+                ptc_ops[n.op].name, p->g->mesh.names[p->axis],
+                ptc_type_str(&p->out->values[outs[k]].type, a, sizeof a), "RSP"[ro->out[k].kind],
+                ro -> out[k].dim, ptc_type_str(&want, b, sizeof b));
         }
         part_bind(p, oldout[k], outs[k], ro->out[k]);
     }
@@ -518,8 +535,7 @@ static int partition_node(part *p, int ni)
     const ptc_node *n = &p->g->nodes[ni];
     p->cur = ni;
     switch (n->op) {
-    case PTC_OP_INPUT:
-        return input_source(p, ni);
+    case PTC_OP_INPUT: return input_source(p, ni);
     case PTC_OP_CONST: {
         ptc_node c = *n;
         int nv = part_emit(p, PTC_OP_CONST, NULL, 0, &c.attrs, c.loc, NULL);
@@ -542,8 +558,7 @@ static int partition_node(part *p, int ni)
             return 0;
         }
         break;
-    default:
-        break;
+    default: break;
     }
     ptc_placement in[PTC_MAX_RESULTS * 2];
     bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
@@ -577,7 +592,8 @@ static int finish(part *p)
     for (int i = 0; i < g->noutputs; i++) {
         int v = g->outputs[i];
         p->cur = g->values[v].def;
-        int nv = i == 0 ? part_redist(p, v, pl_r()) : obtain(p, v, (ptc_placement){PLACE_UNDECIDED, 0, 0});
+        int nv = i == 0 ? part_redist(p, v, pl_r())
+                        : obtain(p, v, (ptc_placement){PLACE_UNDECIDED, 0, 0});
         if (nv < 0)
             return -1;
         ptc_graph_add_output(p->out, nv);
@@ -598,7 +614,12 @@ static int finish(part *p)
 static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
                                  const ptc_compile_opts *o, char *err, size_t errn)
 {
-    part p = {.g = g, .axis = axis, .T = g->mesh.sizes[axis], .kind = kind, .o = o, .err = err,
+    part p = {.g = g,
+              .axis = axis,
+              .T = g->mesh.sizes[axis],
+              .kind = kind,
+              .o = o,
+              .err = err,
               .errn = errn};
     int nv = g->nvalues ? g->nvalues : 1;
     p.out = ptc_graph_new(g->name);

@@ -41,8 +41,8 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
 /* ---- what rules may use from the walker (partition.c) ---- */
 const ptc_graph *part_graph(const part *p);
 part_kind part_axis_kind(const part *p);
-int part_size(const part *p);           /* T: ranks on this axis */
-int part_axis(const part *p);           /* index of the axis in the mesh */
+int part_size(const part *p); /* T: ranks on this axis */
+int part_axis(const part *p); /* index of the axis in the mesh */
 bool part_seq_parallel(const part *p);
 int part_zero(const part *p);
 /* The pinned placement of a parameter on this axis, if any. */

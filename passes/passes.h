@@ -28,7 +28,7 @@ typedef struct ptc_compile_opts {
     int zero;          /* ZeRO stage 0..3 on the dp axis */
     const ptc_pin *pins;
     int npins;
-    bool verify_each;  /* run the verifier after every pass */
+    bool verify_each;       /* run the verifier after every pass */
     const char *dump_after; /* pass name, or NULL */
     FILE *dump;             /* where --dump-after prints (stdout when NULL) */
 } ptc_compile_opts;
@@ -60,6 +60,5 @@ int ptc_pass_partition(ptc_pass_ctx *ctx);
 /* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
 int ptc_run_passes(ptc_pass_ctx *ctx);
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx);
-
 
 #endif

@@ -350,7 +350,8 @@ void ptc_print_plan_json(const ptc_graph *g, const ptc_plan_info *info, FILE *f)
         fprintf(f, "%s\"%s\": %d", a ? ", " : "", g->mesh.names[a], g->mesh.sizes[a]);
     fprintf(f, "},\n  \"ranks\": %d,\n  \"zero\": %d,\n  \"seq_parallel\": %s,\n", nranks,
             info->zero, info->seq_parallel ? "true" : "false");
-    fprintf(f, "  \"parameter_count\": %lld,\n  \"parameters\": [", (long long)info->logical_params);
+    fprintf(f, "  \"parameter_count\": %lld,\n  \"parameters\": [",
+            (long long)info->logical_params);
     bool first = true;
     for (int i = 0; i < g->nnodes; i++) {
         const ptc_node *n = &g->nodes[i];
@@ -372,8 +373,9 @@ void ptc_print_plan_json(const ptc_graph *g, const ptc_plan_info *info, FILE *f)
     fprintf(f, "\n  ],\n  \"programs\": [\n    {\n      \"ranks\": [");
     for (int r = 0; r < nranks; r++)
         fprintf(f, "%s%d", r ? ", " : "", r);
-    fprintf(f, "],\n      \"memory_bytes\": {\"parameters\": %lld, \"gradients\": %lld, "
-               "\"optimizer_state\": %lld, \"peak_activations\": %lld},\n",
+    fprintf(f,
+            "],\n      \"memory_bytes\": {\"parameters\": %lld, \"gradients\": %lld, "
+            "\"optimizer_state\": %lld, \"peak_activations\": %lld},\n",
             (long long)s.param_bytes, (long long)s.grad_bytes, (long long)s.optim_bytes,
             (long long)s.peak_act_bytes);
     fprintf(f, "      \"communication\": {\"bytes\": %lld, \"collectives\": %d, \"by_kind\": {",
@@ -416,7 +418,9 @@ void ptc_print_plan_json(const ptc_graph *g, const ptc_plan_info *info, FILE *f)
         fprintf(f, ", \"bytes\": %lld, \"scope\": ", (long long)ptc_plan_comm_bytes(g, n));
         json_string(f, n->loc.scope ? n->loc.scope : "");
         fprintf(f, ", \"line\": %d, \"phase\": \"%s\"}", n->loc.line,
-                i <= loss_node ? "forward" : i < first_update ? "backward" : "update");
+                i <= loss_node     ? "forward"
+                : i < first_update ? "backward"
+                                   : "update");
     }
     fputs("\n      ],\n      \"ir\": ", f);
     char *text = NULL;

@@ -30,8 +30,9 @@ static int sequence(const ptc_graph *g, int drop, coll **out)
         if (idx++ == drop)
             continue;
         PTC_GROW(c, cap, n);
-        c[n++] = (coll){nd->op, nd->attrs.mesh_axis, nd->attrs.reduce,
-                        ptc_type_numel(&g->values[nd->in[0]].type), nd->loc.line, idx - 1};
+        c[n++] = (coll){nd->op,           nd->attrs.mesh_axis,
+                        nd->attrs.reduce, ptc_type_numel(&g->values[nd->in[0]].type),
+                        nd->loc.line,     idx - 1};
     }
     *out = c;
     return n;
@@ -100,8 +101,9 @@ int ptc_plan_check(const ptc_graph *g, int drop_rank, int drop_index, char *err,
         ptc_fmt(err, errn,
                 "plan check: the plan would hang: rank %d waits in %s, but rank %d of its group "
                 "%s",
-                r, a, q, q >= 0 && pos[q] >= len[q] ? "has no collective left"
-                                                    : "waits in a collective of another group");
+                r, a, q,
+                q >= 0 && pos[q] >= len[q] ? "has no collective left"
+                                           : "waits in a collective of another group");
         rc = -1;
     }
     for (int r = 0; r < R; r++)

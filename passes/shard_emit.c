@@ -71,7 +71,8 @@ static int emit_vocab_ce(part *p, const ptc_node *n, const int *ins)
     int s0 = m < 0 ? -1 : part_emit(p, PTC_OP_CE_SUMEXP, (int[]){ins[0], m}, 2, NULL, loc, NULL);
     int s = s0 < 0 ? -1 : part_emit(p, PTC_OP_ALLREDUCE, &s0, 1, &sum, loc, NULL);
     ptc_attrs pick = axis_attrs(p, PTC_OP_CE_PICK);
-    int t0 = s < 0 ? -1 : part_emit(p, PTC_OP_CE_PICK, (int[]){ins[0], ins[1]}, 2, &pick, loc, NULL);
+    int t0 =
+        s < 0 ? -1 : part_emit(p, PTC_OP_CE_PICK, (int[]){ins[0], ins[1]}, 2, &pick, loc, NULL);
     int t = t0 < 0 ? -1 : part_emit(p, PTC_OP_ALLREDUCE, &t0, 1, &sum, loc, NULL);
     if (t < 0)
         return -1;
@@ -92,9 +93,7 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
     (void)in;
     switch (copy.op) {
     case PTC_OP_MEAN:
-    case PTC_OP_MAX:
-        r = emit_reduce(p, &copy, ro, ins);
-        break;
+    case PTC_OP_MAX: r = emit_reduce(p, &copy, ro, ins); break;
     case PTC_OP_EMBEDDING:
         at = axis_attrs(p, PTC_OP_EMBEDDING_SHARD);
         r = part_emit(p, PTC_OP_EMBEDDING_SHARD, ins, 2, &at, copy.loc, NULL);
@@ -106,8 +105,8 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
         break;
     case PTC_OP_ATTENTION:
     case PTC_OP_ATTENTION_GRAD: {
-        ptc_op op = copy.op == PTC_OP_ATTENTION ? PTC_OP_ATTENTION_SHARD
-                                                : PTC_OP_ATTENTION_SHARD_GRAD;
+        ptc_op op =
+            copy.op == PTC_OP_ATTENTION ? PTC_OP_ATTENTION_SHARD : PTC_OP_ATTENTION_SHARD_GRAD;
         at = axis_attrs(p, op);
         at.n = copy.attrs.heads;
         at.heads = copy.attrs.heads / T;
@@ -136,8 +135,9 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
         if (ro->out[0].dim == part_graph(p)->values[copy.in[0]].type.rank - 1 &&
             part_axis_kind(p) == PART_TENSOR) {
             if (!part_ce_stats(p, copy.in[0], &m, &s))
-                return part_error(p, ni, "internal error: cross_entropy gradient before its "
-                                         "forward");
+                return part_error(p, ni,
+                                  "internal error: cross_entropy gradient before its "
+                                  "forward");
             at = axis_attrs(p, PTC_OP_CE_GRAD_SHARD);
             r = part_emit(p, PTC_OP_CE_GRAD_SHARD, (int[]){ins[0], ins[1], m, s, ins[2]}, 5, &at,
                           copy.loc, NULL);

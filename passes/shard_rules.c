@@ -93,21 +93,15 @@ static bool linear_in_partials(const ptc_node *n, const ptc_placement *in)
         }
     switch (n->op) {
     case PTC_OP_ADD:
-    case PTC_OP_SUB:
-        return np == n->nin;
+    case PTC_OP_SUB: return np == n->nin;
     case PTC_OP_NEG:
-    case PTC_OP_CAST:
-        return true;
-    case PTC_OP_MUL:
-        return np == 1;
-    case PTC_OP_DIV:
-        return np == 1 && k0 == 0;
+    case PTC_OP_CAST: return true;
+    case PTC_OP_MUL: return np == 1;
+    case PTC_OP_DIV: return np == 1 && k0 == 0;
     case PTC_OP_RELU_GRAD:
     case PTC_OP_GELU_GRAD:
-    case PTC_OP_SILU_GRAD:
-        return np == 1 && k0 == 1; /* linear in dy */
-    default:
-        return false;
+    case PTC_OP_SILU_GRAD: return np == 1 && k0 == 1; /* linear in dy */
+    default: return false;
     }
 }
 
@@ -118,8 +112,8 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
     int R = to->rank, nin = n->nin;
     ptc_placement target = pl_und();
     if (is_update(n->op) && part_axis_kind(p) == PART_DATA) {
-        target = part_zero(p) >= 1 && R >= 1 && to->dims[0] % part_size(p) == 0 ? pl_s(0, 1)
-                                                                                   : pl_r();
+        target =
+            part_zero(p) >= 1 && R >= 1 && to->dims[0] % part_size(p) == 0 ? pl_s(0, 1) : pl_r();
     } else if (is_update(n->op)) {
         target = undecided(in[0]) ? pl_r() : in[0];
     }
@@ -365,10 +359,8 @@ static int row_axis(const ptc_node *n, const ptc_type *t)
     case PTC_OP_LOG_SOFTMAX:
     case PTC_OP_SOFTMAX_GRAD:
     case PTC_OP_LOG_SOFTMAX_GRAD:
-    case PTC_OP_MAX_GRAD:
-        return (int)n->attrs.axis;
-    default:
-        return t->rank - 1;
+    case PTC_OP_MAX_GRAD: return (int)n->attrs.axis;
+    default: return t->rank - 1;
     }
 }
 
@@ -449,21 +441,15 @@ static int rule_shape(part *p, int ni, const ptc_placement *in, rule_out *ro)
     }
     int d = x.dim, od = -1, g = pl_groups(x);
     switch (n->op) {
-    case PTC_OP_TRANSPOSE:
-        od = d == tx->rank - 1 ? d - 1 : d == tx->rank - 2 ? d + 1 : d;
-        break;
+    case PTC_OP_TRANSPOSE: od = d == tx->rank - 1 ? d - 1 : d == tx->rank - 2 ? d + 1 : d; break;
     case PTC_OP_PERMUTE:
         for (int i = 0; i < n->attrs.nshape; i++)
             if (n->attrs.shape[i] == d)
                 od = i;
         break;
-    case PTC_OP_RESHAPE:
-        od = reshape_dim(tx, to, d, T * g, g);
-        break;
+    case PTC_OP_RESHAPE: od = reshape_dim(tx, to, d, T * g, g); break;
     case PTC_OP_SLICE:
-    case PTC_OP_PAD:
-        od = d == n->attrs.axis ? -1 : d;
-        break;
+    case PTC_OP_PAD: od = d == n->attrs.axis ? -1 : d; break;
     case PTC_OP_SPLIT:
         if (d != n->attrs.axis)
             od = d;
@@ -485,9 +471,7 @@ static int rule_shape(part *p, int ni, const ptc_placement *in, rule_out *ro)
         }
         break;
     }
-    case PTC_OP_BROADCAST_TO:
-        od = d + to->rank - tx->rank;
-        break;
+    case PTC_OP_BROADCAST_TO: od = d + to->rank - tx->rank; break;
     case PTC_OP_SUM_TO: {
         int td = d - (tx->rank - to->rank);
         if (td < 0 || to->dims[td] != tx->dims[d]) {
@@ -500,8 +484,7 @@ static int rule_shape(part *p, int ni, const ptc_placement *in, rule_out *ro)
         }
         break;
     }
-    default:
-        break;
+    default: break;
     }
     if (od < 0) { /* the shard cannot pass through: gather */
         all_req(ro, n->nin, pl_r());
@@ -683,7 +666,7 @@ static int rule_sumsq(part *p, int ni, const ptc_placement *in, rule_out *ro)
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
     if (partial(x)) /* reduce a gradient the way its update wants it */
         x = part_zero(p) >= 2 && t->rank >= 1 && t->dims[0] % part_size(p) == 0 ? pl_s(0, 1)
-                                                                                 : pl_r();
+                                                                                : pl_r();
     ro->req[0] = x;
     ro->out[0] = sharded(x) ? pl_p() : pl_r();
     return 0;
@@ -751,14 +734,11 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_SILU_GRAD:
     case PTC_OP_ADAMW_UPDATE:
     case PTC_OP_SGD_UPDATE:
-    case PTC_OP_CLIP_COEF:
-        return rule_elementwise(p, ni, in, ro);
-    case PTC_OP_MATMUL:
-        return rule_matmul(p, ni, in, ro);
+    case PTC_OP_CLIP_COEF: return rule_elementwise(p, ni, in, ro);
+    case PTC_OP_MATMUL: return rule_matmul(p, ni, in, ro);
     case PTC_OP_SUM:
     case PTC_OP_MEAN:
-    case PTC_OP_MAX:
-        return rule_reduce(p, ni, in, ro);
+    case PTC_OP_MAX: return rule_reduce(p, ni, in, ro);
     case PTC_OP_LAYERNORM:
     case PTC_OP_RMSNORM:
     case PTC_OP_SOFTMAX:
@@ -769,8 +749,7 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_RMSNORM_GRAD:
     case PTC_OP_SOFTMAX_GRAD:
     case PTC_OP_LOG_SOFTMAX_GRAD:
-    case PTC_OP_MAX_GRAD:
-        return rule_rowwise(p, ni, in, ro);
+    case PTC_OP_MAX_GRAD: return rule_rowwise(p, ni, in, ro);
     case PTC_OP_RESHAPE:
     case PTC_OP_TRANSPOSE:
     case PTC_OP_PERMUTE:
@@ -779,28 +758,21 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_SLICE:
     case PTC_OP_PAD:
     case PTC_OP_BROADCAST_TO:
-    case PTC_OP_SUM_TO:
-        return rule_shape(p, ni, in, ro);
-    case PTC_OP_EMBEDDING:
-        return rule_embedding(p, ni, in, ro);
-    case PTC_OP_EMBEDDING_GRAD:
-        return rule_embedding_grad(p, ni, in, ro);
+    case PTC_OP_SUM_TO: return rule_shape(p, ni, in, ro);
+    case PTC_OP_EMBEDDING: return rule_embedding(p, ni, in, ro);
+    case PTC_OP_EMBEDDING_GRAD: return rule_embedding_grad(p, ni, in, ro);
     case PTC_OP_ATTENTION:
-    case PTC_OP_ATTENTION_GRAD:
-        return rule_attention(p, ni, in, ro);
+    case PTC_OP_ATTENTION_GRAD: return rule_attention(p, ni, in, ro);
     case PTC_OP_CROSS_ENTROPY:
     case PTC_OP_CROSS_ENTROPY_GRAD:
-    case PTC_OP_MSE:
-        return rule_loss(p, ni, in, ro);
-    case PTC_OP_SUMSQ:
-        return rule_sumsq(p, ni, in, ro);
+    case PTC_OP_MSE: return rule_loss(p, ni, in, ro);
+    case PTC_OP_SUMSQ: return rule_sumsq(p, ni, in, ro);
     case PTC_OP_ALLREDUCE:
     case PTC_OP_ALLGATHER:
     case PTC_OP_REDUCE_SCATTER:
     case PTC_OP_ALL_TO_ALL:
     case PTC_OP_SHARD_SLICE:
-    case PTC_OP_PARTIALIZE:
-        return rule_inner_comm(p, ni, in, ro);
+    case PTC_OP_PARTIALIZE: return rule_inner_comm(p, ni, in, ro);
     case PTC_OP_EMBEDDING_SHARD:
     case PTC_OP_EMBEDDING_GRAD_SHARD:
     case PTC_OP_CE_SUMEXP:
@@ -808,8 +780,7 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_CE_LOSS:
     case PTC_OP_CE_GRAD_SHARD:
     case PTC_OP_ATTENTION_SHARD:
-    case PTC_OP_ATTENTION_SHARD_GRAD:
-        return rule_inner_rows(p, ni, in, ro);
+    case PTC_OP_ATTENTION_SHARD_GRAD: return rule_inner_rows(p, ni, in, ro);
     default:
         return part_error(p, ni, "internal error: no sharding rule for %s", ptc_ops[n->op].name);
     }

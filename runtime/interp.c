@@ -68,8 +68,7 @@ int64_t ptrt_interp_global_index(const ptrt_interp *it, int v, int64_t i)
 
 /* Fills value v's local buffer with init's values for the matching elements of the full tensor,
  * in runs of consecutive global indices. */
-void ptrt_interp_fill(ptrt_interp *it, int v, const ptc_init *init, const char *name,
-                      uint64_t seed)
+void ptrt_interp_fill(ptrt_interp *it, int v, const ptc_init *init, const char *name, uint64_t seed)
 {
     float *buf = ptrt_interp_buffer(it, v);
     int64_t n = ptc_type_numel(&it->g->values[v].type);
@@ -228,8 +227,8 @@ static int run_nodes(ptrt_interp *it, const bool *mask, char *err, size_t errn)
         }
         if (rc < 0) {
             if (n->loc.line)
-                ptc_fmt(err, errn, "%s:%d:%d: %s: %s", n->loc.file ? n->loc.file : "?",
-                        n->loc.line, n->loc.col, ptc_ops[n->op].name, msg);
+                ptc_fmt(err, errn, "%s:%d:%d: %s: %s", n->loc.file ? n->loc.file : "?", n->loc.line,
+                        n->loc.col, ptc_ops[n->op].name, msg);
             else
                 ptc_fmt(err, errn, "%s: %s", ptc_ops[n->op].name, msg);
             return -1;

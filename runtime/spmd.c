@@ -33,8 +33,8 @@ static int collective(ptrt_spmd_ctx *c, const ptc_node *n, const ptc_type *it, v
     const ptc_attrs *a = &n->attrs;
     int members[1024];
     int g = ptc_mesh_group(c->mesh, c->rank, a->mesh_axis, members);
-    ptrt_coll_desc d = {.group_name = c->mesh->names[a->mesh_axis], .step = c->step,
-                        .index = c->index++};
+    ptrt_coll_desc d = {
+        .group_name = c->mesh->names[a->mesh_axis], .step = c->step, .index = c->index++};
     if (d.index == c->drop) { /* the test hook: behave as if the collective were not there */
         int64_t n = ptc_type_numel(&ot[0]);
         if (n == ptc_type_numel(&it[0]))
@@ -62,9 +62,7 @@ static int collective(ptrt_spmd_ctx *c, const ptc_node *n, const ptc_type *it, v
         split_layout(&ot[0], (int)a->axis, 1, g, &outer2, &chunk2);
         return ptrt_comm_all_to_all(c->comm, c->rank, members, g, in[0], out[0], outer, chunk,
                                     outer2, chunk2, &d, err, errn);
-    default:
-        ptc_fmt(err, errn, "%s is not a collective", ptc_ops[n->op].name);
-        return -1;
+    default: ptc_fmt(err, errn, "%s is not a collective", ptc_ops[n->op].name); return -1;
     }
 }
 

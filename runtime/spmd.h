@@ -18,9 +18,9 @@ typedef struct ptrt_spmd_ctx {
     const ptc_mesh *mesh;
     int rank;
     int coords[PTC_MAX_MESH_AXES];
-    int64_t step;  /* for messages and matching */
-    int index;     /* collectives issued in this step so far */
-    int drop;      /* test hook: this rank skips its collective number `drop` (-1: none) */
+    int64_t step; /* for messages and matching */
+    int index;    /* collectives issued in this step so far */
+    int drop;     /* test hook: this rank skips its collective number `drop` (-1: none) */
 } ptrt_spmd_ctx;
 
 void ptrt_spmd_ctx_init(ptrt_spmd_ctx *c, ptrt_comm *comm, const ptc_mesh *mesh, int rank);

@@ -36,8 +36,8 @@ static void shard_slice(const ptc_node *n, int c, const ptc_type *it, const floa
                    sizeof(float) * (size_t)(per * inner));
 }
 
-static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in,
-                           float *y, char *err, size_t errn)
+static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in, float *y,
+                           char *err, size_t errn)
 {
     const float *tab = in[0];
     const int32_t *ids = in[1];
@@ -109,8 +109,8 @@ static int ce_grad_shard(const ptc_node *n, int c, const ptc_type *it, void *con
     int64_t R = rows_of(&it[0]), V = it[0].dims[it[0].rank - 1], off = c * V;
     for (int64_t r = 0; r < R; r++) {
         if (t[r] < 0 || t[r] >= V * n->attrs.group)
-            FAIL("cross_entropy: target %d at position %lld is out of range for %lld classes",
-                 t[r], (long long)r, (long long)(V * n->attrs.group));
+            FAIL("cross_entropy: target %d at position %lld is out of range for %lld classes", t[r],
+                 (long long)r, (long long)(V * n->attrs.group));
         for (int64_t j = 0; j < V; j++) {
             double p = exp((double)l[r * V + j] - M[r]) / S[r];
             dl[r * V + j] = (float)((p - (t[r] == off + j ? 1.0 : 0.0)) * scale / (double)R);
@@ -196,22 +196,18 @@ int ptrt_spmd_kernel(const ptc_node *n, int c, const ptc_type *it, void *const *
                      const ptc_type *ot, void *const *out, char *err, size_t errn)
 {
     switch (n->op) {
-    case PTC_OP_SHARD_SLICE:
-        shard_slice(n, c, &it[0], in[0], out[0]);
-        return 0;
+    case PTC_OP_SHARD_SLICE: shard_slice(n, c, &it[0], in[0], out[0]); return 0;
     case PTC_OP_PARTIALIZE:
         if (c == 0)
             memcpy(out[0], in[0], sizeof(float) * (size_t)ptc_type_numel(&it[0]));
         else
             memset(out[0], 0, sizeof(float) * (size_t)ptc_type_numel(&it[0]));
         return 0;
-    case PTC_OP_EMBEDDING_SHARD:
-        return embedding_shard(n, c, it, in, out[0], err, errn);
+    case PTC_OP_EMBEDDING_SHARD: return embedding_shard(n, c, it, in, out[0], err, errn);
     case PTC_OP_EMBEDDING_GRAD_SHARD:
         return embedding_grad_shard(n, c, it, in, &ot[0], out[0], err, errn);
     case PTC_OP_CE_SUMEXP:
-    case PTC_OP_CE_PICK:
-        return ce_pieces(n, c, it, in, out[0], err, errn);
+    case PTC_OP_CE_PICK: return ce_pieces(n, c, it, in, out[0], err, errn);
     case PTC_OP_CE_LOSS: {
         const float *M = in[0], *S = in[1], *T = in[2];
         int64_t R = ptc_type_numel(&it[0]);
@@ -221,14 +217,11 @@ int ptrt_spmd_kernel(const ptc_node *n, int c, const ptc_type *it, void *const *
         *(float *)out[0] = (float)(acc / (double)R);
         return 0;
     }
-    case PTC_OP_CE_GRAD_SHARD:
-        return ce_grad_shard(n, c, it, in, out[0], err, errn);
+    case PTC_OP_CE_GRAD_SHARD: return ce_grad_shard(n, c, it, in, out[0], err, errn);
     case PTC_OP_ATTENTION_SHARD:
     case PTC_OP_ATTENTION_SHARD_GRAD:
         attention_shard(n, c, it, in, out, n->op == PTC_OP_ATTENTION_SHARD_GRAD);
         return 0;
-    default:
-        ptc_fmt(err, errn, "%s is not a rank-dependent op", ptc_ops[n->op].name);
-        return -1;
+    default: ptc_fmt(err, errn, "%s is not a rank-dependent op", ptc_ops[n->op].name); return -1;
     }
 }

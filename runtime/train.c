@@ -56,9 +56,9 @@ double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
 
 /* A persistent tensor (parameter or optimizer state) of the plan. */
 typedef struct entry {
-    int value;       /* value id in the rank program */
+    int value; /* value id in the rank program */
     const char *name;
-    ptc_type full;   /* logical type */
+    ptc_type full; /* logical type */
 } entry;
 
 typedef struct shared shared;
@@ -79,9 +79,9 @@ struct shared {
     int nranks;
     run *runs;
     ptrt_comm *comm;
-    int *all; /* 0..nranks-1, the group of barriers */
+    int *all;                                /* 0..nranks-1, the group of barriers */
     int tokens, targets, lr, step, max_norm; /* input value ids, -1 if absent */
-    int64_t B, T, vocab;                    /* global batch shape */
+    int64_t B, T, vocab;                     /* global batch shape */
     entry *ents;
     int nparams, nents;
     ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
@@ -195,8 +195,8 @@ static void find_entries(shared *sh)
             const ptc_node *n = &g->nodes[i];
             if (n->op != (pass == 0 ? PTC_OP_PARAM : PTC_OP_STATE))
                 continue;
-            sh->ents[sh->nents++] =
-                (entry){.value = n->out[0], .name = n->attrs.name, .full = full_type(sh, n->out[0])};
+            sh->ents[sh->nents++] = (entry){
+                .value = n->out[0], .name = n->attrs.name, .full = full_type(sh, n->out[0])};
             if (pass == 0)
                 sh->nparams++;
         }
@@ -372,8 +372,9 @@ static int open_data(run *r, char *err, size_t errn)
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
     if ((o->data || o->val_data) && (sh->tokens < 0 || sh->targets < 0)) {
-        ptc_fmt(err, errn, "--data needs a model with a token input (feeding an embedding) and a "
-                           "target input (feeding cross_entropy)");
+        ptc_fmt(err, errn,
+                "--data needs a model with a token input (feeding an embedding) and a "
+                "target input (feeding cross_entropy)");
         return 2;
     }
     const char *paths[2] = {o->data, o->val_data};
@@ -489,8 +490,7 @@ static int dump_grads(run *r, int64_t t)
         fail(sh, r->rank, 2, err);
         return -1;
     }
-    ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads,
-            (long long)t);
+    ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads, (long long)t);
     ptrt_st_writer *w = ptrt_st_writer_new();
     for (int i = 0; i < sh->nparams && 1 + i < sh->g->noutputs; i++)
         ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
@@ -567,9 +567,8 @@ static void loop(run *r)
     }
     double el = now() - t0;
     if (lead && !o->quiet && done)
-        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n",
-                (long long)done, el, first_loss, last_loss,
-                (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
+        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n", (long long)done,
+                el, first_loss, last_loss, (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
     if (lead && o->profile && done > 1)
         ptrt_interp_print_profile(r->it, out, done - 1);
 }

@@ -24,26 +24,26 @@ typedef struct ptrt_train_opts {
     const char *data, *val_data; /* llm.c token files; data NULL = random batches */
     bool shuffle;
     uint64_t seed;
-    double lr;         /* peak learning rate; < 0 = the model's optimizer line */
-    double min_lr;     /* cosine floor; < 0 = lr / 10 */
-    int64_t warmup;    /* linear warm-up steps */
+    double lr;      /* peak learning rate; < 0 = the model's optimizer line */
+    double min_lr;  /* cosine floor; < 0 = lr / 10 */
+    int64_t warmup; /* linear warm-up steps */
     ptrt_schedule schedule;
-    double max_norm;   /* gradient clipping by global norm; 0 = off */
+    double max_norm; /* gradient clipping by global norm; 0 = off */
     const char *ckpt_dir;
     int64_t ckpt_every; /* 0 = only at the end (when ckpt_dir is set) */
     int keep;           /* checkpoints kept; 0 = all */
     bool resume;
     const char *init_from;
-    const char *save;   /* final weights as safetensors, or NULL */
-    const char *log;    /* JSON lines, or NULL */
-    const char *dump_grads; /* directory: grads_step_NNNNNNNN.safetensors per step, or NULL */
+    const char *save;          /* final weights as safetensors, or NULL */
+    const char *log;           /* JSON lines, or NULL */
+    const char *dump_grads;    /* directory: grads_step_NNNNNNNN.safetensors per step, or NULL */
     int drop_rank, drop_index; /* test hook: rank drop_rank skips its drop_index-th collective */
     bool no_check;             /* test hook: skip the pre-launch plan check */
     int64_t val_every, val_batches;
     ptrt_backend backend;
     int threads;
     double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
-    bool profile; /* print the time per op kind after the run (the first step left out) */
+    bool profile;     /* print the time per op kind after the run (the first step left out) */
     bool quiet;
     FILE *out; /* progress lines (stdout when NULL) */
 } ptrt_train_opts;

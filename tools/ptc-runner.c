@@ -6,8 +6,8 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,17 +92,34 @@ static int parse_num(const char *s, double *out)
     return 0;
 }
 
-static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_plan,
-                       bool *help)
+static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_plan, bool *help)
 {
     const char *prog = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        static const char *const with_value[] = {
-            "--steps", "--seed", "--data", "--val-data", "--val-every", "--val-batches", "--lr",
-            "--schedule", "--warmup", "--min-lr", "--grad-clip", "--checkpoint-dir",
-            "--checkpoint-every", "--keep", "--init-from", "--save", "--log", "--backend", "--dump-grads", "--comm-timeout", "--debug-drop-collective",
-            "--threads", NULL};
+        static const char *const with_value[] = {"--steps",
+                                                 "--seed",
+                                                 "--data",
+                                                 "--val-data",
+                                                 "--val-every",
+                                                 "--val-batches",
+                                                 "--lr",
+                                                 "--schedule",
+                                                 "--warmup",
+                                                 "--min-lr",
+                                                 "--grad-clip",
+                                                 "--checkpoint-dir",
+                                                 "--checkpoint-every",
+                                                 "--keep",
+                                                 "--init-from",
+                                                 "--save",
+                                                 "--log",
+                                                 "--backend",
+                                                 "--dump-grads",
+                                                 "--comm-timeout",
+                                                 "--debug-drop-collective",
+                                                 "--threads",
+                                                 NULL};
         const char *v = NULL;
         for (int k = 0; with_value[k]; k++)
             if (strcmp(a, with_value[k]) == 0) {

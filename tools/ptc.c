@@ -42,7 +42,8 @@ static const char usage[] =
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
     "  --seed N             seed for initial values and random inputs (default 1)\n"
     "  --input NAME=FILE    with --run: take model input NAME from FILE, raw little-endian\n"
-    "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's size;\n"
+    "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's "
+    "size;\n"
     "                       inputs not given are random (ids in range for their consumers)\n"
     "  --dump-after PASS    print the IR after pass PASS (autodiff, optimizer, partition)\n"
     "  --optim KEY=VALUE    override a setting of the model's optimizer line (lr, beta1, beta2,\n"
@@ -56,7 +57,8 @@ static const char usage[] =
     "  --seq-parallel       Megatron sequence parallelism: norms and residuals sharded over the\n"
     "                       sequence on tp, all-gather/reduce-scatter instead of all-reduce\n"
     "  --place NAME=AXIS:PL pin parameter NAME (glob, * matches anything) to placement PL on a\n"
-    "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. 'h.*.attn.w_o=tp:R'\n"
+    "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. "
+    "'h.*.attn.w_o=tp:R'\n"
     "  --debug-drop-collective R:K\n"
     "                       test hook: rank R leaves out its K-th collective; the pre-launch\n"
     "                       check must reject the plan\n"
@@ -154,12 +156,12 @@ static int parse_args(int argc, char **argv, options *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = NULL;
-        bool takes = strcmp(a, "--emit") == 0 || strcmp(a, "-D") == 0 ||
-                     strcmp(a, "--seed") == 0 || strcmp(a, "--input") == 0 ||
-                     strcmp(a, "-o") == 0 || strcmp(a, "--dump-after") == 0 ||
-                     strcmp(a, "--runner") == 0 || strcmp(a, "--mesh") == 0 ||
-                     strcmp(a, "--zero") == 0 || strcmp(a, "--place") == 0 ||
-                     strcmp(a, "--optim") == 0 || strcmp(a, "--debug-drop-collective") == 0;
+        bool takes = strcmp(a, "--emit") == 0 || strcmp(a, "-D") == 0 || strcmp(a, "--seed") == 0 ||
+                     strcmp(a, "--input") == 0 || strcmp(a, "-o") == 0 ||
+                     strcmp(a, "--dump-after") == 0 || strcmp(a, "--runner") == 0 ||
+                     strcmp(a, "--mesh") == 0 || strcmp(a, "--zero") == 0 ||
+                     strcmp(a, "--place") == 0 || strcmp(a, "--optim") == 0 ||
+                     strcmp(a, "--debug-drop-collective") == 0;
         if (takes) {
             if (i + 1 >= argc)
                 return usage_error("option '%s' needs a value", a);
@@ -255,7 +257,8 @@ static int parse_args(int argc, char **argv, options *o)
     if (o->ninputs && !o->run)
         return usage_error("--input needs --run%s", "");
     if (o->run && o->train)
-        return usage_error("--run runs the forward pass; train with the executable -o writes%s", "");
+        return usage_error("--run runs the forward pass; train with the executable -o writes%s",
+                           "");
     return 0;
 }
 
@@ -462,8 +465,8 @@ static int emit(const ptc_graph *g, const options *o, int64_t logical_params)
     } else if (o->emit && strcmp(o->emit, "params") == 0) {
         emit_params(g);
     } else if (o->emit) { /* plan, plan-json */
-        ptc_plan_info info = {.zero = o->zero, .seq_parallel = o->seq_parallel,
-                              .logical_params = logical_params};
+        ptc_plan_info info = {
+            .zero = o->zero, .seq_parallel = o->seq_parallel, .logical_params = logical_params};
         if (strcmp(o->emit, "plan") == 0)
             ptc_print_plan(g, &info, stdout);
         else
