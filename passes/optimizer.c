@@ -1,14 +1,14 @@
 /* optimizer.c - gradient clipping and the optimizer update as part of the step graph.
  *
  * Assumes: autodiff has run (ctx->grads holds one gradient per PARAM, graph order).
- * Guarantees: scalar inputs opt.lr, opt.step (counting from 1) and opt.max_norm (+inf
- *   disables clipping) are added; gradients are scaled by min(1, max_norm / (‖g‖ + 1e-6)) over the global
- *   norm of all gradients (PyTorch's clip_grad_norm_); each parameter gets its update (adamw: STATE
- *   values optim.m.NAME and optim.v.NAME; sgd with momentum: optim.momentum.NAME) and an `update`
- *   pair per parameter and state. The global gradient norm squared is the graph's first output,
- *   for logging, and the gradient of the i-th parameter (before clipping) is output 1 + i, for
- *   checking against other frameworks. Weight decay applies only to parameters of rank 2 or more,
- * as the language says.
+ * Guarantees: scalar inputs opt.lr, opt.step (counting from 1) and opt.max_norm (+inf disables
+ *   clipping) are added; gradients are scaled by min(1, max_norm / (norm + 1e-6)) with the global
+ *   norm of all gradients (PyTorch's clip_grad_norm_); each parameter gets its update (adamw:
+ *   STATE values optim.m.NAME and optim.v.NAME; sgd with momentum: optim.momentum.NAME) and an
+ *   `update` pair per parameter and state. The global gradient norm squared is the graph's first
+ *   output, for logging, and the gradient of the i-th parameter (before clipping) is output 1 + i,
+ *   for checking against other frameworks. Weight decay applies only to parameters of rank 2 or
+ *   more, as the language says.
  */
 #include <stdlib.h>
 #include <string.h>
