@@ -13,12 +13,13 @@
 
 #include "ir.h"
 #include "plan_embed.h"
+#include "spmd.h"
 #include "train.h"
 
 static const char usage[] =
     "usage: %s [options]\n"
     "\n"
-    "Trains the model compiled into this executable (model '%s', %s parameters).\n"
+    "Trains the model compiled into this executable (model '%s', %s parameters%s).\n"
     "\n"
     "run:\n"
     "  --steps N              optimizer steps to run (default 20)\n"
@@ -214,6 +215,21 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
     return 0;
 }
 
+/* Parameters of the logical model (a partitioned plan holds shards). */
+static int64_t model_params(const ptc_graph *g)
+{
+    int64_t n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *nd = &g->nodes[i];
+        if (nd->op != PTC_OP_PARAM)
+            continue;
+        const ptc_value *v = &g->values[nd->out[0]];
+        ptc_type t = g->mesh.naxes ? ptrt_spmd_global_type(&v->type, v->place, &g->mesh) : v->type;
+        n += ptc_type_numel(&t);
+    }
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     char err[4096];
@@ -234,8 +250,15 @@ int main(int argc, char **argv)
     int rc = parse_flags(argc, argv, &o, &print_plan, &help);
     if (!rc && help) {
         char count[32];
-        snprintf(count, sizeof count, "%lld", (long long)ptc_graph_param_count(g));
-        printf(usage, argv[0], g->name, count);
+        snprintf(count, sizeof count, "%lld", (long long)model_params(g));
+        char mesh[128] = "";
+        for (int a = 0, k = 0; a < g->mesh.naxes; a++)
+            k += snprintf(mesh + k, sizeof mesh - (size_t)k, "%s%s=%d", a ? "," : "; mesh ",
+                          g->mesh.names[a], g->mesh.sizes[a]);
+        if (g->mesh.naxes)
+            snprintf(mesh + strlen(mesh), sizeof mesh - strlen(mesh), ": %d ranks as threads",
+                     ptc_mesh_nranks(&g->mesh));
+        printf(usage, argv[0], g->name, count, mesh);
     } else if (!rc && print_plan) {
         fputs(plan, stdout);
     } else if (!rc) {
