@@ -36,6 +36,22 @@ static void shard_slice(const ptc_node *n, int c, const ptc_type *it, const floa
                    sizeof(float) * (size_t)(per * inner));
 }
 
+/* The row of this rank's shard that id i selects, or -1 when another rank holds it; -2 (after a
+ * message) for an id outside the whole table of V rows. */
+static int64_t shard_row(const int32_t *ids, int64_t i, int64_t rows, int64_t off, int64_t V,
+                         char *err, size_t errn)
+{
+    if (ids[i] < 0 || ids[i] >= V) {
+        ptc_fmt(err, errn,
+                "embedding: id %d at position %lld is out of range for a table of %lld "
+                "rows",
+                ids[i], (long long)i, (long long)V);
+        return -2;
+    }
+    int64_t r = ids[i] - off;
+    return r >= 0 && r < rows ? r : -1;
+}
+
 static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in, float *y,
                            char *err, size_t errn)
 {
@@ -44,11 +60,10 @@ static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *c
     int64_t rows = it[0].dims[0], D = it[0].dims[1], V = rows * n->attrs.group;
     int64_t nid = ptc_type_numel(&it[1]), off = c * rows;
     for (int64_t i = 0; i < nid; i++) {
-        if (ids[i] < 0 || ids[i] >= V)
-            FAIL("embedding: id %d at position %lld is out of range for a table of %lld rows",
-                 ids[i], (long long)i, (long long)V);
-        int64_t r = ids[i] - off;
-        if (r >= 0 && r < rows)
+        int64_t r = shard_row(ids, i, rows, off, V, err, errn);
+        if (r == -2)
+            return -1;
+        if (r >= 0)
             memcpy(y + i * D, tab + r * D, sizeof(float) * (size_t)D);
         else
             memset(y + i * D, 0, sizeof(float) * (size_t)D);
@@ -65,11 +80,10 @@ static int embedding_grad_shard(const ptc_node *n, int c, const ptc_type *it, vo
     int64_t nid = ptc_type_numel(&it[0]), off = c * rows;
     memset(dt, 0, sizeof(float) * (size_t)(rows * D));
     for (int64_t i = 0; i < nid; i++) {
-        if (ids[i] < 0 || ids[i] >= V)
-            FAIL("embedding: id %d at position %lld is out of range for a table of %lld rows",
-                 ids[i], (long long)i, (long long)V);
-        int64_t r = ids[i] - off;
-        if (r >= 0 && r < rows)
+        int64_t r = shard_row(ids, i, rows, off, V, err, errn);
+        if (r == -2)
+            return -1;
+        if (r >= 0)
             for (int64_t j = 0; j < D; j++)
                 dt[r * D + j] += dy[i * D + j];
     }
