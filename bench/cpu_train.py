@@ -44,7 +44,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from compare import (GPT2, batch_at, op_attr, parse_consts, parse_optimizer,
+    from compare import (GPT2, batch_at, op_attr, parse_consts, parse_optimizer, run,
                          save_safetensors, write_tokens)
 except ImportError as e:
     sys.exit(f"cpu_train.py: cannot import torch/numpy ({e}); run it with /usr/bin/python3")
@@ -57,15 +57,6 @@ MODELS = {
     "gpt2_20m": ("examples/gpt2.ptm", {"vocab": 8192, "ctx": 256, "d": 512, "heads": 8,
                                        "layers": 5, "batch": 8, "seq": 256}, 5, 2),
 }
-
-
-def run(cmd, what):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        print(f"cpu_train.py: {what} failed (exit {r.returncode}):\n  {' '.join(cmd)}\n{r.stdout}",
-              file=sys.stderr)
-        sys.exit(1)
-    return r.stdout
 
 
 def initial_weights(params, seed):

@@ -369,7 +369,8 @@ def rel(a, b):
 def run(cmd, what):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
-        print(f"compare.py: {what} failed (exit {r.returncode}):\n  {' '.join(cmd)}\n{r.stdout}",
+        prog = os.path.basename(sys.argv[0])  # also used by bench/cpu_train.py
+        print(f"{prog}: {what} failed (exit {r.returncode}):\n  {' '.join(cmd)}\n{r.stdout}",
               file=sys.stderr)
         sys.exit(1)
     return r.stdout
