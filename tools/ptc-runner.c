@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "ir.h"
-#include "plan_embed.h"
+#include "embed.h"
 #include "spmd.h"
 #include "train.h"
 

@@ -17,7 +17,7 @@
 #include "ir.h"
 #include "passes.h"
 #include "plan.h"
-#include "plan_embed.h"
+#include "embed.h"
 
 #define PTC_VERSION "0.1.0"
 

@@ -1,8 +1,7 @@
 # ptc-tokenize: the byte-level tokenizer (text -> llm.c token files). Included from
 # tools/CMakeLists.txt.
 add_executable(ptc-tokenize ${CMAKE_CURRENT_LIST_DIR}/ptc-tokenize.c)
-target_link_libraries(ptc-tokenize PRIVATE ptrt ptc_ir)
-target_include_directories(ptc-tokenize PRIVATE ${PROJECT_SOURCE_DIR}/runtime)
+target_link_libraries(ptc-tokenize PRIVATE ptrt)
 
 # The demo corpus, tokenized at build time (the repository ships only the text):
 # build/examples/data/corpus_train.bin and corpus_val.bin (the last 10% of the text).

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "file.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -461,18 +461,18 @@ Test(safetensors, atomic_write_keeps_the_old_file)
     char *old = ptc_read_file(path, &n);
     char err[256];
     /* a writer that dies before renaming: the temporary file is all that differs */
-    ptrt_io_file f;
-    cr_assert_eq(ptrt_io_create(&f, path, err, sizeof err), 0, "%s", err);
+    ptc_file_file f;
+    cr_assert_eq(ptc_file_create(&f, path, err, sizeof err), 0, "%s", err);
     char tmp[400];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     cr_assert_str_eq(f.tmp, tmp);
-    cr_assert_eq(ptrt_io_write(&f, "garbage", 7, err, sizeof err), 0);
+    cr_assert_eq(ptc_file_write(&f, "garbage", 7, err, sizeof err), 0);
     cr_assert_eq(access(tmp, F_OK), 0, "the temporary file exists while writing");
     cr_assert(file_equals(path, old, n), "the old file is untouched while writing");
     ptrt_st_file *st = ptrt_st_open(path, err, sizeof err);
     cr_assert(st, "the old file still loads: %s", err);
     ptrt_st_close(st);
-    ptrt_io_abort(&f);
+    ptc_file_abort(&f);
     cr_assert_neq(access(tmp, F_OK), 0, "abort removes the temporary file");
     cr_assert(file_equals(path, old, n));
 
@@ -482,19 +482,19 @@ Test(safetensors, atomic_write_keeps_the_old_file)
     snprintf(inner, sizeof inner, "%s/keep", blocked);
     cr_assert_eq(mkdir(blocked, 0755), 0);
     write_bytes(inner, "x", 1);
-    cr_assert_eq(ptrt_io_write_file(blocked, "new", 3, err, sizeof err), -1);
+    cr_assert_eq(ptc_file_write_file(blocked, "new", 3, err, sizeof err), -1);
     cr_assert(strstr(err, "rename of") && strstr(err, blocked), "%s", err);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", blocked, (long)getpid());
     cr_assert_neq(access(tmp, F_OK), 0, "a failed commit removes the temporary file");
     cr_assert(file_equals(inner, "x", 1));
 
     /* a directory that does not exist: nothing is created, the message names the path */
-    cr_assert_eq(ptrt_io_write_file("/nonexistent-ptc/x.safetensors", "a", 1, err, sizeof err), -1);
+    cr_assert_eq(ptc_file_write_file("/nonexistent-ptc/x.safetensors", "a", 1, err, sizeof err), -1);
     cr_assert(strstr(err, "/nonexistent-ptc/x.safetensors: cannot create temporary file"), "%s",
               err);
 
     /* a successful replacement is complete, and leaves no temporary file */
-    cr_assert_eq(ptrt_io_write_file(path, "new", 3, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptc_file_write_file(path, "new", 3, err, sizeof err), 0, "%s", err);
     cr_assert(file_equals(path, "new", 3));
     free(old);
 }
@@ -502,21 +502,21 @@ Test(safetensors, atomic_write_keeps_the_old_file)
 Test(safetensors, xxh64_reference_values)
 {
     /* values from the reference implementation (xxhsum -H64) */
-    cr_assert_eq(ptrt_hash64("", 0, 0), 0xef46db3751d8e999ULL);
-    cr_assert_eq(ptrt_hash64("abc", 3, 0), 0x44bc2cf5ad770999ULL);
+    cr_assert_eq(ptc_hash64("", 0, 0), 0xef46db3751d8e999ULL);
+    cr_assert_eq(ptc_hash64("abc", 3, 0), 0x44bc2cf5ad770999ULL);
     const char *s = "Nobody inspects the spammish repetition";
-    cr_assert_eq(ptrt_hash64(s, strlen(s), 0), 0xfbcea83c8a378bf1ULL);
+    cr_assert_eq(ptc_hash64(s, strlen(s), 0), 0xfbcea83c8a378bf1ULL);
     unsigned char b[1000];
     for (int i = 0; i < 1000; i++)
         b[i] = (unsigned char)(i * 7 + 1);
-    cr_assert_eq(ptrt_hash64(b, sizeof b, 0), 0x6be03acbf959c413ULL);
+    cr_assert_eq(ptc_hash64(b, sizeof b, 0), 0x6be03acbf959c413ULL);
     /* streaming in uneven pieces gives the same value */
     for (size_t piece = 1; piece < 70; piece += 3) {
-        ptrt_hash64_state h;
-        ptrt_hash64_init(&h, 0);
+        ptc_hash64_state h;
+        ptc_hash64_init(&h, 0);
         for (size_t at = 0; at < sizeof b; at += piece)
-            ptrt_hash64_update(&h, b + at, at + piece <= sizeof b ? piece : sizeof b - at);
-        cr_assert_eq(ptrt_hash64_final(&h), 0x6be03acbf959c413ULL, "pieces of %zu", piece);
+            ptc_hash64_update(&h, b + at, at + piece <= sizeof b ? piece : sizeof b - at);
+        cr_assert_eq(ptc_hash64_final(&h), 0x6be03acbf959c413ULL, "pieces of %zu", piece);
     }
 }
 

@@ -1,5 +1,5 @@
-/* io.c - atomic file replacement and XXH64 (see io.h). */
-#include "io.h"
+/* file.c - atomic file replacement and XXH64 (see file.h). */
+#include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 
 #include "util.h"
 
-static void io_reset(ptrt_io_file *f)
+static void io_reset(ptc_file_file *f)
 {
     free(f->path);
     free(f->tmp);
@@ -19,7 +19,7 @@ static void io_reset(ptrt_io_file *f)
     f->path = f->tmp = NULL;
 }
 
-int ptrt_io_create(ptrt_io_file *f, const char *path, char *err, size_t errn)
+int ptc_file_create(ptc_file_file *f, const char *path, char *err, size_t errn)
 {
     size_t n = strlen(path) + 32;
     f->path = ptc_xstrdup(path);
@@ -35,7 +35,7 @@ int ptrt_io_create(ptrt_io_file *f, const char *path, char *err, size_t errn)
     return 0;
 }
 
-int ptrt_io_write(ptrt_io_file *f, const void *p, size_t n, char *err, size_t errn)
+int ptc_file_write(ptc_file_file *f, const void *p, size_t n, char *err, size_t errn)
 {
     const unsigned char *b = p;
     while (n > 0) {
@@ -54,7 +54,7 @@ int ptrt_io_write(ptrt_io_file *f, const void *p, size_t n, char *err, size_t er
     return 0;
 }
 
-void ptrt_io_abort(ptrt_io_file *f)
+void ptc_file_abort(ptc_file_file *f)
 {
     if (f->fd >= 0)
         close(f->fd);
@@ -87,7 +87,7 @@ static int sync_dir(const char *path, char *err, size_t errn)
     return rc;
 }
 
-int ptrt_io_commit(ptrt_io_file *f, char *err, size_t errn)
+int ptc_file_commit(ptc_file_file *f, char *err, size_t errn)
 {
     const char *what = NULL;
     if (fsync(f->fd) != 0)
@@ -100,7 +100,7 @@ int ptrt_io_commit(ptrt_io_file *f, char *err, size_t errn)
         what = "rename";
     if (what) {
         ptc_fmt(err, errn, "%s: %s of %s failed: %s", f->path, what, f->tmp, strerror(errno));
-        ptrt_io_abort(f);
+        ptc_file_abort(f);
         return -1;
     }
     int rc = sync_dir(f->path, err, errn);
@@ -108,16 +108,16 @@ int ptrt_io_commit(ptrt_io_file *f, char *err, size_t errn)
     return rc;
 }
 
-int ptrt_io_write_file(const char *path, const void *p, size_t n, char *err, size_t errn)
+int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, size_t errn)
 {
-    ptrt_io_file f;
-    if (ptrt_io_create(&f, path, err, errn) != 0)
+    ptc_file_file f;
+    if (ptc_file_create(&f, path, err, errn) != 0)
         return -1;
-    if (ptrt_io_write(&f, p, n, err, errn) != 0) {
-        ptrt_io_abort(&f);
+    if (ptc_file_write(&f, p, n, err, errn) != 0) {
+        ptc_file_abort(&f);
         return -1;
     }
-    return ptrt_io_commit(&f, err, errn);
+    return ptc_file_commit(&f, err, errn);
 }
 
 /* ---- XXH64 ---------------------------------------------------------------------------------- */
@@ -158,7 +158,7 @@ static uint64_t merge(uint64_t acc, uint64_t v)
     return acc * P1 + P4;
 }
 
-void ptrt_hash64_init(ptrt_hash64_state *s, uint64_t seed)
+void ptc_hash64_init(ptc_hash64_state *s, uint64_t seed)
 {
     memset(s, 0, sizeof *s);
     s->seed = seed;
@@ -176,7 +176,7 @@ static void stripe(uint64_t v[4], const unsigned char *p)
     v[3] = xround(v[3], rd64(p + 24));
 }
 
-void ptrt_hash64_update(ptrt_hash64_state *s, const void *data, size_t n)
+void ptc_hash64_update(ptc_hash64_state *s, const void *data, size_t n)
 {
     const unsigned char *p = data;
     s->total += n;
@@ -203,7 +203,7 @@ void ptrt_hash64_update(ptrt_hash64_state *s, const void *data, size_t n)
     s->nbuf = n;
 }
 
-uint64_t ptrt_hash64_final(const ptrt_hash64_state *s)
+uint64_t ptc_hash64_final(const ptc_hash64_state *s)
 {
     uint64_t h;
     if (s->total >= 32) {
@@ -234,15 +234,15 @@ uint64_t ptrt_hash64_final(const ptrt_hash64_state *s)
     return h;
 }
 
-uint64_t ptrt_hash64(const void *p, size_t n, uint64_t seed)
+uint64_t ptc_hash64(const void *p, size_t n, uint64_t seed)
 {
-    ptrt_hash64_state s;
-    ptrt_hash64_init(&s, seed);
-    ptrt_hash64_update(&s, p, n);
-    return ptrt_hash64_final(&s);
+    ptc_hash64_state s;
+    ptc_hash64_init(&s, seed);
+    ptc_hash64_update(&s, p, n);
+    return ptc_hash64_final(&s);
 }
 
-int ptrt_io_open_regular(const char *path, size_t *size, char *err, size_t errn)
+int ptc_file_open_regular(const char *path, size_t *size, char *err, size_t errn)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "file.h"
 #include "util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -574,14 +574,14 @@ static int check_names(ptrt_st_file *f, char *err, size_t errn)
 /* The checksum covers the data section and then, in a fixed encoding, every header entry that gives
  * it meaning (metadata in header order without the checksum itself, tensors in offset order), so a
  * damaged dtype, shape or step is caught as surely as damaged data. */
-static void hash_meta(ptrt_hash64_state *h, const char *key, const char *value)
+static void hash_meta(ptc_hash64_state *h, const char *key, const char *value)
 {
-    ptrt_hash64_update(h, "M", 1);
-    ptrt_hash64_update(h, key, strlen(key) + 1);
-    ptrt_hash64_update(h, value, strlen(value) + 1);
+    ptc_hash64_update(h, "M", 1);
+    ptc_hash64_update(h, key, strlen(key) + 1);
+    ptc_hash64_update(h, value, strlen(value) + 1);
 }
 
-static void hash_tensor(ptrt_hash64_state *h, const char *name, ptrt_st_dtype dt, int ndim,
+static void hash_tensor(ptc_hash64_state *h, const char *name, ptrt_st_dtype dt, int ndim,
                         const int64_t *shape, uint64_t begin, uint64_t end)
 {
     unsigned char b[8 * (PTRT_ST_MAXDIM + 3)];
@@ -595,10 +595,10 @@ static void hash_tensor(ptrt_hash64_state *h, const char *name, ptrt_st_dtype dt
     for (int i = 0; i < nv; i++)
         for (int k = 0; k < 8; k++)
             b[8 * i + k] = (unsigned char)(v[i] >> (8 * k));
-    ptrt_hash64_update(h, "T", 1);
-    ptrt_hash64_update(h, name, strlen(name) + 1);
-    ptrt_hash64_update(h, dtypes[dt].name, strlen(dtypes[dt].name) + 1);
-    ptrt_hash64_update(h, b, 8 * (size_t)nv);
+    ptc_hash64_update(h, "T", 1);
+    ptc_hash64_update(h, name, strlen(name) + 1);
+    ptc_hash64_update(h, dtypes[dt].name, strlen(dtypes[dt].name) + 1);
+    ptc_hash64_update(h, b, 8 * (size_t)nv);
 }
 
 static bool is_lower_hex(const char *s)
@@ -633,9 +633,9 @@ static int check_checksum(ptrt_st_file *f, const unsigned char *data, size_t dat
         ptc_fmt(err, errn, "%s: malformed %s \"%.40s\"", f->name, PTRT_ST_CHECKSUM_KEY, v);
         return -1;
     }
-    ptrt_hash64_state h;
-    ptrt_hash64_init(&h, 0);
-    ptrt_hash64_update(&h, data, datan);
+    ptc_hash64_state h;
+    ptc_hash64_init(&h, 0);
+    ptc_hash64_update(&h, data, datan);
     for (int i = 0; i < f->nmeta; i++)
         if (strcmp(f->meta[i].key, PTRT_ST_CHECKSUM_KEY) != 0)
             hash_meta(&h, f->meta[i].key, f->meta[i].value);
@@ -644,7 +644,7 @@ static int check_checksum(ptrt_st_file *f, const unsigned char *data, size_t dat
         uint64_t begin = (uintptr_t)t->data; /* still an offset here */
         hash_tensor(&h, t->name, t->dtype, t->ndim, t->shape, begin, begin + t->nbytes);
     }
-    if (ptrt_hash64_final(&h) != want) {
+    if (ptc_hash64_final(&h) != want) {
         ptc_fmt(err, errn, "%s: checksum mismatch (file corrupted?)", f->name);
         return -1;
     }
@@ -701,7 +701,7 @@ ptrt_st_file *ptrt_st_parse(const char *name, const void *buf, size_t n, char *e
 ptrt_st_file *ptrt_st_open(const char *path, char *err, size_t errn)
 {
     size_t n;
-    int fd = ptrt_io_open_regular(path, &n, err, errn);
+    int fd = ptc_file_open_regular(path, &n, err, errn);
     if (fd < 0)
         return NULL;
     void *map = NULL;
@@ -1069,10 +1069,10 @@ static int cmp_wentry(const void *a, const void *b)
 /* The checksum of what ptrt_st_save writes (see hash_tensor). */
 static uint64_t writer_checksum(const ptrt_st_writer *w)
 {
-    ptrt_hash64_state h;
-    ptrt_hash64_init(&h, 0);
+    ptc_hash64_state h;
+    ptc_hash64_init(&h, 0);
     for (int i = 0; i < w->nt; i++)
-        ptrt_hash64_update(&h, w->t[i].data, wtensor_bytes(&w->t[i]));
+        ptc_hash64_update(&h, w->t[i].data, wtensor_bytes(&w->t[i]));
     for (int i = 0; i < w->nmeta; i += 2)
         hash_meta(&h, w->meta[i], w->meta[i + 1]);
     wentry *e = ptc_xmalloc(sizeof *e * (size_t)(w->nt ? w->nt : 1));
@@ -1089,7 +1089,7 @@ static uint64_t writer_checksum(const ptrt_st_writer *w)
                     e[i].begin + wtensor_bytes(t));
     }
     free(e);
-    return ptrt_hash64_final(&h);
+    return ptc_hash64_final(&h);
 }
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes. */
@@ -1134,20 +1134,20 @@ int ptrt_st_save(const ptrt_st_writer *w, const char *path, char *err, size_t er
     unsigned char len[8];
     for (int k = 0; k < 8; k++)
         len[k] = (unsigned char)((uint64_t)hdr.n >> (8 * k));
-    ptrt_io_file f;
-    if (ptrt_io_create(&f, path, err, errn) != 0) {
+    ptc_file_file f;
+    if (ptc_file_create(&f, path, err, errn) != 0) {
         free(hdr.p);
         return -1;
     }
-    int rc = ptrt_io_write(&f, len, 8, err, errn);
+    int rc = ptc_file_write(&f, len, 8, err, errn);
     if (rc == 0)
-        rc = ptrt_io_write(&f, hdr.p, hdr.n, err, errn);
+        rc = ptc_file_write(&f, hdr.p, hdr.n, err, errn);
     for (int i = 0; rc == 0 && i < w->nt; i++)
-        rc = ptrt_io_write(&f, w->t[i].data, wtensor_bytes(&w->t[i]), err, errn);
+        rc = ptc_file_write(&f, w->t[i].data, wtensor_bytes(&w->t[i]), err, errn);
     free(hdr.p);
     if (rc != 0) {
-        ptrt_io_abort(&f);
+        ptc_file_abort(&f);
         return -1;
     }
-    return ptrt_io_commit(&f, err, errn);
+    return ptc_file_commit(&f, err, errn);
 }

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "file.h"
 #include "util.h"
 
 struct ptrt_data {
@@ -98,7 +98,7 @@ static int check_vocab(const ptrt_data *d, int vocab, char *err, size_t errn)
 ptrt_data *ptrt_data_open(const char *path, int vocab, char *err, size_t errn)
 {
     size_t size;
-    int fd = ptrt_io_open_regular(path, &size, err, errn);
+    int fd = ptc_file_open_regular(path, &size, err, errn);
     if (fd < 0)
         return NULL;
     if (size < PTRT_DATA_HEADER_BYTES) {
@@ -189,7 +189,7 @@ static uint64_t below(uint64_t *s, uint64_t n)
 static void shuffle_epoch(ptrt_data *d, uint64_t epoch)
 {
     uint64_t key[2] = {d->seed, epoch};
-    uint64_t s = ptrt_hash64(key, sizeof key, 0x70746364617461ULL);
+    uint64_t s = ptc_hash64(key, sizeof key, 0x70746364617461ULL);
     for (uint64_t i = 0; i < d->nwin; i++)
         d->perm[i] = (uint32_t)i;
     for (uint64_t i = d->nwin - 1; i > 0; i--) {
@@ -253,10 +253,10 @@ int ptrt_data_write(const char *path, const uint16_t *tokens, size_t n, char *er
     wr32le(header, PTRT_DATA_MAGIC);
     wr32le(header + 4, PTRT_DATA_VERSION);
     wr32le(header + 8, (uint32_t)n);
-    ptrt_io_file f;
-    if (ptrt_io_create(&f, path, err, errn) != 0)
+    ptc_file_file f;
+    if (ptc_file_create(&f, path, err, errn) != 0)
         return -1;
-    int rc = ptrt_io_write(&f, header, sizeof header, err, errn);
+    int rc = ptc_file_write(&f, header, sizeof header, err, errn);
     unsigned char buf[8192];
     for (size_t i = 0; rc == 0 && i < n;) {
         size_t m = 0;
@@ -264,11 +264,11 @@ int ptrt_data_write(const char *path, const uint16_t *tokens, size_t n, char *er
             buf[m] = (unsigned char)(tokens[i] & 0xff);
             buf[m + 1] = (unsigned char)(tokens[i] >> 8);
         }
-        rc = ptrt_io_write(&f, buf, m, err, errn);
+        rc = ptc_file_write(&f, buf, m, err, errn);
     }
     if (rc != 0) {
-        ptrt_io_abort(&f);
+        ptc_file_abort(&f);
         return -1;
     }
-    return ptrt_io_commit(&f, err, errn);
+    return ptc_file_commit(&f, err, errn);
 }

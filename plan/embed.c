@@ -1,5 +1,5 @@
 /* plan_embed.c - writing and reading the plan carried by a compiled executable (see header). */
-#include "plan_embed.h"
+#include "embed.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "io.h"
+#include "file.h"
 #include "util.h"
 
 int ptrt_plan_write_exe(const char *runner, const char *plan, size_t planlen, const char *out,
@@ -24,18 +24,18 @@ int ptrt_plan_write_exe(const char *runner, const char *plan, size_t planlen, co
     for (int i = 0; i < 8; i++)
         trailer[i] = (unsigned char)((uint64_t)planlen >> (8 * i));
     memcpy(trailer + 8, PTRT_PLAN_MAGIC, 8);
-    ptrt_io_file f;
+    ptc_file_file f;
     int rc = -1;
-    if (ptrt_io_create(&f, out, err, errn) == 0) {
-        if (ptrt_io_write(&f, bin, n, err, errn) < 0 ||
-            ptrt_io_write(&f, plan, planlen, err, errn) < 0 ||
-            ptrt_io_write(&f, trailer, sizeof trailer, err, errn) < 0) {
-            ptrt_io_abort(&f);
+    if (ptc_file_create(&f, out, err, errn) == 0) {
+        if (ptc_file_write(&f, bin, n, err, errn) < 0 ||
+            ptc_file_write(&f, plan, planlen, err, errn) < 0 ||
+            ptc_file_write(&f, trailer, sizeof trailer, err, errn) < 0) {
+            ptc_file_abort(&f);
         } else if (fchmod(f.fd, 0755) < 0) {
             ptc_fmt(err, errn, "%s: cannot make it executable: %s", out, strerror(errno));
-            ptrt_io_abort(&f);
+            ptc_file_abort(&f);
         } else {
-            rc = ptrt_io_commit(&f, err, errn);
+            rc = ptc_file_commit(&f, err, errn);
         }
     }
     free(bin);

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "file.h"
 #include "util.h"
 
 #define FORMAT_VERSION "1"
@@ -35,19 +35,19 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
 
 uint64_t ptrt_ckpt_config_hash(const ptrt_ckpt_param *p, int n, const char *extra)
 {
-    ptrt_hash64_state h;
-    ptrt_hash64_init(&h, 0x707463636b7074ULL);
+    ptc_hash64_state h;
+    ptc_hash64_init(&h, 0x707463636b7074ULL);
     for (int i = 0; i < n; i++) {
-        ptrt_hash64_update(&h, p[i].name, strlen(p[i].name) + 1);
+        ptc_hash64_update(&h, p[i].name, strlen(p[i].name) + 1);
         int nd = p[i].ndim < 0 ? 0 : p[i].ndim > PTRT_ST_MAXDIM ? PTRT_ST_MAXDIM : p[i].ndim;
         int64_t dims[PTRT_ST_MAXDIM + 1] = {p[i].ndim};
         for (int d = 0; d < nd; d++)
             dims[d + 1] = p[i].shape[d];
-        ptrt_hash64_update(&h, dims, sizeof(int64_t) * (size_t)(nd + 1));
+        ptc_hash64_update(&h, dims, sizeof(int64_t) * (size_t)(nd + 1));
     }
     if (extra)
-        ptrt_hash64_update(&h, extra, strlen(extra));
-    uint64_t v = ptrt_hash64_final(&h);
+        ptc_hash64_update(&h, extra, strlen(extra));
+    uint64_t v = ptc_hash64_final(&h);
     return v ? v : 1;
 }
 
@@ -252,7 +252,7 @@ int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_
         return -1;
     char line[80];
     snprintf(line, sizeof line, "%s\n", base);
-    if (ptrt_io_write_file(latest, line, strlen(line), err, errn) != 0)
+    if (ptc_file_write_file(latest, line, strlen(line), err, errn) != 0)
         return -1;
     if (path)
         ptc_fmt(path, pathn, "%s", file);
