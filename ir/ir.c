@@ -1,6 +1,7 @@
 /* ir.c - the op table instantiated from ops.def, types, and the graph builder. */
 #include "ir.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,19 +19,50 @@ const ptc_op_info ptc_ops[PTC_NOPS] = {
 #undef OP
 };
 
-static const char *const attr_names[PTC_A_COUNT] = {
-    "axis",     "n",         "start",  "len",   "eps",   "heads",
-    "kv_heads", "causal",    "base",   "dtype", "shape", "perm",
-    "value",    "name",      "init",   "beta1", "beta2", "weight_decay",
-    "momentum", "mesh_axis", "reduce", "to",    "group",
+static const struct {
+    const char *name;
+    ptc_attr_kind kind;
+    size_t offset;
+} attr_table[PTC_A_COUNT] = {
+#define ATTR(id, nm, k, field) [PTC_A_BIT_##id] = {nm, PTC_AK_##k, offsetof(ptc_attrs, field)},
+#include "attrs.def"
+#undef ATTR
 };
 
-const char *ptc_attr_name(unsigned bit)
+static int attr_index(unsigned bit)
 {
     for (int i = 0; i < PTC_A_COUNT; i++)
         if (bit == (1u << i))
-            return attr_names[i];
-    return "?";
+            return i;
+    return -1;
+}
+
+const char *ptc_attr_name(unsigned bit)
+{
+    int i = attr_index(bit);
+    return i >= 0 ? attr_table[i].name : "?";
+}
+
+unsigned ptc_attr_lookup(const char *name)
+{
+    for (int i = 0; i < PTC_A_COUNT; i++)
+        if (strcmp(attr_table[i].name, name) == 0)
+            return 1u << i;
+    return 0;
+}
+
+ptc_attr_kind ptc_attr_kind_of(unsigned bit)
+{
+    int i = attr_index(bit);
+    PTC_ASSERT(i >= 0);
+    return attr_table[i].kind;
+}
+
+void *ptc_attr_field(ptc_attrs *attrs, unsigned bit)
+{
+    int i = attr_index(bit);
+    PTC_ASSERT(i >= 0);
+    return (char *)attrs + attr_table[i].offset;
 }
 
 ptc_op ptc_op_lookup(const char *name)

@@ -46,31 +46,17 @@ typedef struct ptc_loc {
 } ptc_loc;
 
 /* ---- the op table ---- */
+/* Attribute bits, from the attribute table (attrs.def). */
 enum {
-    PTC_A_AXIS = 1 << 0,
-    PTC_A_N = 1 << 1,
-    PTC_A_START = 1 << 2,
-    PTC_A_LEN = 1 << 3,
-    PTC_A_EPS = 1 << 4,
-    PTC_A_HEADS = 1 << 5,
-    PTC_A_KV_HEADS = 1 << 6,
-    PTC_A_CAUSAL = 1 << 7,
-    PTC_A_BASE = 1 << 8,
-    PTC_A_DTYPE = 1 << 9,
-    PTC_A_SHAPE = 1 << 10,
-    PTC_A_PERM = 1 << 11,
-    PTC_A_VALUE = 1 << 12,
-    PTC_A_NAME = 1 << 13,
-    PTC_A_INIT = 1 << 14,
-    PTC_A_BETA1 = 1 << 15,
-    PTC_A_BETA2 = 1 << 16,
-    PTC_A_WD = 1 << 17,
-    PTC_A_MOMENTUM = 1 << 18,
-    PTC_A_MESH_AXIS = 1 << 19, /* collectives and rank-dependent ops: the mesh axis they act on */
-    PTC_A_REDUCE = 1 << 20,    /* allreduce: 0 sum, 1 max */
-    PTC_A_TO = 1 << 21,        /* all_to_all: the dimension that becomes sharded */
-    PTC_A_GROUP = 1 << 22,     /* collectives and shard slices: ranks on the mesh axis */
-    PTC_A_COUNT = 23
+#define ATTR(id, name, kind, field) PTC_A_BIT_##id,
+#include "attrs.def"
+#undef ATTR
+    PTC_A_COUNT
+};
+enum {
+#define ATTR(id, name, kind, field) PTC_A_##id = 1 << PTC_A_BIT_##id,
+#include "attrs.def"
+#undef ATTR
 };
 
 enum {
@@ -127,6 +113,23 @@ typedef struct ptc_op_info {
 
 extern const ptc_op_info ptc_ops[PTC_NOPS];
 const char *ptc_attr_name(unsigned bit);
+/* The bit of the attribute named name, or 0. */
+unsigned ptc_attr_lookup(const char *name);
+/* How an attribute's value is stored (the KIND column of attrs.def). */
+typedef enum {
+    PTC_AK_INT64,
+    PTC_AK_DOUBLE,
+    PTC_AK_INT,
+    PTC_AK_BOOL,
+    PTC_AK_REDUCE,
+    PTC_AK_DTYPE,
+    PTC_AK_LIST,
+    PTC_AK_STRING,
+    PTC_AK_INIT
+} ptc_attr_kind;
+ptc_attr_kind ptc_attr_kind_of(unsigned bit);
+/* The field of attrs that holds attribute bit. */
+void *ptc_attr_field(ptc_attrs *attrs, unsigned bit);
 /* Looks an op up by its name; returns PTC_NOPS if there is none. */
 ptc_op ptc_op_lookup(const char *name);
 
