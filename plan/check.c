@@ -1,115 +1,226 @@
-/* plan_check.c - the pre-launch check: would the ranks' collectives match up?
+/* check.c - the pre-launch check: would the ranks' communication match up?
  *
- * Each rank runs its program in order, so its collectives form a sequence. A collective of the
- * group on mesh axis a completes when every member of that group has it next. The check steps
- * all ranks forward like that; if at some point the next collectives of one group's members
- * differ (kind, axis, size, reduction), the plan would fail at run time with a mismatch; if no
- * group can make progress while ranks still have collectives left, it would hang. Both are
- * reported before anything runs, with the ranks and collectives involved.
+ * Each rank runs its program in order, so its communication forms a sequence of collectives,
+ * sends and receives. The check steps every rank forward as the runtime would:
+ *   - a collective of a group completes when every member has it next, with the same kind,
+ *     size, reduction and group;
+ *   - a send completes at once (sends are buffered) and leaves a message for its peer;
+ *   - a receive completes when the next message from its peer is there, of the same size.
+ * A disagreement (kind, size, reduction, a message of the wrong size) would fail at run time; no
+ * progress while ranks still have communication left would hang. Both are reported before
+ * anything runs, naming the ranks, the group and the instructions involved.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "plan.h"
 
-typedef struct coll {
-    ptc_op op;
-    int axis, reduce;
+typedef struct comm_op {
+    const ptc_instr *in;
+    int index; /* position among the rank's collectives (the drop hook counts these) */
+    int instr; /* instruction number in the program */
     int64_t count;
-    int line, index;
-} coll;
+} comm_op;
 
-static int sequence(const ptc_graph *g, int drop, coll **out)
+typedef struct rank_seq {
+    comm_op *ops;
+    int n, pos;
+} rank_seq;
+
+/* Pending messages from one rank to another, in order: their element counts. */
+typedef struct channel {
+    int64_t *counts;
+    int n, cap, head;
+} channel;
+
+typedef struct checker {
+    const ptc_plan *p;
+    rank_seq *seq;
+    channel *chan; /* [from * R + to] */
+    int R;
+    int *members;
+    char *err;
+    size_t errn;
+} checker;
+
+static int build_sequence(const ptc_plan *p, int r, int drop, rank_seq *s)
 {
-    int n = 0, cap = 0, idx = 0;
-    coll *c = NULL;
-    for (int i = 0; i < g->nnodes; i++) {
-        const ptc_node *nd = &g->nodes[i];
-        if (!(ptc_ops[nd->op].flags & PTC_F_COMM))
+    const ptc_program *pg = &p->programs[p->rank_program[r]];
+    int cap = 0, idx = 0;
+    s->ops = NULL;
+    s->n = s->pos = 0;
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        if (in->kind != PTC_INSTR_COLL && in->kind != PTC_INSTR_SEND &&
+            in->kind != PTC_INSTR_RECV)
             continue;
-        if (idx++ == drop)
+        if (in->kind == PTC_INSTR_COLL && idx++ == drop)
             continue;
-        PTC_GROW(c, cap, n);
-        c[n++] = (coll){nd->op,           nd->attrs.mesh_axis,
-                        nd->attrs.reduce, ptc_type_numel(&g->values[nd->in[0]].type),
-                        nd->loc.line,     idx - 1};
+        PTC_GROW(s->ops, cap, s->n);
+        int b = in->kind == PTC_INSTR_RECV ? in->out[0] : in->in[0];
+        s->ops[s->n++] = (comm_op){in, in->kind == PTC_INSTR_COLL ? idx - 1 : -1, i,
+                                   ptc_type_numel(&pg->bufs[b].type)};
     }
-    *out = c;
-    return n;
+    return 0;
 }
 
-static void describe(const ptc_graph *g, const coll *c, char *buf, size_t n)
+/* The messages from one rank to another (allocated when a plan first sends). */
+static channel *chan(checker *c, int from, int to)
 {
-    ptc_fmt(buf, n, "%s over %s of %lld elements (collective #%d, line %d)", ptc_ops[c->op].name,
-            g->mesh.names[c->axis], (long long)c->count, c->index, c->line);
+    if (!c->chan)
+        c->chan = ptc_xcalloc((size_t)c->R * (size_t)c->R, sizeof *c->chan);
+    return &c->chan[(size_t)from * (size_t)c->R + (size_t)to];
 }
 
-int ptc_plan_check(const ptc_graph *g, int drop_rank, int drop_index, char *err, size_t errn)
+static void describe(const checker *c, const comm_op *o, char *buf, size_t n)
 {
-    if (!g->mesh.naxes)
+    const ptc_instr *in = o->in;
+    char group[64];
+    if (in->kind == PTC_INSTR_COLL) {
+        ptc_plan_group_name(&c->p->mesh, in->coll.axes, group, sizeof group);
+        ptc_fmt(buf, n, "%s over %s of %lld elements (collective #%d, instruction %d, line %d)",
+                ptc_coll_name(in->coll.kind), group, (long long)o->count, o->index, o->instr,
+                in->loc.line);
+    } else {
+        ptc_fmt(buf, n, "%s of %lld elements (instruction %d, line %d)",
+                in->kind == PTC_INSTR_SEND ? "send" : "recv", (long long)o->count, o->instr,
+                in->loc.line);
+    }
+}
+
+static bool same_coll(const comm_op *a, const comm_op *b)
+{
+    const ptc_coll *x = &a->in->coll, *y = &b->in->coll;
+    return x->kind == y->kind && x->reduce == y->reduce && x->axes == y->axes &&
+           a->count == b->count;
+}
+
+static const comm_op *next_op(const checker *c, int r)
+{
+    const rank_seq *s = &c->seq[r];
+    return s->pos < s->n ? &s->ops[s->pos] : NULL;
+}
+
+/* Tries to complete rank r's next communication; 1 progress, 0 blocked, -1 error. */
+static int step_rank(checker *c, int r)
+{
+    const comm_op *o = next_op(c, r);
+    const ptc_mesh *m = &c->p->mesh;
+    if (!o)
         return 0;
-    int R = ptc_mesh_nranks(&g->mesh), rc = 0;
-    coll **seq = ptc_xcalloc((size_t)R, sizeof *seq);
-    int *len = ptc_xcalloc((size_t)R, sizeof(int)), *pos = ptc_xcalloc((size_t)R, sizeof(int));
-    int members[1024];
-    for (int r = 0; r < R; r++)
-        len[r] = sequence(g, r == drop_rank ? drop_index : -1, &seq[r]);
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (int r = 0; r < R && !rc; r++) {
-            if (pos[r] >= len[r])
-                continue;
-            const coll *c = &seq[r][pos[r]];
-            int m = ptc_mesh_group(&g->mesh, r, c->axis, members);
-            bool ready = true;
-            for (int k = 0; k < m && ready; k++) {
-                int q = members[k];
-                if (pos[q] >= len[q] || seq[q][pos[q]].axis != c->axis) {
-                    ready = false;
-                    continue;
-                }
-                const coll *d = &seq[q][pos[q]];
-                if (d->op != c->op || d->count != c->count || d->reduce != c->reduce) {
-                    char a[256], b[256];
-                    describe(g, c, a, sizeof a);
-                    describe(g, d, b, sizeof b);
-                    ptc_fmt(err, errn,
-                            "plan check: collective mismatch on the %s group of ranks %d and %d: "
-                            "rank %d issues %s but rank %d issues %s",
-                            g->mesh.names[c->axis], r, q, r, a, q, b);
-                    rc = -1;
-                }
-            }
-            if (ready && !rc) {
-                for (int k = 0; k < m; k++)
-                    pos[members[k]]++;
-                progress = true;
-            }
+    if (o->in->kind == PTC_INSTR_SEND) {
+        int q = ptc_plan_peer(m, r, o->in->peer_axis, o->in->peer_delta);
+        channel *ch = chan(c, r, q);
+        PTC_GROW(ch->counts, ch->cap, ch->n);
+        ch->counts[ch->n++] = o->count;
+        c->seq[r].pos++;
+        return 1;
+    }
+    if (o->in->kind == PTC_INSTR_RECV) {
+        int q = ptc_plan_peer(m, r, o->in->peer_axis, o->in->peer_delta);
+        channel *ch = chan(c, q, r);
+        if (ch->head == ch->n)
+            return 0;
+        if (ch->counts[ch->head] != o->count) {
+            char a[256];
+            describe(c, o, a, sizeof a);
+            ptc_fmt(c->err, c->errn,
+                    "plan check: rank %d receives from rank %d a message of %lld elements in %s",
+                    r, q, (long long)ch->counts[ch->head], a);
+            return -1;
+        }
+        ch->head++;
+        c->seq[r].pos++;
+        return 1;
+    }
+    int n = ptc_plan_group(m, r, o->in->coll.axes, c->members);
+    for (int k = 0; k < n; k++) {
+        const comm_op *d = next_op(c, c->members[k]);
+        if (!d || d->in->kind != PTC_INSTR_COLL || d->in->coll.axes != o->in->coll.axes)
+            return 0;
+        if (!same_coll(o, d)) {
+            char a[256], b[256], group[64];
+            describe(c, o, a, sizeof a);
+            describe(c, d, b, sizeof b);
+            ptc_plan_group_name(m, o->in->coll.axes, group, sizeof group);
+            ptc_fmt(c->err, c->errn,
+                    "plan check: collective mismatch on the %s group of ranks %d and %d: rank %d "
+                    "issues %s but rank %d issues %s",
+                    group, r, c->members[k], r, a, c->members[k], b);
+            return -1;
         }
     }
-    for (int r = 0; r < R && !rc; r++) {
-        if (pos[r] >= len[r])
+    for (int k = 0; k < n; k++)
+        c->seq[c->members[k]].pos++;
+    return 1;
+}
+
+/* Everyone is blocked: name a rank that waits and the rank it waits for. */
+static void report_hang(checker *c)
+{
+    const ptc_mesh *m = &c->p->mesh;
+    for (int r = 0; r < c->R; r++) {
+        const comm_op *o = next_op(c, r);
+        if (!o)
             continue;
         char a[256];
-        describe(g, &seq[r][pos[r]], a, sizeof a);
-        int m = ptc_mesh_group(&g->mesh, r, seq[r][pos[r]].axis, members);
-        int q = -1;
-        for (int k = 0; k < m && q < 0; k++)
-            if (pos[members[k]] >= len[members[k]] ||
-                seq[members[k]][pos[members[k]]].axis != seq[r][pos[r]].axis)
-                q = members[k];
-        ptc_fmt(err, errn,
+        describe(c, o, a, sizeof a);
+        if (o->in->kind == PTC_INSTR_RECV) {
+            int q = ptc_plan_peer(m, r, o->in->peer_axis, o->in->peer_delta);
+            ptc_fmt(c->err, c->errn,
+                    "plan check: the plan would hang: rank %d waits in %s, but rank %d never "
+                    "sends it",
+                    r, a, q);
+            return;
+        }
+        int n = ptc_plan_group(m, r, o->in->coll.axes, c->members), q = -1;
+        for (int k = 0; k < n && q < 0; k++) {
+            const comm_op *d = next_op(c, c->members[k]);
+            if (!d || d->in->kind != PTC_INSTR_COLL || d->in->coll.axes != o->in->coll.axes)
+                q = c->members[k];
+        }
+        const comm_op *d = q >= 0 ? next_op(c, q) : NULL;
+        ptc_fmt(c->err, c->errn,
                 "plan check: the plan would hang: rank %d waits in %s, but rank %d of its group "
                 "%s",
                 r, a, q,
-                q >= 0 && pos[q] >= len[q] ? "has no collective left"
-                                           : "waits in a collective of another group");
-        rc = -1;
+                !d                                ? "has no collective left"
+                : d->in->kind != PTC_INSTR_COLL   ? "waits in a send or receive"
+                                                  : "waits in a collective of another group");
+        return;
     }
-    for (int r = 0; r < R; r++)
-        free(seq[r]);
-    free(seq);
-    free(len);
-    free(pos);
+}
+
+int ptc_plan_check(const ptc_plan *p, int drop_rank, int drop_index, char *err, size_t errn)
+{
+    if (p->nranks == 1)
+        return 0;
+    checker c = {.p = p, .R = p->nranks, .err = err, .errn = errn};
+    c.seq = ptc_xcalloc((size_t)c.R, sizeof *c.seq);
+    c.members = ptc_xmalloc(sizeof(int) * (size_t)c.R);
+    for (int r = 0; r < c.R; r++)
+        build_sequence(p, r, r == drop_rank ? drop_index : -1, &c.seq[r]);
+    int rc = 0;
+    for (bool progress = true; progress && !rc;) {
+        progress = false;
+        for (int r = 0; r < c.R && !rc; r++) {
+            int s;
+            while ((s = step_rank(&c, r)) > 0)
+                progress = true;
+            rc = s < 0 ? -1 : 0;
+        }
+    }
+    for (int r = 0; r < c.R && !rc; r++)
+        if (next_op(&c, r)) {
+            report_hang(&c);
+            rc = -1;
+        }
+    for (int r = 0; r < c.R; r++)
+        free(c.seq[r].ops);
+    for (size_t i = 0; c.chan && i < (size_t)c.R * (size_t)c.R; i++)
+        free(c.chan[i].counts);
+    free(c.seq);
+    free(c.chan);
+    free(c.members);
     return rc;
 }

@@ -11,9 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir.h"
 #include "embed.h"
-#include "spmd.h"
+#include "program.h"
 #include "train.h"
 
 static const char usage[] =
@@ -52,12 +51,16 @@ static const char usage[] =
     "  --quiet                no progress lines\n"
     "  --dump-grads DIR       write every parameter's gradient (before clipping) of each step\n"
     "                         to DIR/grads_step_NNNNNNNN.safetensors, for checking\n"
-    "  --print-plan           print the embedded plan (the step graph as IR text) and exit\n"
+    "  --print-plan           print the embedded plan (every rank program: buffers with their\n"
+    "                         arena offsets, instructions) and exit\n"
     "backend:\n"
     "  --backend KIND         cpu (OpenBLAS GEMMs, default) or ref (plain reference kernels)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --profile              after the run, print the time spent per op kind (per step, the\n"
-    "                         first step left out: it allocates the buffers)\n"
+    "                         first step left out: it warms up)\n"
+    "  --check-memory         fill every arena with a canary at start and, after the run,\n"
+    "                         compare each rank's measured high-water mark per arena with the\n"
+    "                         plan (printed, and in --log); a difference fails the run\n"
     "  -h, --help             this help\n"
     "test hooks:\n"
     "  --debug-drop-collective R:K  rank R leaves out its K-th collective of every step\n"
@@ -198,6 +201,8 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
             o->resume = true;
         } else if (strcmp(a, "--profile") == 0) {
             o->profile = true;
+        } else if (strcmp(a, "--check-memory") == 0) {
+            o->check_memory = true;
         } else if (strcmp(a, "--quiet") == 0) {
             o->quiet = true;
         } else if (strcmp(a, "--print-plan") == 0) {
@@ -215,33 +220,18 @@ static int parse_flags(int argc, char **argv, ptrt_train_opts *o, bool *print_pl
     return 0;
 }
 
-/* Parameters of the logical model (a partitioned plan holds shards). */
-static int64_t model_params(const ptc_graph *g)
-{
-    int64_t n = 0;
-    for (int i = 0; i < g->nnodes; i++) {
-        const ptc_node *nd = &g->nodes[i];
-        if (nd->op != PTC_OP_PARAM)
-            continue;
-        const ptc_value *v = &g->values[nd->out[0]];
-        ptc_type t = g->mesh.naxes ? ptrt_spmd_global_type(&v->type, v->place, &g->mesh) : v->type;
-        n += ptc_type_numel(&t);
-    }
-    return n;
-}
-
 int main(int argc, char **argv)
 {
     char err[4096];
-    char *plan = ptrt_plan_read_exe("/proc/self/exe", err, sizeof err);
-    if (!plan) {
+    char *text = ptrt_plan_read_exe("/proc/self/exe", err, sizeof err);
+    if (!text) {
         fprintf(stderr, "%s: error: %s\n", argv[0], err);
         return 2;
     }
-    ptc_graph *g = ptc_parse_ir(plan, err, sizeof err);
-    if (!g) {
-        fprintf(stderr, "%s: error: the embedded plan does not parse: %s\n", argv[0], err);
-        free(plan);
+    ptc_plan *plan = ptc_plan_load(text, err, sizeof err);
+    if (!plan) {
+        fprintf(stderr, "%s: error: the embedded plan does not load: %s\n", argv[0], err);
+        free(text);
         return 2;
     }
     ptrt_train_opts o;
@@ -250,23 +240,24 @@ int main(int argc, char **argv)
     int rc = parse_flags(argc, argv, &o, &print_plan, &help);
     if (!rc && help) {
         char count[32];
-        snprintf(count, sizeof count, "%lld", (long long)model_params(g));
+        snprintf(count, sizeof count, "%lld", (long long)plan->logical_params);
         char mesh[128] = "";
-        for (int a = 0, k = 0; a < g->mesh.naxes; a++)
-            k += snprintf(mesh + k, sizeof mesh - (size_t)k, "%s%s=%d", a ? "," : "; mesh ",
-                          g->mesh.names[a], g->mesh.sizes[a]);
-        if (g->mesh.naxes)
-            snprintf(mesh + strlen(mesh), sizeof mesh - strlen(mesh), ": %d ranks as threads",
-                     ptc_mesh_nranks(&g->mesh));
-        printf(usage, argv[0], g->name, count, mesh);
+        if (plan->mesh.naxes) {
+            int k = snprintf(mesh, sizeof mesh, "; mesh ");
+            for (int a = 0; a < plan->mesh.naxes; a++)
+                k += snprintf(mesh + k, sizeof mesh - (size_t)k, "%s%s=%d", a ? "," : "",
+                              plan->mesh.names[a], plan->mesh.sizes[a]);
+            snprintf(mesh + k, sizeof mesh - (size_t)k, ": %d ranks as threads", plan->nranks);
+        }
+        printf(usage, argv[0], plan->model, count, mesh);
     } else if (!rc && print_plan) {
-        fputs(plan, stdout);
+        fputs(text, stdout);
     } else if (!rc) {
-        rc = ptrt_train(g, &o, err, sizeof err);
+        rc = ptrt_train(plan, &o, err, sizeof err);
         if (rc)
             fprintf(stderr, "%s: error: %s\n", argv[0], err);
     }
-    ptc_graph_free(g);
-    free(plan);
+    ptc_plan_free(plan);
+    free(text);
     return rc;
 }

@@ -12,12 +12,13 @@
 
 #include <unistd.h>
 
+#include "embed.h"
+#include "exec.h"
 #include "frontend.h"
-#include "interp.h"
 #include "ir.h"
+#include "planner.h"
 #include "passes.h"
 #include "plan.h"
-#include "embed.h"
 
 #define PTC_VERSION "0.1.0"
 
@@ -35,9 +36,15 @@ static const char usage[] =
     "                         ir      the IR as text (read back by the IR parser)\n"
     "                         dot     the logical IR as a Graphviz graph\n"
     "                         params  every parameter with its shape, and the total count\n"
-    "                         plan    the partitioned plan: parameter placements, per-rank\n"
-    "                                 memory and communication, the rank program\n"
+    "                         plan    the execution plan: per rank program a summary (memory,\n"
+    "                                 communication, largest tensors, warnings), then\n"
+    "                                 parameter placements, traffic by layer, the program\n"
     "                         plan-json  the same as JSON (schema in docs/plan-json.md)\n"
+    "                         program the rank programs alone: buffers with their arena\n"
+    "                                 offsets and instructions (what an executable carries)\n"
+    "                         memory  per rank program the live bytes after every\n"
+    "                                 instruction, the peak and where it happens, the arenas\n"
+    "  --summary            with --emit plan: only the summary of every rank program\n"
     "  -D NAME=VALUE        override the const NAME (repeatable)\n"
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
     "  --seed N             seed for initial values and random inputs (default 1)\n"
@@ -69,7 +76,7 @@ static const char usage[] =
 typedef struct options {
     const char *file;
     const char *emit;
-    bool run, train, seq_parallel;
+    bool run, train, seq_parallel, summary;
     const char *output, *dump_after, *runner;
     ptc_mesh mesh;
     int zero;
@@ -178,11 +185,13 @@ static int parse_args(int argc, char **argv, options *o)
             return -1;
         } else if (strcmp(a, "--emit") == 0) {
             if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params") &&
-                strcmp(val, "plan") && strcmp(val, "plan-json"))
-                return usage_error("unknown --emit kind '%s' (ir, dot, params, plan, plan-json)",
+                strcmp(val, "plan") && strcmp(val, "plan-json") && strcmp(val, "program") &&
+                strcmp(val, "memory"))
+                return usage_error("unknown --emit kind '%s' (ir, dot, params, plan, plan-json, "
+                                   "program, memory)",
                                    val);
             o->emit = val;
-            if (strncmp(val, "plan", 4) == 0)
+            if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params"))
                 o->train = true;
         } else if (strcmp(a, "-D") == 0) {
             if (o->ndefines == 64)
@@ -203,6 +212,8 @@ static int parse_args(int argc, char **argv, options *o)
             o->inputs[o->ninputs++] = val;
         } else if (strcmp(a, "--run") == 0) {
             o->run = true;
+        } else if (strcmp(a, "--summary") == 0) {
+            o->summary = true;
         } else if (strcmp(a, "--train") == 0) {
             o->train = true;
         } else if (strcmp(a, "--debug-drop-collective") == 0) {
@@ -294,13 +305,13 @@ static void emit_params(const ptc_graph *g)
     printf(" parameters in %d tensors\n", np);
 }
 
-static int load_input(ptrt_interp *it, const ptc_graph *g, const char *spec)
+static int load_input(ptrt_exec *x, const char *spec, bool *given)
 {
     char name[256];
     const char *eq = strchr(spec, '=');
     snprintf(name, sizeof name, "%.*s", (int)(eq - spec), spec);
-    int v = ptrt_graph_find(g, PTC_OP_INPUT, name);
-    if (v < 0) {
+    int b = ptrt_exec_find(x, PTC_BUF_INPUT, name);
+    if (b < 0) {
         fprintf(stderr, "ptc: error: --input: the model has no input named '%s'\n", name);
         return 2;
     }
@@ -311,40 +322,58 @@ static int load_input(ptrt_interp *it, const ptc_graph *g, const char *spec)
                 strerror(errno));
         return 2;
     }
-    int64_t want = ptc_type_numel(&g->values[v].type) * 4;
-    if ((int64_t)len != want) {
+    const ptc_buffer *bf = &ptrt_exec_program(x)->bufs[b];
+    if ((int64_t)len != bf->bytes) {
         char ty[256];
         fprintf(stderr, "ptc: error: --input %s: '%s' has %zu bytes, input %s needs %lld\n", name,
-                eq + 1, len, ptc_type_str(&g->values[v].type, ty, sizeof ty), (long long)want);
+                eq + 1, len, ptc_type_str(&bf->type, ty, sizeof ty), (long long)bf->bytes);
         free(data);
         return 2;
     }
-    memcpy(ptrt_interp_buffer(it, v), data, len);
-    ptrt_interp_mark_given(it, v);
+    memcpy(ptrt_exec_data(x, b), data, len);
+    given[b] = true;
     free(data);
     return 0;
 }
 
-static int run_forward(const ptc_graph *g, const options *o)
+/* --run: the forward program on the reference backend; prints the loss. */
+static int run_forward(const ptc_graph *g, const options *o, int64_t logical_params)
 {
-    ptrt_interp *it = ptrt_interp_new(g);
+    char err[1024];
+    ptc_lower_opts lo = {.logical_params = logical_params};
+    ptc_plan *plan = ptc_lower(g, &lo, err, sizeof err);
+    if (!plan) {
+        fprintf(stderr, "ptc: %s\n", err);
+        return 3;
+    }
+    ptrt_exec *x = ptrt_exec_new(plan, 0, NULL, err, sizeof err);
+    if (!x) {
+        fprintf(stderr, "ptc: error: %s\n", err);
+        ptc_plan_free(plan);
+        return 1;
+    }
+    const ptc_program *pg = ptrt_exec_program(x);
+    bool *given = ptc_xcalloc((size_t)(pg->nbufs ? pg->nbufs : 1), sizeof(bool));
     int rc = 0;
     for (int i = 0; i < o->ninputs && !rc; i++)
-        rc = load_input(it, g, o->inputs[i]);
-    char err[512];
-    if (!rc) {
-        ptrt_interp_init_params(it, o->seed);
-        if (ptrt_interp_random_inputs(it, o->seed, err, sizeof err) < 0) {
-            fprintf(stderr, "ptc: error: %s\n", err);
+        rc = load_input(x, o->inputs[i], given);
+    ptrt_exec_init_state(x, o->seed);
+    for (int b = 0; b < pg->nbufs && !rc; b++)
+        if (pg->bufs[b].kind == PTC_BUF_INPUT && !given[b] &&
+            ptrt_exec_random_input(x, b, pg->bufs[b].name, o->seed, err, sizeof err) < 0) {
+            fprintf(stderr, "ptc: error: %s: give it with --input %s=FILE\n", err,
+                    pg->bufs[b].name);
             rc = 2;
-        } else if (ptrt_interp_run(it, err, sizeof err) < 0) {
-            fprintf(stderr, "ptc: error: %s\n", err);
-            rc = 1;
-        } else {
-            printf("loss %.9g\n", *(float *)ptrt_interp_buffer(it, g->loss));
         }
+    if (!rc && ptrt_exec_run(x, PTRT_ENTRY_STEP, 0, err, sizeof err) < 0) {
+        fprintf(stderr, "ptc: error: %s\n", err);
+        rc = 1;
+    } else if (!rc) {
+        printf("loss %.9g\n", *(float *)ptrt_exec_data(x, pg->loss));
     }
-    ptrt_interp_free(it);
+    free(given);
+    ptrt_exec_free(x);
+    ptc_plan_free(plan);
     return rc;
 }
 
@@ -402,8 +431,6 @@ static int compile_step(ptc_graph **gp, const options *o, ptc_diag *diag)
     ptc_pass_ctx ctx = {.g = *gp, .opts = &co, .err = err, .errn = sizeof err};
     int rc = ptc_run_passes(&ctx) < 0 ? 1 : 0;
     *gp = ctx.g;
-    if (!rc && ptc_plan_check(ctx.g, o->drop_rank, o->drop_index, err, sizeof err) < 0)
-        rc = 1;
     if (rc)
         report(diag, o->file, err);
     ptc_pass_ctx_free(&ctx);
@@ -429,7 +456,7 @@ static int find_runner(const options *o, char *path, size_t n)
     return access(path, R_OK) == 0 ? 0 : -1;
 }
 
-static int write_executable(const ptc_graph *g, const options *o, int64_t nparams)
+static int write_executable(const ptc_plan *plan, const options *o)
 {
     char runner[4200], err[1024];
     if (find_runner(o, runner, sizeof runner) < 0) {
@@ -439,46 +466,87 @@ static int write_executable(const ptc_graph *g, const options *o, int64_t nparam
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    ptc_print(g, f);
+    ptc_plan_print(plan, f);
     fclose(f);
     int rc = 0;
     if (ptrt_plan_write_exe(runner, text, len, o->output, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: error: %s\n", err);
         rc = 2;
     } else {
-        printf("wrote %s: model '%s', ", o->output, g->name);
-        print_count(stdout, nparams);
-        printf(" parameters, training step of %d operations (run %s --help)\n", g->nnodes,
-               o->output);
+        int64_t total = 0, ninstrs = 0;
+        for (int k = 0; k < plan->nprograms; k++) {
+            ninstrs += plan->programs[k].ninstrs;
+            for (int r = 0; r < PTC_NREGIONS; r++)
+                if (plan->programs[k].region_bytes[r] > total)
+                    total = plan->programs[k].region_bytes[r];
+        }
+        printf("wrote %s: model '%s', ", o->output, plan->model);
+        print_count(stdout, plan->logical_params);
+        printf(" parameters, a training step of %lld instructions (run %s --help)\n",
+               (long long)ninstrs, o->output);
     }
     free(text);
     return rc;
 }
 
-/* Prints or writes what the options ask for. */
-static int emit(const ptc_graph *g, const options *o, int64_t logical_params)
+/* The plan of the compiled step: lowered, memory planned, checked before anything runs. */
+static ptc_plan *make_plan(const ptc_graph *g, const options *o, int64_t logical_params,
+                           ptc_diag *diag)
 {
+    char err[2048];
+    ptc_lower_opts lo = {.zero = o->zero,
+                         .seq_parallel = o->seq_parallel,
+                         .logical_params = logical_params,
+                         .keep_grad_outputs = g->mesh.naxes == 0};
+    ptc_plan *plan = ptc_lower(g, &lo, err, sizeof err);
+    if (!plan) {
+        fprintf(stderr, "ptc: %s\n", err);
+        return NULL;
+    }
+    if (ptc_plan_check(plan, o->drop_rank, o->drop_index, err, sizeof err) < 0) {
+        report(diag, o->file, err);
+        ptc_plan_free(plan);
+        return NULL;
+    }
+    return plan;
+}
+
+/* Prints or writes what the options ask for. */
+static int emit(const ptc_graph *g, const options *o, int64_t logical_params, ptc_diag *diag)
+{
+    /* a training step is always lowered to its plan and checked before launch, whatever is
+     * printed */
+    bool needs_plan = o->train;
     if (o->emit && strcmp(o->emit, "ir") == 0) {
         ptc_print(g, stdout);
     } else if (o->emit && strcmp(o->emit, "dot") == 0) {
         ptc_print_dot(g, stdout);
     } else if (o->emit && strcmp(o->emit, "params") == 0) {
         emit_params(g);
-    } else if (o->emit) { /* plan, plan-json */
-        ptc_plan_info info = {
-            .zero = o->zero, .seq_parallel = o->seq_parallel, .logical_params = logical_params};
-        if (strcmp(o->emit, "plan") == 0)
-            ptc_print_plan(g, &info, stdout);
-        else
-            ptc_print_plan_json(g, &info, stdout);
-    } else if (o->output) {
-        return write_executable(g, o, logical_params);
-    } else if (!o->run && !o->dump_after) {
+    } else if (!o->emit && !o->output && !o->run && !o->dump_after) {
         printf("%s: model '%s', ", o->file, g->name);
         print_count(stdout, logical_params);
         printf(" parameters, %d operations\n", g->nnodes);
     }
-    return 0;
+    if (!needs_plan)
+        return 0;
+    ptc_plan *plan = make_plan(g, o, logical_params, diag);
+    if (!plan)
+        return 1;
+    int rc = 0;
+    ptc_plan_print_opts po = {.summary_only = o->summary};
+    if (o->emit && strcmp(o->emit, "plan") == 0)
+        ptc_print_plan(plan, &po, stdout);
+    else if (o->emit && strcmp(o->emit, "plan-json") == 0)
+        ptc_print_plan_json(plan, stdout);
+    else if (o->emit && strcmp(o->emit, "program") == 0)
+        ptc_plan_print(plan, stdout);
+    else if (o->emit && strcmp(o->emit, "memory") == 0)
+        ptc_print_memory(plan, stdout);
+    else if (o->output)
+        rc = write_executable(plan, o);
+    ptc_plan_free(plan);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -510,9 +578,9 @@ int main(int argc, char **argv)
         rc = compile_step(&g, &o, &diag);
     }
     if (!rc)
-        rc = emit(g, &o, logical_params);
+        rc = emit(g, &o, logical_params, &diag);
     if (!rc && o.run)
-        rc = run_forward(g, &o);
+        rc = run_forward(g, &o, logical_params);
     ptc_graph_free(g);
     free(src);
     return rc;

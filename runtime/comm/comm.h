@@ -1,31 +1,28 @@
-/* comm.h - the in-process communicator: collectives and point-to-point messages between ranks that
- * run as threads of one process (the CPU backend).
+/* comm.h - the communicator interface: what a rank's program needs to talk to the other ranks.
  *
- * It is the reference for every other communicator, so it is deterministic (reductions add the
- * members' contributions in group order, in float, the same way on every member, so replicas end
- * bit-identical and runs repeat bit for bit) and it never hangs: a wait longer than the timeout
- * fails with a message naming the rank, the collective, the group, the step and the ranks that did
- * not arrive.
+ * Collectives over a group and point-to-point messages, with dtypes. Implementations: in-process
+ * (ranks are threads of one process: inproc.h), and later MPI (one rank per process) and NCCL (one
+ * per GPU). Every implementation keeps the in-process one's contract:
  *
- * Groups. A group is a set of ranks (a slice of a mesh axis: a tp group, a dp group, ...), named
- * in every call by its member list in group order, the same array on every member. The set
- * identifies the group: a rank belongs to many groups and collectives on different groups may
- * interleave. The k-th collective a rank calls on a group matches the k-th collective of every
- * other member; when the members disagree (kind, sizes, op, step, member order) every member fails
- * with a message naming two of them, e.g.
- *   rank 2: collective mismatch on group tp [0,1,2,3] at step 3: rank 2 called
- *   allgather(outer 1, chunk 4096) but rank 0 called allreduce(count 4096, sum)
- *
- * Failure. The first error of any call (timeout, mismatch, invalid arguments, ptrt_comm_abort)
- * poisons the communicator: waiting ranks wake at once and every later call fails fast, naming the
- * original reason. A training run is over once its communicator has failed.
- *
- * Threads. Any number of ranks may call concurrently; the calls of one rank must come from one
- * thread at a time (a rank is one sequential program). A member's buffers must stay valid and
- * unchanged until its call returns; the output of one member must not overlap the input of another.
- *
- * Every call taking (err, errn) returns 0, or -1 with a message in err. Messages start with
- * "rank R: " (the calling rank).
+ *   Groups   a group is a set of ranks named in every call by its member list in ascending order,
+ *            the same array on every member (a mesh axis's slice, or several axes at once); the
+ *            k-th collective a rank calls on a group matches the k-th of every other member.
+ *   Order    reductions add the members' contributions in group order, so every member gets the
+ *            same bits and runs repeat bit for bit.
+ *   Layouts  a buffer holding n parts of a tensor split along a dimension d is `outer` blocks of
+ *            n * chunk elements; part j is at offset j * chunk in every block (outer = product of
+ *            the dims before d, chunk = (dim d / n) * product of the dims after d;
+ *            ptrt_comm_split computes them). allgather: in is one part (outer * chunk), out
+ *            receives member j's part as part j. reduce_scatter: in holds n parts, out receives
+ *            part `me` of the reduction. all_to_all: in is viewed as n parts along the new dim
+ *            (outer_in, chunk_in), part p going to members[p]; out as n parts along the old dim
+ *            (outer_out, chunk_out), part j coming from members[j].
+ *   Messages sends are buffered (a send returns without waiting for its receive); messages from
+ *            one sender to one receiver arrive in order and must agree in size and step.
+ *   Failure  no call waits longer than the communicator's timeout; a failure (timeout, mismatch,
+ *            abort) names the rank, the call, the group and the step, and every later call fails
+ *            fast with the first reason.
+ * Every call taking (err, errn) returns 0, or -1 with a message in err starting "rank R: ".
  */
 #ifndef PTRT_COMM_H
 #define PTRT_COMM_H
@@ -34,92 +31,48 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct ptrt_comm ptrt_comm;
-
-/* Creates a communicator for ranks 0 .. nranks-1. timeout_s (> 0) bounds every single wait: for the
- * other members to arrive at a collective, or for a message to arrive in ptrt_comm_recv. Returns
- * NULL with a message when nranks < 1 or the timeout is not a positive finite number. */
-ptrt_comm *ptrt_comm_new(int nranks, double timeout_s, char *err, size_t errn);
-/* Frees the communicator and any messages sent but never received. No rank may be inside a call. */
-void ptrt_comm_free(ptrt_comm *c);
-int ptrt_comm_nranks(const ptrt_comm *c);
+#include "ir.h"
 
 typedef enum { PTRT_RED_SUM, PTRT_RED_MAX } ptrt_reduce;
 
 /* What a call is, for messages and for matching. NULL is allowed (no name, step -1, index -1). */
 typedef struct ptrt_coll_desc {
-    const char *group_name; /* the mesh axis, e.g. "tp", "dp" (may be NULL) */
+    const char *group_name; /* the mesh axes, e.g. "tp", "dp" (may be NULL) */
     int64_t step;           /* training step: must agree between the members of a collective */
     int index;              /* position of this call in the rank's program: messages only */
 } ptrt_coll_desc;
 
-/* Sum or max of every member's in (count floats) into every member's out. Element x of the result
- * is in_0[x] op in_1[x] op ... op in_{n-1}[x], evaluated left to right in float, where in_j is the
- * input of members[j]: every member gets the same bits. in == out (in place) is allowed; so is any
- * other overlap of in and out. MAX propagates NaN.
- * members: the n ranks of the group in group order, the same array on every member, me among
- * them. */
-int ptrt_comm_allreduce(ptrt_comm *c, int me, const int *members, int n, const float *in,
-                        float *out, int64_t count, ptrt_reduce op, const ptrt_coll_desc *d,
-                        char *err, size_t errn);
+typedef struct ptrt_comm_ops {
+    const char *name;
+    int (*allreduce)(void *impl, int me, const int *members, int n, const void *in, void *out,
+                     int64_t count, ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
+                     char *err, size_t errn);
+    int (*allgather)(void *impl, int me, const int *members, int n, const void *in, void *out,
+                     int64_t outer, int64_t chunk, ptc_dtype dt, const ptrt_coll_desc *d,
+                     char *err, size_t errn);
+    int (*reduce_scatter)(void *impl, int me, const int *members, int n, const void *in,
+                          void *out, int64_t outer, int64_t chunk, ptc_dtype dt, ptrt_reduce op,
+                          const ptrt_coll_desc *d, char *err, size_t errn);
+    int (*all_to_all)(void *impl, int me, const int *members, int n, const void *in, void *out,
+                      int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
+                      ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn);
+    int (*send)(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
+                const ptrt_coll_desc *d, char *err, size_t errn);
+    int (*recv)(void *impl, int me, int peer, void *buf, int64_t count, ptc_dtype dt,
+                const ptrt_coll_desc *d, char *err, size_t errn);
+    int (*barrier)(void *impl, int me, const int *members, int n, const ptrt_coll_desc *d,
+                   char *err, size_t errn);
+    /* a failing rank calls this so the others stop waiting at once */
+    void (*abort)(void *impl, int rank, const char *msg);
+    /* true once the communicator has failed, with the first reason */
+    bool (*failed)(void *impl, char *reason, size_t n);
+} ptrt_comm_ops;
 
-/* Layout of the gather-like calls. A buffer holding n parts of a tensor split along a dimension d
- * is `outer` blocks of (n * chunk) floats; part j is at offset j * chunk within every block, where
- * outer = product of the dims before d and chunk = (dim d / n) * product of the dims after d.
- * ptrt_comm_split computes (outer, chunk) from the shape of such a buffer.
- *
- * Allgather (Shard(d) -> Replicate): in is one part (outer * chunk floats, i.e. the local shard
- * laid out contiguously); out (outer * n * chunk) receives member j's in as part j.
- * Example: a [3][4*n][5] tensor sharded on its middle dim: local [3][4][5], outer 3, chunk 20. */
-int ptrt_comm_allgather(ptrt_comm *c, int me, const int *members, int n, const float *in,
-                        float *out, int64_t outer, int64_t chunk, const ptrt_coll_desc *d,
-                        char *err, size_t errn);
-
-/* Reduce-scatter (Partial -> Shard(d)): in holds n parts (outer * n * chunk floats); out (outer *
- * chunk) receives part `me` (my position in members) of the sum or max over the members, reduced in
- * group order as in ptrt_comm_allreduce. in and out may overlap. */
-int ptrt_comm_reduce_scatter(ptrt_comm *c, int me, const int *members, int n, const float *in,
-                             float *out, int64_t outer, int64_t chunk, ptrt_reduce op,
-                             const ptrt_coll_desc *d, char *err, size_t errn);
-
-/* All-to-all (Shard(from) -> Shard(to)). Every member holds the tensor sharded along dim `from`;
- * afterwards it holds it sharded along dim `to`.
- *   in:  my local shard, viewed as n parts split along `to`: outer_in blocks of n * chunk_in
- *        floats. Part p goes to members[p].
- *   out: my new local shard, viewed as n parts split along `from`: outer_out blocks of
- *        n * chunk_out floats. Part j comes from members[j].
- * A part is a sub-tensor (full except for dims from and to); it travels in row-major order, so
- * outer_in * chunk_in == outer_out * chunk_out. With ptrt_comm_split:
- *   ptrt_comm_split(in_shape, ndim, to, n, &outer_in, &chunk_in);
- *   ptrt_comm_split(out_shape, ndim, from, n, &outer_out, &chunk_out);
- * Example: T is [4][6], n = 2, Shard(0) -> Shard(1). Member k holds rows 2k, 2k+1 ([2][6]) and
- * wants columns 3k .. 3k+2 of every row ([4][3]). in: outer_in 2, chunk_in 3 (row r of the shard
- * sends its columns 3p .. 3p+2 to member p); out: outer_out 1, chunk_out 6 (member j's 2 x 3 part
- * becomes rows 2j, 2j+1). in and out may overlap. */
-int ptrt_comm_all_to_all(ptrt_comm *c, int me, const int *members, int n, const float *in,
-                         float *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
-                         int64_t chunk_out, const ptrt_coll_desc *d, char *err, size_t errn);
-
-/* Returns when every member has called it (matched like any collective). */
-int ptrt_comm_barrier(ptrt_comm *c, int me, const int *members, int n, const ptrt_coll_desc *d,
-                      char *err, size_t errn);
-
-/* Point to point. Messages from one sender to one receiver match in order. Sends are buffered
- * (eager): ptrt_comm_send copies buf and returns without waiting for the receiver, so schedules in
- * which both sides send before they receive (1F1B pipelines) cannot deadlock; the price is a copy
- * and memory for the messages in flight. ptrt_comm_recv waits up to the timeout for the next
- * message from peer; its count and step must equal the sender's, or both calls' descriptions are
- * reported (and the communicator fails, so the sender learns of it at its next call). */
-int ptrt_comm_send(ptrt_comm *c, int me, int peer, const float *buf, int64_t count,
-                   const ptrt_coll_desc *d, char *err, size_t errn);
-int ptrt_comm_recv(ptrt_comm *c, int me, int peer, float *buf, int64_t count,
-                   const ptrt_coll_desc *d, char *err, size_t errn);
-
-/* A failing rank calls this so the others stop waiting at once; their calls fail with
- * "aborted: rank R failed: MSG". Keeps the first reason if the communicator had already failed. */
-void ptrt_comm_abort(ptrt_comm *c, int rank, const char *msg);
-/* True once the communicator has failed; copies the first reason into reason (may be NULL). */
-bool ptrt_comm_failed(ptrt_comm *c, char *reason, size_t n);
+typedef struct ptrt_comm {
+    const ptrt_comm_ops *ops;
+    void *impl;
+    int nranks;
+} ptrt_comm;
 
 /* (outer, chunk) for a buffer of shape[ndim] viewed as `parts` parts along dim: outer = product of
  * shape[0 .. dim), chunk = shape[dim] / parts * product of shape(dim .. ndim). Returns -1 when dim

@@ -25,7 +25,7 @@
  * Reductions run left to right over the members in group order, element by element in float, so
  * every member computes the same bits whichever slice it owns.
  */
-#include "comm.h"
+#include "inproc.h"
 
 #include <errno.h>
 #include <math.h>
@@ -95,7 +95,7 @@ typedef struct {
 
 /* One call, as messages describe it. */
 typedef struct {
-    ptrt_comm *c;
+    ptrt_inproc *c;
     int me;
     kind k;
     const int *members; /* collectives */
@@ -114,7 +114,7 @@ typedef struct {
     call what; /* members points into the waiting rank's own call: valid while it waits */
 } whereabouts;
 
-struct ptrt_comm {
+struct ptrt_inproc {
     int nranks;
     double timeout_s;
     pthread_mutex_t mu;
@@ -125,6 +125,7 @@ struct ptrt_comm {
     size_t nbuckets, ngroups;
     chan **chans; /* chans[receiver][sender], a row allocated on first use */
     whereabouts *where;
+    ptrt_comm iface; /* the interface over this communicator (ptrt_inproc_comm) */
 };
 
 /* ---- messages ---------------------------------------------------------------------------- */
@@ -189,7 +190,7 @@ static void set_err(const call *x, const char *msg)
         ptc_fmt(x->err, x->errn, "%s", msg);
 }
 
-static void fail_locked(ptrt_comm *c, const char *reason)
+static void fail_locked(ptrt_inproc *c, const char *reason)
 {
     if (!c->failed) {
         c->failed = true;
@@ -234,7 +235,7 @@ __attribute__((format(printf, 2, 3))) static int fail_invalid(call *x, const cha
     return fail_call(x, buf);
 }
 
-static void init_call(call *x, ptrt_comm *c, int me, kind k, const ptrt_coll_desc *d, char *err,
+static void init_call(call *x, ptrt_inproc *c, int me, kind k, const ptrt_coll_desc *d, char *err,
                       size_t errn)
 {
     memset(x, 0, sizeof *x);
@@ -253,7 +254,7 @@ static void init_call(call *x, ptrt_comm *c, int me, kind k, const ptrt_coll_des
 }
 
 /* "; rank 6 is in allreduce on group dp [2,6] (...)" for a rank that did not arrive (mu held). */
-static void sb_whereabouts(sbuf *b, const ptrt_comm *c, int rank)
+static void sb_whereabouts(sbuf *b, const ptrt_inproc *c, int rank)
 {
     const whereabouts *w = &c->where[rank];
     if (!w->waiting) {
@@ -291,7 +292,7 @@ static uint64_t hash_set(const int *sorted, int n)
     return h;
 }
 
-static void rehash(ptrt_comm *c)
+static void rehash(ptrt_inproc *c)
 {
     size_t nb = c->nbuckets ? c->nbuckets * 2 : 16;
     group **b = ptc_xcalloc(nb, sizeof *b);
@@ -308,7 +309,7 @@ static void rehash(ptrt_comm *c)
 }
 
 /* The group of a member set, created on first use (mu held). */
-static group *group_get(ptrt_comm *c, const int *sorted, int n)
+static group *group_get(ptrt_inproc *c, const int *sorted, int n)
 {
     uint64_t h = hash_set(sorted, n);
     if (c->nbuckets) {
@@ -346,7 +347,7 @@ static int slot_of(const group *g, int rank)
     ptc_assert_fail(__FILE__, __LINE__, "rank is a member of the group");
 }
 
-static void free_groups(ptrt_comm *c)
+static void free_groups(ptrt_inproc *c)
 {
     for (size_t i = 0; i < c->nbuckets; i++) {
         for (group *g = c->buckets[i], *next; g; g = next) {
@@ -416,7 +417,7 @@ static int fail_timeout(call *x, const group *g)
  * timed: phase A, which gives up after the timeout or when the communicator fails. */
 static int barrier(call *x, group *g, bool timed)
 {
-    ptrt_comm *c = x->c;
+    ptrt_inproc *c = x->c;
     uint64_t gen = g->gen;
     if (++g->count == g->n) {
         g->count = 0;
@@ -662,7 +663,7 @@ static int cmp_int(const void *a, const void *b)
 /* Checks the group (mu held) and fills sorted with the member set. */
 static int check_members(call *x, int *sorted)
 {
-    ptrt_comm *c = x->c;
+    ptrt_inproc *c = x->c;
     if (x->me < 0 || x->me >= c->nranks)
         return fail_invalid(x, "rank %d is not in 0..%d", x->me, c->nranks - 1);
     if (!x->members || x->n < 1 || x->n > c->nranks)
@@ -725,7 +726,7 @@ static int check_sizes(call *x, const post *a)
  * or -1 on failure. mp gets the members' slots in group order. */
 static post *enter(call *x, const post *mine, group **gp, const post **mp)
 {
-    ptrt_comm *c = x->c;
+    ptrt_inproc *c = x->c;
     if (c->failed) {
         fail_failed(x);
         return NULL;
@@ -773,7 +774,7 @@ static bool moves_nothing(const post *a)
     }
 }
 
-static int collective(ptrt_comm *c, int me, const int *members, int n, const post *mine,
+static int collective(ptrt_inproc *c, int me, const int *members, int n, const post *mine,
                       const ptrt_coll_desc *d, char *err, size_t errn)
 {
     call x;
@@ -804,7 +805,7 @@ static int collective(ptrt_comm *c, int me, const int *members, int n, const pos
     return a ? 0 : -1;
 }
 
-int ptrt_comm_allreduce(ptrt_comm *c, int me, const int *members, int n, const float *in,
+int ptrt_inproc_allreduce(ptrt_inproc *c, int me, const int *members, int n, const float *in,
                         float *out, int64_t count, ptrt_reduce op, const ptrt_coll_desc *d,
                         char *err, size_t errn)
 {
@@ -814,7 +815,7 @@ int ptrt_comm_allreduce(ptrt_comm *c, int me, const int *members, int n, const f
     return collective(c, me, members, n, &p, d, err, errn);
 }
 
-int ptrt_comm_allgather(ptrt_comm *c, int me, const int *members, int n, const float *in,
+int ptrt_inproc_allgather(ptrt_inproc *c, int me, const int *members, int n, const float *in,
                         float *out, int64_t outer, int64_t chunk, const ptrt_coll_desc *d,
                         char *err, size_t errn)
 {
@@ -824,7 +825,7 @@ int ptrt_comm_allgather(ptrt_comm *c, int me, const int *members, int n, const f
     return collective(c, me, members, n, &p, d, err, errn);
 }
 
-int ptrt_comm_reduce_scatter(ptrt_comm *c, int me, const int *members, int n, const float *in,
+int ptrt_inproc_reduce_scatter(ptrt_inproc *c, int me, const int *members, int n, const float *in,
                              float *out, int64_t outer, int64_t chunk, ptrt_reduce op,
                              const ptrt_coll_desc *d, char *err, size_t errn)
 {
@@ -834,7 +835,7 @@ int ptrt_comm_reduce_scatter(ptrt_comm *c, int me, const int *members, int n, co
     return collective(c, me, members, n, &p, d, err, errn);
 }
 
-int ptrt_comm_all_to_all(ptrt_comm *c, int me, const int *members, int n, const float *in,
+int ptrt_inproc_all_to_all(ptrt_inproc *c, int me, const int *members, int n, const float *in,
                          float *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
                          int64_t chunk_out, const ptrt_coll_desc *d, char *err, size_t errn)
 {
@@ -847,7 +848,7 @@ int ptrt_comm_all_to_all(ptrt_comm *c, int me, const int *members, int n, const 
     return collective(c, me, members, n, &p, d, err, errn);
 }
 
-int ptrt_comm_barrier(ptrt_comm *c, int me, const int *members, int n, const ptrt_coll_desc *d,
+int ptrt_inproc_barrier(ptrt_inproc *c, int me, const int *members, int n, const ptrt_coll_desc *d,
                       char *err, size_t errn)
 {
     post p = {.k = K_BARRIER};
@@ -874,14 +875,14 @@ static int check_p2p(call *x, const float *buf, int64_t count)
     return 0;
 }
 
-static chan *chan_get(ptrt_comm *c, int receiver, int sender)
+static chan *chan_get(ptrt_inproc *c, int receiver, int sender)
 {
     if (!c->chans[receiver])
         c->chans[receiver] = ptc_xcalloc((size_t)c->nranks, sizeof(chan));
     return &c->chans[receiver][sender];
 }
 
-int ptrt_comm_send(ptrt_comm *c, int me, int peer, const float *buf, int64_t count,
+int ptrt_inproc_send(ptrt_inproc *c, int me, int peer, const float *buf, int64_t count,
                    const ptrt_coll_desc *d, char *err, size_t errn)
 {
     call x;
@@ -924,7 +925,7 @@ int ptrt_comm_send(ptrt_comm *c, int me, int peer, const float *buf, int64_t cou
 /* Waits for the next message on ch (mu held); NULL after a timeout or failure. */
 static msg *recv_wait(call *x, chan *ch)
 {
-    ptrt_comm *c = x->c;
+    ptrt_inproc *c = x->c;
     if (!ch->head) {
         struct timespec dl = deadline_after(c->timeout_s);
         set_where(x);
@@ -982,7 +983,7 @@ static int check_msg(call *x, const msg *m, int64_t count)
     return fail_call(x, buf);
 }
 
-int ptrt_comm_recv(ptrt_comm *c, int me, int peer, float *buf, int64_t count,
+int ptrt_inproc_recv(ptrt_inproc *c, int me, int peer, float *buf, int64_t count,
                    const ptrt_coll_desc *d, char *err, size_t errn)
 {
     call x;
@@ -1008,7 +1009,7 @@ int ptrt_comm_recv(ptrt_comm *c, int me, int peer, float *buf, int64_t count,
 
 /* ---- the communicator -------------------------------------------------------------------- */
 
-ptrt_comm *ptrt_comm_new(int nranks, double timeout_s, char *err, size_t errn)
+ptrt_inproc *ptrt_inproc_new(int nranks, double timeout_s, char *err, size_t errn)
 {
     if (!err)
         errn = 0;
@@ -1020,7 +1021,7 @@ ptrt_comm *ptrt_comm_new(int nranks, double timeout_s, char *err, size_t errn)
         ptc_fmt(err, errn, "communicator: timeout %g s (need 0 < timeout <= 1e9)", timeout_s);
         return NULL;
     }
-    ptrt_comm *c = ptc_xcalloc(1, sizeof *c);
+    ptrt_inproc *c = ptc_xcalloc(1, sizeof *c);
     c->nranks = nranks;
     c->timeout_s = timeout_s;
     PTC_ASSERT(pthread_mutex_init(&c->mu, NULL) == 0);
@@ -1036,7 +1037,7 @@ ptrt_comm *ptrt_comm_new(int nranks, double timeout_s, char *err, size_t errn)
     return c;
 }
 
-void ptrt_comm_free(ptrt_comm *c)
+void ptrt_inproc_free(ptrt_inproc *c)
 {
     if (!c)
         return;
@@ -1058,12 +1059,12 @@ void ptrt_comm_free(ptrt_comm *c)
     free(c);
 }
 
-int ptrt_comm_nranks(const ptrt_comm *c)
+int ptrt_inproc_nranks(const ptrt_inproc *c)
 {
     return c->nranks;
 }
 
-void ptrt_comm_abort(ptrt_comm *c, int rank, const char *msg)
+void ptrt_inproc_abort(ptrt_inproc *c, int rank, const char *msg)
 {
     if (!c)
         return;
@@ -1074,7 +1075,7 @@ void ptrt_comm_abort(ptrt_comm *c, int rank, const char *msg)
     pthread_mutex_unlock(&c->mu);
 }
 
-bool ptrt_comm_failed(ptrt_comm *c, char *reason, size_t n)
+bool ptrt_inproc_failed(ptrt_inproc *c, char *reason, size_t n)
 {
     if (!c)
         return false;
@@ -1099,4 +1100,106 @@ int ptrt_comm_split(const int64_t *shape, int ndim, int dim, int parts, int64_t 
     *outer = o;
     *chunk = ch;
     return 0;
+}
+
+/* ---- the communicator interface (comm.h) over the in-process communicator ---------------- */
+
+/* The in-process communicator moves 4-byte elements and reduces in f32: a plan converts 16-bit
+ * values before it communicates them. */
+static int check_dtype(int me, ptc_dtype dt, bool reduces, char *err, size_t errn)
+{
+    if (dt == PTC_F32 || (dt == PTC_I32 && !reduces))
+        return 0;
+    ptc_fmt(err, errn, "rank %d: the in-process communicator cannot %s %s data", me,
+            reduces ? "reduce" : "move", ptc_dtype_name(dt));
+    return -1;
+}
+
+static int if_allreduce(void *impl, int me, const int *members, int n, const void *in, void *out,
+                        int64_t count, ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
+                        char *err, size_t errn)
+{
+    if (check_dtype(me, dt, true, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_allreduce(impl, me, members, n, in, out, count, op, d, err, errn);
+}
+
+static int if_allgather(void *impl, int me, const int *members, int n, const void *in, void *out,
+                        int64_t outer, int64_t chunk, ptc_dtype dt, const ptrt_coll_desc *d,
+                        char *err, size_t errn)
+{
+    if (check_dtype(me, dt, false, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_allgather(impl, me, members, n, in, out, outer, chunk, d, err, errn);
+}
+
+static int if_reduce_scatter(void *impl, int me, const int *members, int n, const void *in,
+                             void *out, int64_t outer, int64_t chunk, ptc_dtype dt, ptrt_reduce op,
+                             const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    if (check_dtype(me, dt, true, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_reduce_scatter(impl, me, members, n, in, out, outer, chunk, op, d, err,
+                                      errn);
+}
+
+static int if_all_to_all(void *impl, int me, const int *members, int n, const void *in, void *out,
+                         int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
+                         ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    if (check_dtype(me, dt, false, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_all_to_all(impl, me, members, n, in, out, outer_in, chunk_in, outer_out,
+                                  chunk_out, d, err, errn);
+}
+
+static int if_send(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
+                   const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    if (check_dtype(me, dt, false, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_send(impl, me, peer, buf, count, d, err, errn);
+}
+
+static int if_recv(void *impl, int me, int peer, void *buf, int64_t count, ptc_dtype dt,
+                   const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    if (check_dtype(me, dt, false, err, errn) < 0)
+        return -1;
+    return ptrt_inproc_recv(impl, me, peer, buf, count, d, err, errn);
+}
+
+static int if_barrier(void *impl, int me, const int *members, int n, const ptrt_coll_desc *d,
+                      char *err, size_t errn)
+{
+    return ptrt_inproc_barrier(impl, me, members, n, d, err, errn);
+}
+
+static void if_abort(void *impl, int rank, const char *msg)
+{
+    ptrt_inproc_abort(impl, rank, msg);
+}
+
+static bool if_failed(void *impl, char *reason, size_t n)
+{
+    return ptrt_inproc_failed(impl, reason, n);
+}
+
+static const ptrt_comm_ops inproc_ops = {
+    .name = "in-process",
+    .allreduce = if_allreduce,
+    .allgather = if_allgather,
+    .reduce_scatter = if_reduce_scatter,
+    .all_to_all = if_all_to_all,
+    .send = if_send,
+    .recv = if_recv,
+    .barrier = if_barrier,
+    .abort = if_abort,
+    .failed = if_failed,
+};
+
+ptrt_comm *ptrt_inproc_comm(ptrt_inproc *c)
+{
+    c->iface = (ptrt_comm){.ops = &inproc_ops, .impl = c, .nranks = c->nranks};
+    return &c->iface;
 }

@@ -29,7 +29,7 @@
  */
 #include <math.h>
 
-#include "ref.h"
+#include "exec.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
 

@@ -1,10 +1,11 @@
 /* train.c - the training loop of compiled executables (see train.h).
  *
- * A plan partitioned over a mesh runs as one thread per rank, each with its own interpreter over
- * the rank program and its own view of the data; collectives go through one in-process
- * communicator. Rank 0 prints, logs and writes checkpoints, which always hold full (logical)
- * tensors: it gathers every rank's local parts by their full-tensor indices, so a checkpoint does
- * not depend on the mesh that wrote it. A single-device plan is the same loop with one rank.
+ * A plan over a mesh runs as one thread per rank, each with its own executor over its rank
+ * program (arenas allocated once, at start) and its own view of the data; collectives go through
+ * one in-process communicator. Rank 0 prints, logs and writes checkpoints, which always hold full
+ * (logical) tensors: it gathers every rank's local parts by their full-tensor indices, so a
+ * checkpoint does not depend on the mesh that wrote it. A single-device plan is the same loop
+ * with one rank.
  */
 #include "train.h"
 
@@ -17,13 +18,11 @@
 #include <time.h>
 
 #include "checkpoint.h"
-#include "comm.h"
 #include "cpu.h"
 #include "data.h"
-#include "interp.h"
+#include "exec.h"
+#include "inproc.h"
 #include "plan.h"
-#include "ref.h"
-#include "spmd.h"
 
 void ptrt_train_opts_default(ptrt_train_opts *o)
 {
@@ -54,11 +53,12 @@ double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
     return floor + 0.5 * (1 + cos(3.14159265358979323846 * frac)) * (peak - floor);
 }
 
-/* A persistent tensor (parameter or optimizer state) of the plan. */
+/* A persistent tensor (parameter or optimizer state) of the plan: its full (logical) type, and
+ * per rank the buffer that holds that rank's part, or -1. */
 typedef struct entry {
-    int value; /* value id in the rank program */
     const char *name;
-    ptc_type full; /* logical type */
+    ptc_type full;
+    int *buf; /* [nranks] */
 } entry;
 
 typedef struct shared shared;
@@ -67,21 +67,21 @@ typedef struct shared shared;
 typedef struct run {
     shared *sh;
     int rank;
-    ptrt_interp *it;
-    ptrt_spmd_ctx spmd;
+    ptrt_exec *x;
+    int tokens, targets, lr, step, max_norm; /* input buffers, -1 if absent */
     ptrt_data *data, *val;
     int32_t *gtok, *gtgt; /* the global batch */
 } run;
 
 struct shared {
-    const ptc_graph *g;
+    const ptc_plan *plan;
     const ptrt_train_opts *o;
     int nranks;
     run *runs;
+    ptrt_inproc *inproc;
     ptrt_comm *comm;
-    int *all;                                /* 0..nranks-1, the group of barriers */
-    int tokens, targets, lr, step, max_norm; /* input value ids, -1 if absent */
-    int64_t B, T, vocab;                     /* global batch shape */
+    int *all;            /* 0..nranks-1, the group of barriers */
+    int64_t B, T, vocab; /* global batch shape */
     entry *ents;
     int nparams, nents;
     ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
@@ -103,7 +103,7 @@ static void fail(shared *sh, int rank, int rc, const char *msg)
     }
     pthread_mutex_unlock(&sh->lock);
     if (sh->comm)
-        ptrt_comm_abort(sh->comm, rank, msg);
+        sh->comm->ops->abort(sh->comm->impl, rank, msg);
 }
 
 static int failed(shared *sh)
@@ -121,84 +121,82 @@ static bool sync_all(run *r, const char *what)
     if (sh->nranks > 1) {
         char err[1024];
         ptrt_coll_desc d = {.group_name = what, .step = 0, .index = 0};
-        if (ptrt_comm_barrier(sh->comm, r->rank, sh->all, sh->nranks, &d, err, sizeof err) < 0)
+        if (sh->comm->ops->barrier(sh->comm->impl, r->rank, sh->all, sh->nranks, &d, err,
+                                   sizeof err) < 0)
             fail(sh, r->rank, 1, err);
     }
     return !failed(sh);
 }
 
-static int consumer_role(const ptc_graph *g, int v)
+static const ptc_program *program_of(const shared *sh, int rank)
 {
-    for (int i = 0; i < g->nnodes; i++) {
-        const ptc_node *n = &g->nodes[i];
-        bool ids = n->nin >= 2 && n->in[1] == v;
-        if ((n->op == PTC_OP_EMBEDDING || n->op == PTC_OP_EMBEDDING_SHARD) && ids)
-            return 1;
-        if ((n->op == PTC_OP_CROSS_ENTROPY || n->op == PTC_OP_CE_PICK) && ids)
-            return 2;
-    }
-    return 0;
+    return &sh->plan->programs[sh->plan->rank_program[rank]];
 }
 
-static ptc_type full_type(const shared *sh, int v)
+/* The input buffer of a rank's program with role, or -1. */
+static int input_of(const ptc_program *pg, int role)
 {
-    const ptc_value *val = &sh->g->values[v];
-    return sh->g->mesh.naxes ? ptrt_spmd_global_type(&val->type, val->place, &sh->g->mesh)
-                             : val->type;
+    for (int b = 0; b < pg->nbufs; b++)
+        if (pg->bufs[b].kind == PTC_BUF_INPUT && pg->bufs[b].role == role)
+            return b;
+    return -1;
 }
 
 static int find_roles(shared *sh, char *err, size_t errn)
 {
-    const ptc_graph *g = sh->g;
-    sh->tokens = sh->targets = -1;
-    sh->lr = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_LR);
-    sh->step = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_STEP);
-    sh->max_norm = ptrt_graph_find(g, PTC_OP_INPUT, PTC_IN_MAX_NORM);
-    if (sh->lr < 0 || sh->step < 0 || sh->max_norm < 0 || g->loss < 0 || g->noutputs < 1) {
-        ptc_fmt(err, errn, "the embedded plan is not a training step");
-        return -1;
+    for (int k = 0; k < sh->nranks; k++) {
+        run *r = &sh->runs[k];
+        const ptc_program *pg = program_of(sh, k);
+        r->tokens = input_of(pg, PTC_ROLE_TOKENS);
+        r->targets = input_of(pg, PTC_ROLE_TARGETS);
+        r->lr = input_of(pg, PTC_ROLE_LR);
+        r->step = input_of(pg, PTC_ROLE_STEP);
+        r->max_norm = input_of(pg, PTC_ROLE_MAX_NORM);
+        if (r->lr < 0 || r->step < 0 || r->max_norm < 0 || pg->loss < 0 || pg->grad_norm < 0) {
+            ptc_fmt(err, errn, "the embedded plan is not a training step");
+            return -1;
+        }
     }
-    for (int i = 0; i < g->nnodes; i++) {
-        const ptc_node *n = &g->nodes[i];
-        if (n->op != PTC_OP_INPUT || g->values[n->out[0]].type.dtype != PTC_I32)
-            continue;
-        int role = consumer_role(g, n->out[0]);
-        if (role == 1)
-            sh->tokens = n->out[0];
-        else if (role == 2)
-            sh->targets = n->out[0];
-    }
-    if (sh->tokens >= 0) {
-        ptc_type t = full_type(sh, sh->tokens);
+    const ptc_program *pg = program_of(sh, 0);
+    int tok = sh->runs[0].tokens;
+    if (tok >= 0) {
+        ptc_type t = ptc_buffer_full_type(&sh->plan->mesh, &pg->bufs[tok]);
         if (t.rank != 2) {
             ptc_fmt(err, errn, "token input must have shape [batch, seq] to read token files");
             return -1;
         }
         sh->B = t.dims[0];
         sh->T = t.dims[1];
-        for (int i = 0; i < g->nnodes; i++) {
-            const ptc_node *n = &g->nodes[i];
-            if ((n->op == PTC_OP_EMBEDDING || n->op == PTC_OP_EMBEDDING_SHARD) &&
-                n->in[1] == sh->tokens)
-                sh->vocab = full_type(sh, n->in[0]).dims[0];
-        }
+        sh->vocab = pg->bufs[tok].bound;
     }
     return 0;
 }
 
+/* Every parameter, then every optimizer state, of every program, once by name. */
 static void find_entries(shared *sh)
 {
-    const ptc_graph *g = sh->g;
-    sh->ents = ptc_xcalloc((size_t)g->nnodes, sizeof *sh->ents);
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < g->nnodes; i++) {
-            const ptc_node *n = &g->nodes[i];
-            if (n->op != (pass == 0 ? PTC_OP_PARAM : PTC_OP_STATE))
-                continue;
-            sh->ents[sh->nents++] = (entry){
-                .value = n->out[0], .name = n->attrs.name, .full = full_type(sh, n->out[0])};
-            if (pass == 0)
-                sh->nparams++;
+    int cap = 0;
+    for (int kind = PTC_BUF_PARAM; kind <= PTC_BUF_STATE; kind++)
+        for (int k = 0; k < sh->plan->nprograms; k++) {
+            const ptc_program *pg = &sh->plan->programs[k];
+            for (int b = 0; b < pg->nbufs; b++) {
+                const ptc_buffer *bf = &pg->bufs[b];
+                if (bf->view >= 0 || bf->kind != kind)
+                    continue;
+                int e = 0;
+                while (e < sh->nents && strcmp(sh->ents[e].name, bf->name))
+                    e++;
+                if (e < sh->nents)
+                    continue;
+                PTC_GROW(sh->ents, cap, sh->nents);
+                entry *en = &sh->ents[sh->nents++];
+                en->name = bf->name;
+                en->full = ptc_buffer_full_type(&sh->plan->mesh, bf);
+                en->buf = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
+                for (int r = 0; r < sh->nranks; r++)
+                    en->buf[r] = ptrt_exec_find(sh->runs[r].x, kind, bf->name);
+                sh->nparams += kind == PTC_BUF_PARAM;
+            }
         }
     sh->full = ptc_xcalloc((size_t)(sh->nents ? sh->nents : 1), sizeof *sh->full);
     for (int i = 0; i < sh->nents; i++) {
@@ -222,16 +220,17 @@ static void alloc_full(shared *sh)
 static void gather_full(shared *sh, int first, int count)
 {
     alloc_full(sh);
-    for (int i = first; i < first + count; i++) {
-        int v = sh->ents[i].value;
-        int64_t n = ptc_type_numel(&sh->g->values[v].type);
+    for (int i = first; i < first + count; i++)
         for (int r = 0; r < sh->nranks; r++) {
-            ptrt_interp *it = sh->runs[r].it;
-            const float *loc = ptrt_interp_buffer(it, v);
+            int b = sh->ents[i].buf[r];
+            if (b < 0)
+                continue;
+            ptrt_exec *x = sh->runs[r].x;
+            const float *loc = ptrt_exec_data(x, b);
+            int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
             for (int64_t k = 0; k < n; k++)
-                sh->full[i].value[ptrt_interp_global_index(it, v, k)] = loc[k];
+                sh->full[i].value[ptrt_exec_global_index(x, b, k)] = loc[k];
         }
-    }
 }
 
 /* This rank's parts <- full. */
@@ -239,11 +238,13 @@ static void scatter_full(run *r, int first, int count)
 {
     shared *sh = r->sh;
     for (int i = first; i < first + count; i++) {
-        int v = sh->ents[i].value;
-        int64_t n = ptc_type_numel(&sh->g->values[v].type);
-        float *loc = ptrt_interp_buffer(r->it, v);
+        int b = sh->ents[i].buf[r->rank];
+        if (b < 0)
+            continue;
+        float *loc = ptrt_exec_data(r->x, b);
+        int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
         for (int64_t k = 0; k < n; k++)
-            loc[k] = sh->full[i].value[ptrt_interp_global_index(r->it, v, k)];
+            loc[k] = sh->full[i].value[ptrt_exec_global_index(r->x, b, k)];
     }
 }
 
@@ -253,7 +254,7 @@ static void set_config_hash(shared *sh, size_t ntokens)
 {
     char extra[512];
     ptc_fmt(extra, sizeof extra, "B=%lld T=%lld optim=%d seed=%llu shuffle=%d data=%zu",
-            (long long)sh->B, (long long)sh->T, (int)sh->g->optim.kind,
+            (long long)sh->B, (long long)sh->T, (int)sh->plan->optim.kind,
             (unsigned long long)sh->o->seed, (int)sh->o->shuffle, ntokens);
     sh->config_hash = ptrt_ckpt_config_hash(sh->full, sh->nents, extra);
 }
@@ -265,75 +266,55 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Copies this rank's part of a global [B, T] batch into input v. */
-static void feed(run *r, int v, const int32_t *global)
+/* Copies this rank's part of a global [B, T] batch into input b. */
+static void feed(run *r, int b, const int32_t *global)
 {
-    int32_t *loc = ptrt_interp_buffer(r->it, v);
-    int64_t n = ptc_type_numel(&r->sh->g->values[v].type);
+    if (b < 0)
+        return;
+    int32_t *loc = ptrt_exec_data(r->x, b);
+    int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
     for (int64_t k = 0; k < n; k++)
-        loc[k] = global[ptrt_interp_global_index(r->it, v, k)];
+        loc[k] = global[ptrt_exec_global_index(r->x, b, k)];
 }
 
 /* Random ids (or normal floats) for every input the data does not feed, fixed by (seed, step)
  * and by full-tensor index, so every plan sees the same batch. */
-static void random_batch(run *r, int64_t t)
+static int random_batch(run *r, int64_t t)
 {
-    shared *sh = r->sh;
-    const ptc_graph *g = sh->g;
-    for (int i = 0; i < g->nnodes; i++) {
-        const ptc_node *n = &g->nodes[i];
-        int v = n->out[0];
-        if (n->op != PTC_OP_INPUT || v == sh->lr || v == sh->step || v == sh->max_norm ||
-            (r->data && (v == sh->tokens || v == sh->targets)))
+    const ptc_program *pg = ptrt_exec_program(r->x);
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        bool fed = r->data && (b == r->tokens || b == r->targets);
+        if (bf->kind != PTC_BUF_INPUT || fed ||
+            (bf->role != PTC_ROLE_DATA && bf->role != PTC_ROLE_TOKENS &&
+             bf->role != PTC_ROLE_TARGETS))
             continue;
-        char name[300];
-        ptc_fmt(name, sizeof name, "data.%s.%lld", n->attrs.name, (long long)t);
-        if (g->values[v].type.dtype != PTC_I32) {
-            ptc_init init = {.kind = PTC_INIT_NORMAL, .a = 1.0};
-            ptrt_interp_fill(r->it, v, &init, name, sh->o->seed);
-            continue;
-        }
-        int64_t numel = ptc_type_numel(&g->values[v].type);
-        int64_t bound = sh->vocab > 0 ? sh->vocab : 2;
-        for (int k = 0; k < g->nnodes && v == sh->targets; k++) {
-            const ptc_node *c = &g->nodes[k];
-            if ((c->op == PTC_OP_CROSS_ENTROPY || c->op == PTC_OP_CE_PICK) && c->in[1] == v) {
-                ptc_type lt = full_type(sh, c->in[0]);
-                bound = lt.dims[lt.rank - 1];
-            }
-        }
-        ptc_init init = {.kind = PTC_INIT_UNIFORM, .a = 0.0, .b = 1.0};
-        ptrt_interp_fill(r->it, v, &init, name, sh->o->seed); /* uniforms in the int buffer */
-        int32_t *ids = ptrt_interp_buffer(r->it, v);
-        for (int64_t k = 0; k < numel; k++) {
-            float u;
-            memcpy(&u, &ids[k], sizeof u);
-            int64_t id = (int64_t)(u * (double)bound);
-            ids[k] = (int32_t)(id < bound ? id : bound - 1);
+        char key[300], err[512];
+        ptc_fmt(key, sizeof key, "data.%s.%lld", bf->name, (long long)t);
+        if (ptrt_exec_random_input(r->x, b, key, r->sh->o->seed, err, sizeof err) < 0) {
+            fail(r->sh, r->rank, 2, err);
+            return -1;
         }
     }
+    return 0;
 }
 
 static void next_batch(run *r, ptrt_data *d)
 {
     ptrt_data_next_batch(d, r->gtok, r->gtgt);
-    feed(r, r->sh->tokens, r->gtok);
-    feed(r, r->sh->targets, r->gtgt);
+    feed(r, r->tokens, r->gtok);
+    feed(r, r->targets, r->gtgt);
 }
 
-static void set_scalar(run *r, int v, double x)
+static void set_scalar(run *r, int b, double x)
 {
-    *(float *)ptrt_interp_buffer(r->it, v) = (float)x;
+    *(float *)ptrt_exec_data(r->x, b) = (float)x;
 }
 
-static int run_step_graph(run *r, int64_t t, int v_only)
+static int run_step_graph(run *r, int64_t t, ptrt_entry e)
 {
     char err[2048];
-    r->spmd.step = t;
-    r->spmd.index = 0;
-    int rc = v_only >= 0 ? ptrt_interp_run_for(r->it, v_only, err, sizeof err)
-                         : ptrt_interp_run(r->it, err, sizeof err);
-    if (rc < 0) {
+    if (ptrt_exec_run(r->x, e, t, err, sizeof err) < 0) {
         char msg[2100];
         if (r->sh->nranks > 1)
             ptc_fmt(msg, sizeof msg, "rank %d: %s", r->rank, err);
@@ -345,6 +326,11 @@ static int run_step_graph(run *r, int64_t t, int v_only)
     return 0;
 }
 
+static float loss_of(run *r)
+{
+    return *(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->loss);
+}
+
 static double evaluate(run *r, int64_t t)
 {
     shared *sh = r->sh;
@@ -352,10 +338,13 @@ static double evaluate(run *r, int64_t t)
     uint64_t pos = ptrt_data_position(r->val);
     ptrt_data_seek(r->val, 0);
     for (int64_t b = 0; b < sh->o->val_batches; b++) {
-        next_batch(r, r->val);
-        if (run_step_graph(r, t, sh->g->loss) < 0)
+        /* the plan reuses an input's bytes after its last use: feed every input again */
+        if (random_batch(r, t) < 0)
             return NAN;
-        total += *(float *)ptrt_interp_buffer(r->it, sh->g->loss);
+        next_batch(r, r->val);
+        if (run_step_graph(r, t, PTRT_ENTRY_EVAL) < 0)
+            return NAN;
+        total += loss_of(r);
     }
     ptrt_data_seek(r->val, pos);
     return total / (double)sh->o->val_batches;
@@ -371,7 +360,7 @@ static int open_data(run *r, char *err, size_t errn)
 {
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
-    if ((o->data || o->val_data) && (sh->tokens < 0 || sh->targets < 0)) {
+    if ((o->data || o->val_data) && (r->tokens < 0 || r->targets < 0)) {
         ptc_fmt(err, errn,
                 "--data needs a model with a token input (feeding an embedding) and a "
                 "target input (feeding cross_entropy)");
@@ -492,9 +481,10 @@ static int dump_grads(run *r, int64_t t)
     }
     ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads, (long long)t);
     ptrt_st_writer *w = ptrt_st_writer_new();
-    for (int i = 0; i < sh->nparams && 1 + i < sh->g->noutputs; i++)
+    const ptc_program *pg = ptrt_exec_program(r->x);
+    for (int i = 0; i < sh->nparams && i < pg->noutputs; i++)
         ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
-                    ptrt_interp_buffer(r->it, sh->g->outputs[1 + i]));
+                    ptrt_exec_data(r->x, pg->outputs[i]));
     int rc = ptrt_st_save(w, path, err, sizeof err);
     ptrt_st_writer_free(w);
     if (rc < 0)
@@ -507,14 +497,15 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     shared *sh = r->sh;
     if (r->data)
         next_batch(r, r->data);
-    random_batch(r, t);
-    set_scalar(r, sh->lr, lr);
-    set_scalar(r, sh->step, (double)t);
-    set_scalar(r, sh->max_norm, sh->o->max_norm > 0 ? sh->o->max_norm : INFINITY);
-    if (run_step_graph(r, t, -1) < 0)
+    if (random_batch(r, t) < 0)
         return -1;
-    *loss = *(float *)ptrt_interp_buffer(r->it, sh->g->loss);
-    *norm = sqrt(*(float *)ptrt_interp_buffer(r->it, sh->g->outputs[0]));
+    set_scalar(r, r->lr, lr);
+    set_scalar(r, r->step, (double)t);
+    set_scalar(r, r->max_norm, sh->o->max_norm > 0 ? sh->o->max_norm : INFINITY);
+    if (run_step_graph(r, t, PTRT_ENTRY_STEP) < 0)
+        return -1;
+    *loss = loss_of(r);
+    *norm = sqrt(*(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->grad_norm));
     if (!isfinite(*loss)) {
         char msg[256];
         ptc_fmt(msg, sizeof msg,
@@ -525,7 +516,6 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     }
     if (sh->o->dump_grads && r->rank == 0 && sh->nranks == 1 && dump_grads(r, t) < 0)
         return -1;
-    ptrt_interp_apply_updates(r->it);
     return 0;
 }
 
@@ -534,7 +524,7 @@ static void loop(run *r)
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
     FILE *out = o->out ? o->out : stdout;
-    double peak = o->lr >= 0 ? o->lr : sh->g->optim.lr;
+    double peak = o->lr >= 0 ? o->lr : sh->plan->optim.lr;
     double t0 = now(), first_loss = NAN, last_loss = NAN;
     int64_t done = 0;
     bool lead = r->rank == 0;
@@ -544,7 +534,7 @@ static void loop(run *r)
             return;
         done++;
         if (lead && o->profile && done == 1) /* the first step (allocation, warm-up) left out */
-            ptrt_interp_set_profile(r->it, true);
+            ptrt_exec_set_profile(r->x, true);
         if (isnan(first_loss))
             first_loss = loss;
         last_loss = loss;
@@ -570,14 +560,14 @@ static void loop(run *r)
         fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n", (long long)done,
                 el, first_loss, last_loss, (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
     if (lead && o->profile && done > 1)
-        ptrt_interp_print_profile(r->it, out, done - 1);
+        ptrt_exec_print_profile(r->x, out, done - 1);
 }
 
 static void *rank_main(void *arg)
 {
     run *r = arg;
     shared *sh = r->sh;
-    ptrt_interp_init_params(r->it, sh->o->seed);
+    ptrt_exec_init_state(r->x, sh->o->seed);
     if (!sync_all(r, "start"))
         return NULL;
     if (r->rank == 0 && (sh->o->init_from || sh->o->resume))
@@ -615,43 +605,76 @@ static int save_weights(shared *sh, char *err, size_t errn)
 static int setup(shared *sh, char *err, size_t errn)
 {
     const ptrt_train_opts *o = sh->o;
-    sh->nranks = sh->g->mesh.naxes ? ptc_mesh_nranks(&sh->g->mesh) : 1;
+    sh->nranks = sh->plan->nranks;
     if (sh->nranks > 1 && o->dump_grads) {
         ptc_fmt(err, errn, "--dump-grads works on single-device plans only");
         return 2;
     }
-    if (find_roles(sh, err, errn) < 0)
-        return 2;
-    /* before launch: the ranks' collectives must match up, or the run would hang */
-    if (!o->no_check && ptc_plan_check(sh->g, o->drop_rank, o->drop_index, err, errn) < 0)
+    /* before launch: the ranks' communication must match up, or the run would hang */
+    if (!o->no_check && ptc_plan_check(sh->plan, o->drop_rank, o->drop_index, err, errn) < 0)
         return 1;
-    find_entries(sh);
     sh->runs = ptc_xcalloc((size_t)sh->nranks, sizeof *sh->runs);
     sh->all = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
-    if (sh->nranks > 1 && !(sh->comm = ptrt_comm_new(sh->nranks, o->timeout_s, err, errn)))
-        return 1;
+    if (sh->nranks > 1) {
+        if (!(sh->inproc = ptrt_inproc_new(sh->nranks, o->timeout_s, err, errn)))
+            return 1;
+        sh->comm = ptrt_inproc_comm(sh->inproc);
+    }
     ptrt_cpu_set_threads(o->threads);
     sh->first = 1;
+    ptrt_exec_opts xo = {.backend = o->backend == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
+                                                                   : &ptrt_backend_ref,
+                         .comm = sh->comm,
+                         .canary = o->check_memory};
     for (int k = 0; k < sh->nranks; k++) {
         run *r = &sh->runs[k];
         sh->all[k] = k;
         r->sh = sh;
         r->rank = k;
-        r->it = ptrt_interp_new(sh->g);
-        if (o->backend == PTRT_BACKEND_CPU)
-            ptrt_interp_set_kernels(r->it, ptrt_cpu_run);
-        if (sh->nranks > 1) {
-            ptrt_spmd_ctx_init(&r->spmd, sh->comm, &sh->g->mesh, k);
-            if (k == o->drop_rank)
-                r->spmd.drop = o->drop_index;
-            ptrt_interp_set_spmd(r->it, &r->spmd);
-        }
-        int rc = open_data(r, err, errn);
+        xo.drop = k == o->drop_rank ? o->drop_index : -1;
+        if (!(r->x = ptrt_exec_new(sh->plan, k, &xo, err, errn)))
+            return 1;
+    }
+    if (find_roles(sh, err, errn) < 0)
+        return 2;
+    find_entries(sh);
+    for (int k = 0; k < sh->nranks; k++) {
+        int rc = open_data(&sh->runs[k], err, errn);
         if (rc)
             return rc;
     }
     set_config_hash(sh, sh->runs[0].data ? ptrt_data_ntokens(sh->runs[0].data) : 0);
     return 0;
+}
+
+/* --check-memory: every arena's measured high-water mark against the plan, per rank. */
+static int check_memory(shared *sh, char *err, size_t errn)
+{
+    FILE *out = sh->o->out ? sh->o->out : stdout;
+    int rc = 0;
+    for (int k = 0; k < sh->nranks; k++) {
+        const ptc_program *pg = ptrt_exec_program(sh->runs[k].x);
+        for (int reg = 0; reg < PTC_NREGIONS; reg++) {
+            int64_t planned = pg->region_bytes[reg];
+            int64_t measured = ptrt_exec_high_water(sh->runs[k].x, reg);
+            if (!sh->o->quiet)
+                fprintf(out, "memory: rank %d %-5s planned %lld, measured %lld%s\n", k,
+                        ptc_region_name(reg), (long long)planned, (long long)measured,
+                        planned == measured ? "" : "  MISMATCH");
+            if (sh->log)
+                fprintf(sh->log,
+                        "{\"memory\": {\"rank\": %d, \"region\": \"%s\", \"planned\": %lld, "
+                        "\"measured\": %lld}}\n",
+                        k, ptc_region_name(reg), (long long)planned, (long long)measured);
+            if (planned != measured && !rc) {
+                ptc_fmt(err, errn,
+                        "rank %d: the %s arena's high-water mark is %lld bytes, the plan says %lld",
+                        k, ptc_region_name(reg), (long long)measured, (long long)planned);
+                rc = 1;
+            }
+        }
+    }
+    return rc;
 }
 
 static void teardown(shared *sh)
@@ -660,25 +683,27 @@ static void teardown(shared *sh)
         run *r = &sh->runs[k];
         ptrt_data_close(r->data);
         ptrt_data_close(r->val);
-        ptrt_interp_free(r->it);
+        ptrt_exec_free(r->x);
         free(r->gtok);
         free(r->gtgt);
     }
     for (int i = 0; sh->full && i < sh->nents; i++)
         free(sh->full[i].value);
+    for (int i = 0; i < sh->nents; i++)
+        free(sh->ents[i].buf);
     free(sh->full);
     free(sh->runs);
     free(sh->all);
     free(sh->ents);
-    ptrt_comm_free(sh->comm);
+    ptrt_inproc_free(sh->inproc);
     if (sh->log)
         fclose(sh->log);
     pthread_mutex_destroy(&sh->lock);
 }
 
-int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t errn)
+int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t errn)
 {
-    shared sh = {.g = g, .o = o};
+    shared sh = {.plan = plan, .o = o};
     pthread_mutex_init(&sh.lock, NULL);
     int rc = setup(&sh, err, errn);
     if (!rc && o->resume && !o->ckpt_dir) {
@@ -686,6 +711,7 @@ int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t e
         rc = 2;
     }
     if (!rc) {
+        int started = sh.nranks;
         if (sh.nranks == 1) {
             rank_main(&sh.runs[0]);
         } else {
@@ -693,10 +719,10 @@ int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t e
             for (int k = 0; k < sh.nranks; k++)
                 if (pthread_create(&th[k], NULL, rank_main, &sh.runs[k]) != 0) {
                     fail(&sh, k, 1, "cannot start a rank thread");
-                    sh.nranks = k; /* join those started */
+                    started = k; /* join those started */
                     break;
                 }
-            for (int k = 0; k < sh.nranks; k++)
+            for (int k = 0; k < started; k++)
                 pthread_join(th[k], NULL);
             free(th);
         }
@@ -704,6 +730,8 @@ int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t e
         if (rc)
             ptc_fmt(err, errn, "%s", sh.err);
     }
+    if (!rc && o->check_memory)
+        rc = check_memory(&sh, err, errn);
     if (!rc && o->save)
         rc = save_weights(&sh, err, errn);
     teardown(&sh);

@@ -1,11 +1,11 @@
 /* train.h - the training loop that a compiled executable runs: data, learning-rate schedule,
- * the step graph on a CPU backend, checkpoints, resume, logging and progress.
+ * the plan's rank programs on a CPU backend, checkpoints, resume, logging and progress.
  *
- * The step graph is the output of the pass pipeline with training on: forward, backward, gradient
- * clipping and optimizer update in one graph, with scalar inputs opt.lr, opt.step, opt.max_norm,
- * `update` pairs for every parameter and optimizer state, and the squared global gradient norm as
- * its first output. Token models are fed from llm.c token files: the i32 input that feeds an
- * embedding gets the tokens, the one that feeds cross_entropy gets the targets.
+ * The plan is a training step: its programs run forward, backward, gradient clipping and the
+ * optimizer update (written in place), with inputs of the roles lr, step and max_norm, and give
+ * the loss and the squared global gradient norm. Token models are fed from llm.c token files: the
+ * input of role tokens (it feeds an embedding) gets the tokens, the one of role targets (it feeds
+ * cross-entropy) gets the next tokens.
  */
 #ifndef PTRT_TRAIN_H
 #define PTRT_TRAIN_H
@@ -14,10 +14,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "ir.h"
+#include "program.h"
 
 typedef enum { PTRT_SCHED_CONSTANT, PTRT_SCHED_COSINE } ptrt_schedule;
-typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU } ptrt_backend;
+typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU } ptrt_backend_kind;
 
 typedef struct ptrt_train_opts {
     int64_t steps;
@@ -40,12 +40,13 @@ typedef struct ptrt_train_opts {
     int drop_rank, drop_index; /* test hook: rank drop_rank skips its drop_index-th collective */
     bool no_check;             /* test hook: skip the pre-launch plan check */
     int64_t val_every, val_batches;
-    ptrt_backend backend;
+    ptrt_backend_kind backend;
     int threads;
     double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
     bool profile;     /* print the time per op kind after the run (the first step left out) */
     bool quiet;
-    FILE *out; /* progress lines (stdout when NULL) */
+    bool check_memory; /* compare every arena's measured high-water mark with the plan */
+    FILE *out;         /* progress lines (stdout when NULL) */
 } ptrt_train_opts;
 
 void ptrt_train_opts_default(ptrt_train_opts *o);
@@ -53,8 +54,8 @@ void ptrt_train_opts_default(ptrt_train_opts *o);
 /* Learning rate for step t (1-based) of a run of `steps` steps. */
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t);
 
-/* Trains g (a step graph) as o says. Returns 0, 1 with a message in err for a failure in the run
+/* Trains the plan (a training step) as o says. Returns 0, 1 with a message in err for a failure in the run
  * (bad data, diverged loss, failed checkpoint), or 2 for a bad option or file the user gave. */
-int ptrt_train(const ptc_graph *g, const ptrt_train_opts *o, char *err, size_t errn);
+int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t errn);
 
 #endif

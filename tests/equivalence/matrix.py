@@ -4,11 +4,14 @@
 For mlp, gpt2_tiny and llama_tiny, and every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
 ranks (and tests/golden/ir/every_op.ptm, which uses every op of the language, on the meshes its
 batch of 2 and its 2 heads divide), with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
-compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads) and compares with the
-single-device run of the same model and seed:
+compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads), on the reference
+backend and on the fast cpu backend, and compares with the single-device run of the same model,
+seed and backend:
   - the loss of every step: relative error below 1e-5;
   - every final weight (gathered into full tensors by the runner's --save): max |a - b| / max |b|
-    over each tensor below 1e-4.
+    over each tensor below 1e-4;
+  - memory: every run fills its arenas with a canary (--check-memory) and every rank's measured
+    high-water mark of every arena must equal the plan's figure byte for byte.
 
 Why these tolerances are right for fp32. The plans compute the same sums in different orders
 (partial sums over tensor-parallel shards, over data-parallel batch slices, reduce-scatter vs
@@ -36,6 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS = 3
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-4
+BACKENDS = ('ref', 'cpu')
 
 
 def load_safetensors(path):
@@ -72,19 +76,29 @@ def configs(max_dp, max_tp):
                     yield dp, tp, sp, zero
 
 
-def run_plan(ptc, model, args, work, tag):
+def compile_plan(ptc, model, args, work, tag):
     exe = os.path.join(work, tag)
     cmd = [ptc, '--optim', 'eps=1e-6'] + args + [model, '-o', exe]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         return None, 'compile failed: %s\n%s' % (' '.join(cmd), r.stderr.strip())
-    log, weights = exe + '.jsonl', exe + '.safetensors'
-    run = [exe, '--steps', str(STEPS), '--backend', 'ref', '--lr', '1e-3', '--schedule', 'constant',
-           '--seed', '5', '--quiet', '--log', log, '--save', weights, '--comm-timeout', '120']
+    return exe, None
+
+
+def run_plan(exe, backend):
+    log, weights = exe + '.' + backend + '.jsonl', exe + '.' + backend + '.safetensors'
+    run = [exe, '--steps', str(STEPS), '--backend', backend, '--lr', '1e-3', '--schedule',
+           'constant', '--seed', '5', '--quiet', '--log', log, '--save', weights,
+           '--comm-timeout', '120', '--check-memory']
     r = subprocess.run(run, capture_output=True, text=True)
     if r.returncode:
         return None, 'run failed: %s\n%s' % (' '.join(run), r.stderr.strip())
-    losses = [json.loads(line)['loss'] for line in open(log) if '"loss"' in line]
+    records = [json.loads(line) for line in open(log)]
+    losses = [x['loss'] for x in records if 'loss' in x]
+    memory = [x['memory'] for x in records if 'memory' in x]
+    bad = [m for m in memory if m['planned'] != m['measured']]
+    if not memory or bad:
+        return None, 'memory check failed: %s' % (bad or 'no memory records in the log')
     return (losses, load_safetensors(weights)), None
 
 
@@ -115,10 +129,15 @@ def main():
         for model in models:
             rel, max_dp, max_tp = MODELS[model]
             path = os.path.join(ROOT, rel)
-            ref, err = run_plan(ptc, path, [], work, model + '-single')
+            exe, err = compile_plan(ptc, path, [], work, model + '-single')
+            refs = {}
+            for backend in BACKENDS:
+                refs[backend], err = (None, err) if err else run_plan(exe, backend)
+                if err:
+                    print('FAIL %s single device (%s): %s' % (model, backend, err))
+                    failures += 1
+                    break
             if err:
-                print('FAIL %s single device: %s' % (model, err))
-                failures += 1
                 continue
             for dp, tp, sp, zero in configs(max_dp, max_tp):
                 if quick and (sp or zero not in (0, 3)):
@@ -126,19 +145,23 @@ def main():
                 args = ['--mesh', 'dp=%d,tp=%d' % (dp, tp), '--zero', str(zero)]
                 args += ['--seq-parallel'] if sp else []
                 tag = '%s dp=%d tp=%d%s zero=%d' % (model, dp, tp, ' sp' if sp else '', zero)
-                got, err = run_plan(ptc, path, args, work, tag.replace(' ', '_').replace('=', ''))
-                if err:
-                    print('FAIL %s: %s' % (tag, err))
-                    failures += 1
-                    continue
-                wl, ww, where = compare(ref, got)
-                ok = wl < LOSS_TOL and ww < WEIGHT_TOL
-                print('%s %-40s loss %.1e  weights %.1e (%s)' % ('ok  ' if ok else 'FAIL', tag, wl,
-                                                                  ww, where))
-                sys.stdout.flush()
-                passes += ok
-                failures += not ok
-    print('equivalence matrix: %d plans in %.0f s' % (passes + failures, time.time() - t0))
+                exe, err = compile_plan(ptc, path, args, work,
+                                        tag.replace(' ', '_').replace('=', ''))
+                for backend in BACKENDS:
+                    got, err = (None, err) if err else run_plan(exe, backend)
+                    if err:
+                        print('FAIL %s (%s): %s' % (tag, backend, err))
+                        failures += 1
+                        break
+                    wl, ww, where = compare(refs[backend], got)
+                    ok = wl < LOSS_TOL and ww < WEIGHT_TOL
+                    print('%s %-40s %-3s loss %.1e  weights %.1e (%s)' % (
+                        'ok  ' if ok else 'FAIL', tag, backend, wl, ww, where))
+                    sys.stdout.flush()
+                    passes += ok
+                    failures += not ok
+    print('equivalence matrix: %d runs (plans x backends) in %.0f s' % (passes + failures,
+                                                                      time.time() - t0))
     print('%d passed, %d failed' % (passes, failures))
     return 1 if failures else 0
 

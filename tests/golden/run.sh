@@ -2,6 +2,8 @@
 # run.sh PTC GOLDEN_DIR [--regen] - golden-file tests.
 #   GOLDEN_DIR/ir/X.ptm      ->  `ptc --emit ir X.ptm` must print X.ir (exit 0)
 #   GOLDEN_DIR/errors/X.ptm  ->  `ptc --emit ir X.ptm` must print X.err on stderr and exit 1
+#   GOLDEN_DIR/program/X.args -> `ptc --emit program ARGS` must print X.program (exit 0); ARGS is
+#                                the file's one line, model paths relative to GOLDEN_DIR
 # A first line "# ptc-args: ..." in a .ptm adds arguments. --regen rewrites the expected files.
 # Paths in output are relative to GOLDEN_DIR so the files do not depend on where the tree is.
 set -u
@@ -35,6 +37,27 @@ for kind in ir errors; do
       pass=$((pass+1))
     fi
   done
+done
+for src in program/*.args; do
+  [ -e "$src" ] || continue
+  exp=${src%.args}.program
+  # shellcheck disable=SC2046
+  out=$("$ptc" --emit program $(cat "$src") 2>&1); rc=$?
+  if [ "$regen" = --regen ]; then
+    printf '%s\n' "$out" > "$exp"
+    [ $rc -eq 0 ] || echo "warning: $src exited $rc"
+    continue
+  fi
+  if [ $rc -ne 0 ]; then
+    echo "FAIL $src: exit status $rc"; printf '%s\n' "$out" | head -20
+    fail=$((fail+1)); continue
+  fi
+  if ! diff -u "$exp" <(printf '%s\n' "$out") > /tmp/ptc-golden-diff.$$; then
+    echo "FAIL $src: output differs from $exp"; head -40 /tmp/ptc-golden-diff.$$
+    fail=$((fail+1))
+  else
+    pass=$((pass+1))
+  fi
 done
 rm -f /tmp/ptc-golden-diff.$$
 [ "$regen" = --regen ] && { echo "golden files rewritten; review with git diff"; exit 0; }

@@ -55,7 +55,7 @@ static inline rt_result rt_run(ptc_op op, ptc_attrs at, int nin, const ptc_type 
         cr_assert(r.out[j] != NULL);
         memset(r.out[j], 0xFF, bytes);
     }
-    ptc_node node;
+    ptrt_kcall node;
     memset(&node, 0, sizeof node);
     node.op = op;
     node.nin = nin;
@@ -99,6 +99,33 @@ static inline void rt_expect_near(const float *got, int64_t ngot, const double *
 #define EXPECT_OUT(r, j, tol, ...)                                                                 \
     rt_expect_near((const float *)(r).out[j], ptc_type_numel(&(r).ot[j]), RT_LIST(__VA_ARGS__),    \
                    (tol))
+
+/* 16-bit storage: result j of r (bf16 or f16, 2 bytes an element) decoded to floats, and floats
+ * encoded into it (rounded once). */
+static inline float *rt_decode16(const rt_result *r, int j)
+{
+    int64_t n = ptc_type_numel(&r->ot[j]);
+    float *d = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    cr_assert(d != NULL);
+    const uint16_t *u = r->out[j];
+    for (int64_t i = 0; i < n; i++)
+        d[i] = r->ot[j].dtype == PTC_BF16 ? ptrt_bf16_value(u[i]) : ptrt_f16_value(u[i]);
+    return d;
+}
+
+static inline void rt_encode16(ptc_dtype dt, const float *x, uint16_t *o, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        o[i] = dt == PTC_BF16 ? ptrt_bf16_bits(x[i]) : ptrt_f16_bits(x[i]);
+}
+
+/* EXPECT_OUT16(r, j, tol, values...): result j of r, in 16-bit storage, equals the values. */
+#define EXPECT_OUT16(r, j, tol, ...)                                                               \
+    do {                                                                                           \
+        float *rt_d_ = rt_decode16(&(r), j);                                                       \
+        rt_expect_near(rt_d_, ptc_type_numel(&(r).ot[j]), RT_LIST(__VA_ARGS__), (tol));            \
+        free(rt_d_);                                                                               \
+    } while (0)
 
 static inline void rt_expect_ints(const int32_t *got, int64_t ngot, const int32_t *want, int64_t n)
 {

@@ -2,11 +2,12 @@
  *
  * Every test writes a tiny .ptm model that routes parameters through the op under test into a
  * scalar loss, compiles it with the front end, runs the training pass list (autodiff, then the
- * optimizer pass, with the verifier after each), and runs the whole step once on the reference
- * interpreter (lr 0, step 1, no clipping; the updates are never applied). The gradient of every
- * parameter (ctx.grads[i], also graph output 1 + i) is then compared element by element with a
- * central finite difference of the loss, recomputed by perturbing the parameter's buffer and
- * running only the nodes the loss needs. Inputs are random (normal(0, 1)) unless a test gives them;
+ * optimizer pass, with the verifier after each), lowers it to an execution plan and runs the
+ * whole step once on the reference backend (lr 0, step 1, no clipping: the in-place updates leave
+ * the parameters as they were). The gradient of every parameter (graph output 1 + i, kept
+ * readable by the plan) is then compared element by element with a central finite difference of
+ * the loss, recomputed by perturbing the parameter's buffer and running the plan's eval entry
+ * (the instructions the loss needs). Inputs are random (normal(0, 1)) unless a test gives them;
  * parameters start from their init, and tests that sit near a kink (relu, max) or need exact
  * values (cast) write them.
  *
@@ -23,9 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec.h"
 #include "frontend.h"
-#include "interp.h"
 #include "passes.h"
+#include "planner.h"
 #include "ref.h"
 
 /* ---- tolerance ----
@@ -52,29 +54,41 @@
 
 static const ptc_compile_opts train_opts = {.train = true, .verify_each = true};
 
-/* One model, compiled for training and loaded into the interpreter. */
+/* One model, compiled for training, lowered to a plan and loaded into an executor. */
 typedef struct adc {
     const char *what; /* for messages */
     ptc_graph *g;
     ptc_pass_ctx ctx;
-    ptrt_interp *it;
+    ptc_plan *plan;
+    ptrt_exec *x;
     int *params; /* value id of the i-th PARAM, graph order */
+    int *pbuf;   /* its buffer in the plan */
+    bool *given; /* inputs the test set (by buffer) */
+    float **grads; /* every parameter's gradient, copied after the step (a later run of the plan
+                      may reuse the bytes of its buffer) */
+    void **inputs; /* every input's data, to feed again before each run (the plan reuses the
+                      bytes of an input after its last use) */
     char err[512];
     bool ran;
 } adc;
 
-static int find_input(const ptc_graph *g, const char *name)
+static int find_input(const adc *c, const char *name)
 {
-    int v = ptrt_graph_find(g, PTC_OP_INPUT, name);
-    cr_assert_geq(v, 0, "no input '%s'", name);
-    return v;
+    int b = ptrt_exec_find(c->x, PTC_BUF_INPUT, name);
+    cr_assert_geq(b, 0, "no input '%s'", name);
+    return b;
+}
+
+static float *input_data(adc *c, const char *name)
+{
+    return ptrt_exec_data(c->x, find_input(c, name));
 }
 
 static void set_scalar(adc *c, const char *name, float value)
 {
-    int v = find_input(c->g, name);
-    *(float *)ptrt_interp_buffer(c->it, v) = value;
-    ptrt_interp_mark_given(c->it, v);
+    int b = find_input(c, name);
+    *(float *)ptrt_exec_data(c->x, b) = value;
+    c->given[b] = true;
 }
 
 /* Compiles src with the defines, runs the training passes and sets up an interpreter with the
@@ -118,8 +132,22 @@ static void adc_open_defs(adc *c, const char *what, const char *src, size_t len,
     if (np)
         cr_assert_eq(c->g->noutputs, 1 + np);
 
-    c->it = ptrt_interp_new(c->g);
-    ptrt_interp_init_params(c->it, 1);
+    ptc_lower_opts lo = {.keep_grad_outputs = true};
+    c->plan = ptc_lower(c->g, &lo, c->err, sizeof c->err);
+    cr_assert_not_null(c->plan, "%s: %s", what, c->err);
+    c->x = ptrt_exec_new(c->plan, 0, NULL, c->err, sizeof c->err);
+    cr_assert_not_null(c->x, "%s: %s", what, c->err);
+    const ptc_program *pg = ptrt_exec_program(c->x);
+    cr_assert_eq(pg->noutputs, np, "%s: the plan keeps %d gradients for %d params", what,
+                 pg->noutputs, np);
+    c->pbuf = malloc(sizeof(int) * (size_t)(np ? np : 1));
+    c->given = calloc((size_t)(pg->nbufs ? pg->nbufs : 1), sizeof(bool));
+    cr_assert(c->pbuf && c->given);
+    for (int i = 0; i < np; i++) {
+        c->pbuf[i] = ptrt_exec_find(c->x, PTC_BUF_PARAM, c->g->nodes[nodes[i]].attrs.name);
+        cr_assert_geq(c->pbuf[i], 0);
+    }
+    ptrt_exec_init_state(c->x, 1);
     /* harmless optimizer inputs (the updates are never applied anyway) */
     set_scalar(c, PTC_IN_LR, 0.0f);
     set_scalar(c, PTC_IN_STEP, 1.0f);
@@ -133,10 +161,19 @@ static void adc_open(adc *c, const char *what, const char *src)
 
 static void adc_close(adc *c)
 {
-    ptrt_interp_free(c->it);
+    for (int b = 0; c->inputs && b < c->plan->programs[0].nbufs; b++)
+        free(c->inputs[b]);
+    free(c->inputs);
+    ptrt_exec_free(c->x);
+    ptc_plan_free(c->plan);
     ptc_pass_ctx_free(&c->ctx);
     ptc_graph_free(c->g);
     free(c->params);
+    free(c->pbuf);
+    free(c->given);
+    for (int i = 0; c->grads && i < c->ctx.nparams; i++)
+        free(c->grads[i]);
+    free(c->grads);
     memset(c, 0, sizeof *c);
 }
 
@@ -165,20 +202,30 @@ static int param_index(const adc *c, const char *name)
     return -1;
 }
 
+static float *param_data(adc *c, int i)
+{
+    return ptrt_exec_data(c->x, c->pbuf[i]);
+}
+
 static void set_param(adc *c, const char *name, const float *vals, int64_t n)
 {
-    int v = c->params[param_index(c, name)];
+    int i = param_index(c, name), v = c->params[i];
     cr_assert_eq(numel(c, v), n, "%s: %s has %lld elements", c->what, name, (long long)numel(c, v));
-    memcpy(ptrt_interp_buffer(c->it, v), vals, (size_t)n * sizeof(float));
+    memcpy(param_data(c, i), vals, (size_t)n * sizeof(float));
+}
+
+static int64_t input_numel(const adc *c, const char *name)
+{
+    return ptc_type_numel(&ptrt_exec_program(c->x)->bufs[find_input(c, name)].type);
 }
 
 static void set_input(adc *c, const char *name, const void *vals, int64_t n)
 {
-    int v = find_input(c->g, name);
-    cr_assert_eq(numel(c, v), n, "%s: input %s has %lld elements", c->what, name,
-                 (long long)numel(c, v));
-    memcpy(ptrt_interp_buffer(c->it, v), vals, (size_t)n * 4);
-    ptrt_interp_mark_given(c->it, v);
+    int b = find_input(c, name);
+    cr_assert_eq(input_numel(c, name), n, "%s: input %s has %lld elements", c->what, name,
+                 (long long)input_numel(c, name));
+    memcpy(ptrt_exec_data(c->x, b), vals, (size_t)n * 4);
+    c->given[b] = true;
 }
 
 /* Deterministic pseudo-random numbers (an LCG), uniform in [0, 1). */
@@ -194,7 +241,7 @@ static double lcg(uint32_t *s)
 static void jitter_params(adc *c, double amp)
 {
     for (int i = 0; i < nparams(c); i++) {
-        float *p = ptrt_interp_buffer(c->it, c->params[i]);
+        float *p = param_data(c, i);
         uint32_t s = 0x9e3779b9u * (uint32_t)(i + 1);
         for (int64_t k = 0; k < numel(c, c->params[i]); k++)
             p[k] += (float)(amp * (2 * lcg(&s) - 1));
@@ -204,26 +251,50 @@ static void jitter_params(adc *c, double amp)
 /* Gives the remaining inputs random values and runs the whole step. */
 static void adc_run(adc *c)
 {
-    cr_assert_eq(ptrt_interp_random_inputs(c->it, 7, c->err, sizeof c->err), 0, "%s: %s", c->what,
-                 c->err);
-    cr_assert_eq(ptrt_interp_run(c->it, c->err, sizeof c->err), 0, "%s: run failed: %s", c->what,
-                 c->err);
-    float loss = *(float *)ptrt_interp_buffer(c->it, c->g->loss);
+    const ptc_program *pg = ptrt_exec_program(c->x);
+    for (int b = 0; b < pg->nbufs; b++)
+        if (pg->bufs[b].kind == PTC_BUF_INPUT && !c->given[b])
+            cr_assert_eq(ptrt_exec_random_input(c->x, b, pg->bufs[b].name, 7, c->err,
+                                                sizeof c->err),
+                         0, "%s: %s", c->what, c->err);
+    c->inputs = calloc((size_t)(pg->nbufs ? pg->nbufs : 1), sizeof *c->inputs);
+    cr_assert_not_null(c->inputs);
+    for (int b = 0; b < pg->nbufs; b++)
+        if (pg->bufs[b].kind == PTC_BUF_INPUT) {
+            c->inputs[b] = malloc((size_t)pg->bufs[b].bytes + 1);
+            cr_assert_not_null(c->inputs[b]);
+            memcpy(c->inputs[b], ptrt_exec_data(c->x, b), (size_t)pg->bufs[b].bytes);
+        }
+    cr_assert_eq(ptrt_exec_run(c->x, PTRT_ENTRY_STEP, 1, c->err, sizeof c->err), 0,
+                 "%s: run failed: %s", c->what, c->err);
+    float loss = *(float *)ptrt_exec_data(c->x, pg->loss);
     cr_assert(isfinite(loss), "%s: loss %g", c->what, (double)loss);
+    c->grads = calloc((size_t)(nparams(c) ? nparams(c) : 1), sizeof *c->grads);
+    cr_assert_not_null(c->grads);
+    for (int i = 0; i < nparams(c); i++) {
+        size_t bytes = (size_t)numel(c, c->params[i]) * sizeof(float);
+        c->grads[i] = malloc(bytes ? bytes : 1);
+        cr_assert_not_null(c->grads[i]);
+        memcpy(c->grads[i], ptrt_exec_data(c->x, pg->outputs[i]), bytes);
+    }
     c->ran = true;
 }
 
 static const float *grad(adc *c, int i)
 {
     cr_assert(c->ran);
-    return ptrt_interp_buffer(c->it, c->ctx.grads[i]);
+    return c->grads[i];
 }
 
 static double eval_loss(adc *c)
 {
-    cr_assert_eq(ptrt_interp_run_for(c->it, c->g->loss, c->err, sizeof c->err), 0, "%s: %s",
+    const ptc_program *pg = ptrt_exec_program(c->x);
+    for (int b = 0; b < pg->nbufs; b++)
+        if (c->inputs[b])
+            memcpy(ptrt_exec_data(c->x, b), c->inputs[b], (size_t)pg->bufs[b].bytes);
+    cr_assert_eq(ptrt_exec_run(c->x, PTRT_ENTRY_EVAL, 1, c->err, sizeof c->err), 0, "%s: %s",
                  c->what, c->err);
-    return *(float *)ptrt_interp_buffer(c->it, c->g->loss);
+    return *(float *)ptrt_exec_data(c->x, ptrt_exec_program(c->x)->loss);
 }
 
 typedef struct fd_opts {
@@ -259,7 +330,7 @@ static double fd_check(adc *c, const fd_opts *o)
         /* which elements: all, or the first, the last and a random sample */
         int64_t m = o->max_elems > 0 && n > o->max_elems ? o->max_elems : n;
         uint32_t s = 12345u + 977u * (uint32_t)i;
-        float *p = ptrt_interp_buffer(c->it, v);
+        float *p = param_data(c, i);
         double atol = FD_ATOL_REL * gmax + FD_NOISE(loss0, h), worst = 0, fdmax = 0;
         int bad = 0;
         for (int64_t j = 0; j < m; j++) {
@@ -405,7 +476,7 @@ static void cast_exact_points(const char *what, const char *src, float (*round_f
         x[k] = (float)(20 + 7 * k) / 64.0f;
     set_param(&c, "x", x, 6);
     adc_run(&c);
-    const float *u = ptrt_interp_buffer(c.it, find_input(c.g, "u"));
+    const float *u = input_data(&c, "u");
     const float *g = grad(&c, 0);
     for (int k = 0; k < 6; k++)
         cr_expect_eq(g[k], round_fn(u[k]), "%s: element %d: gradient %.9g, want %.9g", what, k,
@@ -672,7 +743,7 @@ Test(autodiff_reduce, max_over_each_axis)
         int nonzero = 0;
         for (int k = 0; k < 24; k++)
             nonzero += g[k] != 0;
-        int64_t reduced = numel(&c, find_input(c.g, "t"));
+        int64_t reduced = input_numel(&c, "t");
         cr_expect_leq(nonzero, reduced, "%s: %d nonzero gradient elements for %lld maxima", what,
                       nonzero, (long long)reduced);
         fd_check(&c, NULL);

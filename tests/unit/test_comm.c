@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm.h"
+#include "inproc.h"
 #include "util.h"
 
 #define MAXR 8
@@ -23,7 +23,7 @@ static const int SIZES[] = {1, 2, 3, 4, 8};
 typedef struct rank_ctx rank_ctx;
 typedef void (*rank_fn)(rank_ctx *r);
 struct rank_ctx {
-    ptrt_comm *c;
+    ptrt_inproc *c;
     int rank;
     int nranks;
     void *job;
@@ -56,7 +56,7 @@ static void *thread_main(void *p)
 }
 
 /* Runs fn on ranks 0 .. n-1 of c, one thread each, and waits for all. */
-static void run_ranks(ptrt_comm *c, int n, rank_fn fn, void *job, rank_ctx *ctx)
+static void run_ranks(ptrt_inproc *c, int n, rank_fn fn, void *job, rank_ctx *ctx)
 {
     pthread_t th[64];
     cr_assert(n <= 64);
@@ -68,10 +68,10 @@ static void run_ranks(ptrt_comm *c, int n, rank_fn fn, void *job, rank_ctx *ctx)
         pthread_join(th[r], NULL);
 }
 
-static ptrt_comm *new_comm(int n, double timeout)
+static ptrt_inproc *new_comm(int n, double timeout)
 {
     char err[256];
-    ptrt_comm *c = ptrt_comm_new(n, timeout, err, sizeof err);
+    ptrt_inproc *c = ptrt_inproc_new(n, timeout, err, sizeof err);
     cr_assert_not_null(c, "%s", err);
     return c;
 }
@@ -155,7 +155,7 @@ static void ar_rank(rank_ctx *r)
         if (j->in_place)
             memcpy(out, j->in[r->rank], (size_t)j->count * sizeof(float));
         const float *in = j->in_place ? out : j->in[r->rank];
-        r->rc = ptrt_comm_allreduce(r->c, r->rank, j->members, j->n, in, out, j->count, j->op, &d,
+        r->rc = ptrt_inproc_allreduce(r->c, r->rank, j->members, j->n, in, out, j->count, j->op, &d,
                                     r->err, sizeof r->err);
     }
 }
@@ -173,7 +173,7 @@ static float *check_allreduce(int n, const int *order, int64_t count, ptrt_reduc
         j.out[r] = all + r * count;
         fill(j.in[r], count, seed, r);
     }
-    ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
     rank_ctx ctx[MAXR];
     run_ranks(c, n, ar_rank, &j, ctx);
     expect_ok(ctx, n);
@@ -184,7 +184,7 @@ static float *check_allreduce(int n, const int *order, int64_t count, ptrt_reduc
     for (int r = 0; r < n; r++)
         free(j.in[r]);
     free(want);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
     return all;
 }
 
@@ -244,7 +244,7 @@ Test(comm, max_propagates_nan)
         j.in[r] = in[r];
         j.out[r] = out[r];
     }
-    ptrt_comm *c = new_comm(3, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(3, LONG_TIMEOUT);
     rank_ctx ctx[3];
     run_ranks(c, 3, ar_rank, &j, ctx);
     expect_ok(ctx, 3);
@@ -252,7 +252,7 @@ Test(comm, max_propagates_nan)
         cr_assert_eq(out[r][0], 2.0f);
         cr_assert(isnan(out[r][1]) && isnan(out[r][2]) && isnan(out[r][3]));
     }
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* ---- allgather, reduce_scatter, all_to_all: a 3-D tensor sharded along a dimension ---------- */
@@ -288,7 +288,7 @@ static void allgather_rank(rank_ctx *r)
     int members[MAXR] = {0};
     iota(members, j->n, 0);
     ptrt_coll_desc d = {"tp", 1, 4};
-    r->rc = ptrt_comm_allgather(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
+    r->rc = ptrt_inproc_allgather(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                 j->outer, j->chunk, &d, r->err, sizeof r->err);
 }
 
@@ -306,7 +306,7 @@ static void check_allgather(int n, bool in_place)
         j.in[r] = in_place ? j.out[r] + r * j.chunk : ptc_xmalloc(60 * sizeof(float));
         take_shard(j.in[r], t, j.full, 1, n, r);
     }
-    ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
     rank_ctx ctx[MAXR];
     run_ranks(c, n, allgather_rank, &j, ctx);
     expect_ok(ctx, n);
@@ -317,7 +317,7 @@ static void check_allgather(int n, bool in_place)
         free(j.out[r]);
     }
     free(t);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 Test(comm, allgather_middle_dim)
@@ -334,7 +334,7 @@ static void reduce_scatter_rank(rank_ctx *r)
     int members[MAXR] = {0};
     iota(members, j->n, 0);
     ptrt_coll_desc d = {"tp", 1, 5};
-    r->rc = ptrt_comm_reduce_scatter(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
+    r->rc = ptrt_inproc_reduce_scatter(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                      j->outer, j->chunk, PTRT_RED_SUM, &d, r->err, sizeof r->err);
 }
 
@@ -352,7 +352,7 @@ static void check_reduce_scatter(int n, bool in_place)
         memcpy(keep[r], j.in[r], (size_t)len * sizeof(float));
         j.out[r] = in_place ? j.in[r] + r * j.chunk : ptc_xmalloc((size_t)part * sizeof(float));
     }
-    ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
     rank_ctx ctx[MAXR];
     run_ranks(c, n, reduce_scatter_rank, &j, ctx);
     expect_ok(ctx, n);
@@ -371,7 +371,7 @@ static void check_reduce_scatter(int n, bool in_place)
     }
     free(sum);
     free(want);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 Test(comm, reduce_scatter_middle_dim)
@@ -388,7 +388,7 @@ static void all_to_all_rank(rank_ctx *r)
     int members[MAXR] = {0};
     iota(members, j->n, 0);
     ptrt_coll_desc d = {"sp", 2, 6};
-    r->rc = ptrt_comm_all_to_all(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
+    r->rc = ptrt_inproc_all_to_all(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                  j->outer, j->chunk, j->outer_out, j->chunk_out, &d, r->err,
                                  sizeof r->err);
 }
@@ -412,7 +412,7 @@ static void check_all_to_all(int n, int from, int to, bool in_place)
         j.out[r] = in_place ? j.in[r] : ptc_xmalloc((size_t)part * sizeof(float));
         take_shard(j.in[r], t, j.full, from, n, r);
     }
-    ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
     rank_ctx ctx[MAXR];
     run_ranks(c, n, all_to_all_rank, &j, ctx);
     expect_ok(ctx, n);
@@ -426,7 +426,7 @@ static void check_all_to_all(int n, int from, int to, bool in_place)
     }
     free(want);
     free(t);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 Test(comm, all_to_all_shard0_to_shard1)
@@ -479,16 +479,16 @@ static void mesh_rank(rank_ctx *r)
         /* the row sum, then gathered down the column: but odd ranks first do an unrelated
          * column barrier, so the two groups' collectives interleave differently on each rank */
         if (r->rank % 2)
-            r->rc = ptrt_comm_barrier(r->c, r->rank, colm, j->rows, &dp, r->err, sizeof r->err);
+            r->rc = ptrt_inproc_barrier(r->c, r->rank, colm, j->rows, &dp, r->err, sizeof r->err);
         else
             r->rc = 0;
         if (!r->rc)
-            r->rc = ptrt_comm_allreduce(r->c, r->rank, rowm, j->cols, v, v, j->count, PTRT_RED_SUM,
+            r->rc = ptrt_inproc_allreduce(r->c, r->rank, rowm, j->cols, v, v, j->count, PTRT_RED_SUM,
                                         &tp, r->err, sizeof r->err);
         if (!r->rc && r->rank % 2 == 0)
-            r->rc = ptrt_comm_barrier(r->c, r->rank, colm, j->rows, &dp, r->err, sizeof r->err);
+            r->rc = ptrt_inproc_barrier(r->c, r->rank, colm, j->rows, &dp, r->err, sizeof r->err);
         if (!r->rc)
-            r->rc = ptrt_comm_allgather(r->c, r->rank, colm, j->rows, v, g, 1, j->count, &dp,
+            r->rc = ptrt_inproc_allgather(r->c, r->rank, colm, j->rows, v, g, 1, j->count, &dp,
                                         r->err, sizeof r->err);
     }
     free(v);
@@ -501,7 +501,7 @@ static void check_mesh(int rows, int cols)
     int64_t per = (int64_t)j.iters * rows * j.count;
     for (int r = 0; r < n; r++)
         j.got[r] = ptc_xmalloc((size_t)per * sizeof(float));
-    ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
     rank_ctx ctx[MAXR];
     run_ranks(c, n, mesh_rank, &j, ctx);
     expect_ok(ctx, n);
@@ -524,7 +524,7 @@ static void check_mesh(int rows, int cols)
         free(in[r]);
     }
     free(want);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 Test(comm, mesh_groups_interleave)
@@ -544,7 +544,7 @@ static void pairs_rank(rank_ctx *r)
                 continue;
             int m[2] = {a, b};
             float x = (float)r->rank, y;
-            r->rc = ptrt_comm_allreduce(r->c, r->rank, m, 2, &x, &y, 1, PTRT_RED_SUM, NULL, r->err,
+            r->rc = ptrt_inproc_allreduce(r->c, r->rank, m, 2, &x, &y, 1, PTRT_RED_SUM, NULL, r->err,
                                         sizeof r->err);
             if (!r->rc && y != (float)(a + b))
                 r->rc = 1;
@@ -554,11 +554,11 @@ static void pairs_rank(rank_ctx *r)
 
 Test(comm, many_groups)
 {
-    ptrt_comm *c = new_comm(8, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(8, LONG_TIMEOUT);
     rank_ctx ctx[8];
     run_ranks(c, 8, pairs_rank, NULL, ctx);
     expect_ok(ctx, 8);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* ---- send / recv --------------------------------------------------------------------------- */
@@ -573,12 +573,12 @@ static void ring_rank(rank_ctx *r)
             ptrt_coll_desc d = {"pp", round + k, round + k};
             fill(buf, 10 + round + k, (uint64_t)(round + k), r->rank);
             r->rc =
-                ptrt_comm_send(r->c, r->rank, next, buf, 10 + round + k, &d, r->err, sizeof r->err);
+                ptrt_inproc_send(r->c, r->rank, next, buf, 10 + round + k, &d, r->err, sizeof r->err);
         }
         for (int k = 0; k < 2 && !r->rc; k++) {
             ptrt_coll_desc d = {"pp", round + k, 100 + round + k};
             r->rc =
-                ptrt_comm_recv(r->c, r->rank, prev, got, 10 + round + k, &d, r->err, sizeof r->err);
+                ptrt_inproc_recv(r->c, r->rank, prev, got, 10 + round + k, &d, r->err, sizeof r->err);
             fill(buf, 10 + round + k, (uint64_t)(round + k), prev);
             if (!r->rc && memcmp(buf, got, (size_t)(10 + round + k) * sizeof(float)))
                 r->rc = 2;
@@ -590,11 +590,11 @@ Test(comm, send_recv_ring)
 {
     for (int s = 0; s < NSIZES; s++) {
         int n = SIZES[s];
-        ptrt_comm *c = new_comm(n, LONG_TIMEOUT);
+        ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
         rank_ctx ctx[MAXR];
         run_ranks(c, n, ring_rank, NULL, ctx);
         expect_ok(ctx, n);
-        ptrt_comm_free(c);
+        ptrt_inproc_free(c);
     }
 }
 
@@ -603,16 +603,16 @@ static void p2p_mismatch_rank(rank_ctx *r)
     float buf[16] = {0};
     if (r->rank == 0) {
         ptrt_coll_desc d = {"pp", 3, 7};
-        r->rc = ptrt_comm_send(r->c, 0, 1, buf, 16, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_send(r->c, 0, 1, buf, 16, &d, r->err, sizeof r->err);
     } else {
         ptrt_coll_desc d = {"pp", 3, 9};
-        r->rc = ptrt_comm_recv(r->c, 1, 0, buf, 12, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_recv(r->c, 1, 0, buf, 12, &d, r->err, sizeof r->err);
     }
 }
 
 Test(comm, recv_count_mismatch)
 {
-    ptrt_comm *c = new_comm(2, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
     rank_ctx ctx[2];
     run_ranks(c, 2, p2p_mismatch_rank, NULL, ctx);
     cr_assert_eq(ctx[0].rc, 0, "%s", ctx[0].err); /* the send had gone before */
@@ -624,9 +624,9 @@ Test(comm, recv_count_mismatch)
     /* the sender learns at its next call */
     char err[1024];
     float x = 0;
-    cr_assert_eq(ptrt_comm_send(c, 0, 1, &x, 1, NULL, err, sizeof err), -1);
+    cr_assert_eq(ptrt_inproc_send(c, 0, 1, &x, 1, NULL, err, sizeof err), -1);
     expect_has(err, "failed: rank 1: send/recv mismatch");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* ---- failures -------------------------------------------------------------------------------- */
@@ -637,9 +637,9 @@ static void mismatch_rank(rank_ctx *r)
     float *in = ptc_xcalloc(4096, sizeof(float)), *out = ptc_xcalloc(4 * 4096, sizeof(float));
     ptrt_coll_desc d = {"tp", 3, 12};
     if (r->rank == 2)
-        r->rc = ptrt_comm_allgather(r->c, 2, m, 4, in, out, 1, 4096, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_allgather(r->c, 2, m, 4, in, out, 1, 4096, &d, r->err, sizeof r->err);
     else
-        r->rc = ptrt_comm_allreduce(r->c, r->rank, m, 4, in, out, 4096, PTRT_RED_SUM, &d, r->err,
+        r->rc = ptrt_inproc_allreduce(r->c, r->rank, m, 4, in, out, 4096, PTRT_RED_SUM, &d, r->err,
                                     sizeof r->err);
     free(in);
     free(out);
@@ -647,7 +647,7 @@ static void mismatch_rank(rank_ctx *r)
 
 Test(comm, mismatch_names_both)
 {
-    ptrt_comm *c = new_comm(4, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(4, LONG_TIMEOUT);
     rank_ctx ctx[4];
     run_ranks(c, 4, mismatch_rank, NULL, ctx);
     const char *tail = "collective mismatch on group tp [0,1,2,3] at step 3: rank 2 called "
@@ -662,12 +662,12 @@ Test(comm, mismatch_names_both)
     /* poisoned: later calls fail at once with the reason */
     char err[1024];
     int m[1] = {0};
-    cr_assert_eq(ptrt_comm_barrier(c, 0, m, 1, NULL, err, sizeof err), -1);
+    cr_assert_eq(ptrt_inproc_barrier(c, 0, m, 1, NULL, err, sizeof err), -1);
     expect_has(err, "rank 0: barrier on group [0] failed: rank ");
     expect_has(err, tail);
-    cr_assert(ptrt_comm_failed(c, err, sizeof err));
+    cr_assert(ptrt_inproc_failed(c, err, sizeof err));
     expect_has(err, tail);
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 typedef struct {
@@ -681,7 +681,7 @@ static void mismatch2_rank(rank_ctx *r)
     int m[2] = {0, 1}, rev[2] = {1, 0};
     float in[8] = {0}, out[8];
     ptrt_coll_desc d = {"dp", v == 1 && odd ? 5 : 4, 0};
-    r->rc = ptrt_comm_allreduce(r->c, r->rank, v == 2 && odd ? rev : m, 2, in, out,
+    r->rc = ptrt_inproc_allreduce(r->c, r->rank, v == 2 && odd ? rev : m, 2, in, out,
                                 v == 0 && odd ? 7 : 8, v == 3 && odd ? PTRT_RED_MAX : PTRT_RED_SUM,
                                 &d, r->err, sizeof r->err);
 }
@@ -695,7 +695,7 @@ Test(comm, mismatch_of_each_kind)
                           "with members [1,0]", "rank 1 called allreduce(count 8, max)"};
     for (int v = 0; v < 4; v++) {
         mm_job j = {v};
-        ptrt_comm *c = new_comm(2, LONG_TIMEOUT);
+        ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
         rank_ctx ctx[2];
         run_ranks(c, 2, mismatch2_rank, &j, ctx);
         for (int r = 0; r < 2; r++) {
@@ -706,7 +706,7 @@ Test(comm, mismatch_of_each_kind)
         }
         if (v == 2)
             expect_has(ctx[0].err, want[v]);
-        ptrt_comm_free(c);
+        ptrt_inproc_free(c);
     }
 }
 
@@ -725,13 +725,13 @@ static void timeout_rank(rank_ctx *r)
     float x[3] = {1, 2, 3};
     ptrt_coll_desc d = {"tp", 3, 12};
     r->rc =
-        ptrt_comm_allreduce(r->c, r->rank, m, 4, x, x, 3, PTRT_RED_SUM, &d, r->err, sizeof r->err);
+        ptrt_inproc_allreduce(r->c, r->rank, m, 4, x, x, 3, PTRT_RED_SUM, &d, r->err, sizeof r->err);
 }
 
 Test(comm, timeout_names_the_missing_rank)
 {
     timeout_job j = {.absent = 6};
-    ptrt_comm *c = new_comm(8, 0.2);
+    ptrt_inproc *c = new_comm(8, 0.2);
     rank_ctx ctx[8];
     double t0 = now();
     run_ranks(c, 8, timeout_rank, &j, ctx);
@@ -755,12 +755,12 @@ Test(comm, timeout_names_the_missing_rank)
     float x[3] = {0};
     ptrt_coll_desc d = {"tp", 3, 12};
     t0 = now();
-    cr_assert_eq(ptrt_comm_allreduce(c, 6, m, 4, x, x, 3, PTRT_RED_SUM, &d, err, sizeof err), -1);
+    cr_assert_eq(ptrt_inproc_allreduce(c, 6, m, 4, x, x, 3, PTRT_RED_SUM, &d, err, sizeof err), -1);
     cr_assert_lt(now() - t0, 0.1);
     expect_has(err, "rank 6: allreduce on group tp [4,5,6,7] (collective #12, step 3) failed: "
                     "rank ");
     expect_has(err, "rank 6 did not");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* Rank 0 waits for rank 1 in their row; rank 1 waits in its column for rank 3, who never comes.
@@ -771,20 +771,20 @@ static void deadlock_rank(rank_ctx *r)
     if (r->rank == 0) {
         int row[2] = {0, 1};
         ptrt_coll_desc d = {"tp", 0, 3};
-        r->rc = ptrt_comm_allreduce(r->c, 0, row, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
+        r->rc = ptrt_inproc_allreduce(r->c, 0, row, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
                                     sizeof r->err);
     } else if (r->rank == 1) {
         sleep_s(0.1);
         int col[2] = {1, 3};
         ptrt_coll_desc d = {"dp", 0, 1};
-        r->rc = ptrt_comm_allreduce(r->c, 1, col, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
+        r->rc = ptrt_inproc_allreduce(r->c, 1, col, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
                                     sizeof r->err);
     }
 }
 
 Test(comm, timeout_says_where_the_missing_rank_waits)
 {
-    ptrt_comm *c = new_comm(4, 0.2);
+    ptrt_inproc *c = new_comm(4, 0.2);
     rank_ctx ctx[4];
     run_ranks(c, 4, deadlock_rank, NULL, ctx);
     cr_assert_eq(ctx[0].rc, -1);
@@ -795,7 +795,7 @@ Test(comm, timeout_says_where_the_missing_rank_waits)
                                  "0))");
     expect_has(ctx[1].err, "rank 1: allreduce on group dp [1,3] (collective #1, step 0) failed: "
                            "rank 0: timeout");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 static void recv_timeout_rank(rank_ctx *r)
@@ -803,20 +803,20 @@ static void recv_timeout_rank(rank_ctx *r)
     float x;
     if (r->rank == 1) {
         ptrt_coll_desc d = {"pp", 2, 5};
-        r->rc = ptrt_comm_recv(r->c, 1, 0, &x, 1, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_recv(r->c, 1, 0, &x, 1, &d, r->err, sizeof r->err);
     }
 }
 
 Test(comm, recv_timeout)
 {
-    ptrt_comm *c = new_comm(2, 0.2);
+    ptrt_inproc *c = new_comm(2, 0.2);
     rank_ctx ctx[2];
     run_ranks(c, 2, recv_timeout_rank, NULL, ctx);
     cr_assert_eq(ctx[1].rc, -1);
     cr_assert_str_eq(ctx[1].err, "rank 1: timeout after 0.2 s in recv from rank 0 on group pp "
                                  "(collective #5, step 2): nothing arrived from rank 0 (0 "
                                  "received before; rank 0 is in no communicator call)");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* Rank 3 fails; the others wait in an allreduce, a barrier and a recv, with a long timeout. */
@@ -827,25 +827,25 @@ static void abort_rank(rank_ctx *r)
     ptrt_coll_desc d = {"dp", 9, 1};
     if (r->rank == 3) {
         sleep_s(0.05);
-        ptrt_comm_abort(r->c, 3, "out of memory in matmul");
+        ptrt_inproc_abort(r->c, 3, "out of memory in matmul");
     } else if (r->rank == 2) {
-        r->rc = ptrt_comm_recv(r->c, 2, 3, x, 2, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_recv(r->c, 2, 3, x, 2, &d, r->err, sizeof r->err);
     } else if (r->rank == 1) {
-        r->rc = ptrt_comm_barrier(r->c, 1, pair, 2, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_barrier(r->c, 1, pair, 2, &d, r->err, sizeof r->err);
         if (!r->rc) /* with rank 0, then the group of all four */
-            r->rc = ptrt_comm_allreduce(r->c, 1, m, 4, x, x, 2, PTRT_RED_SUM, &d, r->err,
+            r->rc = ptrt_inproc_allreduce(r->c, 1, m, 4, x, x, 2, PTRT_RED_SUM, &d, r->err,
                                         sizeof r->err);
     } else {
-        r->rc = ptrt_comm_barrier(r->c, 0, pair, 2, &d, r->err, sizeof r->err);
+        r->rc = ptrt_inproc_barrier(r->c, 0, pair, 2, &d, r->err, sizeof r->err);
         if (!r->rc)
-            r->rc = ptrt_comm_allreduce(r->c, 0, m, 4, x, x, 2, PTRT_RED_SUM, &d, r->err,
+            r->rc = ptrt_inproc_allreduce(r->c, 0, m, 4, x, x, 2, PTRT_RED_SUM, &d, r->err,
                                         sizeof r->err);
     }
 }
 
 Test(comm, abort_wakes_the_others)
 {
-    ptrt_comm *c = new_comm(4, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(4, LONG_TIMEOUT);
     rank_ctx ctx[4];
     run_ranks(c, 4, abort_rank, NULL, ctx);
     for (int r = 0; r < 3; r++) {
@@ -855,22 +855,22 @@ Test(comm, abort_wakes_the_others)
     }
     expect_has(ctx[0].err, "rank 0: allreduce on group dp [0,1,2,3] (collective #1, step 9)");
     expect_has(ctx[2].err, "rank 2: recv from rank 3 on group dp (collective #1, step 9)");
-    ptrt_comm_abort(c, 1, "second"); /* the first reason stays */
+    ptrt_inproc_abort(c, 1, "second"); /* the first reason stays */
     char why[256];
-    cr_assert(ptrt_comm_failed(c, why, sizeof why));
+    cr_assert(ptrt_inproc_failed(c, why, sizeof why));
     cr_assert_str_eq(why, "aborted: rank 3 failed: out of memory in matmul");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* Bad arguments fail at once (and fail the communicator, since the others would wait for them). */
 Test(comm, invalid_arguments)
 {
     char err[512];
-    cr_assert_null(ptrt_comm_new(0, 1.0, err, sizeof err));
+    cr_assert_null(ptrt_inproc_new(0, 1.0, err, sizeof err));
     expect_has(err, "0 ranks");
-    cr_assert_null(ptrt_comm_new(2, 0.0, err, sizeof err));
+    cr_assert_null(ptrt_inproc_new(2, 0.0, err, sizeof err));
     expect_has(err, "timeout 0 s");
-    cr_assert_null(ptrt_comm_new(2, NAN, err, sizeof err));
+    cr_assert_null(ptrt_inproc_new(2, NAN, err, sizeof err));
 
     struct {
         int me, n, members[3];
@@ -896,50 +896,50 @@ Test(comm, invalid_arguments)
     };
     float buf[64] = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ptrt_comm *c = new_comm(4, LONG_TIMEOUT);
+        ptrt_inproc *c = new_comm(4, LONG_TIMEOUT);
         ptrt_coll_desc d = {"t", -1, -1};
-        int rc = ptrt_comm_all_to_all(c, cases[i].me, cases[i].members, cases[i].n, buf, buf,
+        int rc = ptrt_inproc_all_to_all(c, cases[i].me, cases[i].members, cases[i].n, buf, buf,
                                       cases[i].oi, cases[i].ci, cases[i].oo, cases[i].co, &d, err,
                                       sizeof err);
         cr_assert_eq(rc, -1, "case %zu", i);
         expect_has(err, cases[i].want);
-        cr_assert(ptrt_comm_failed(c, NULL, 0));
-        ptrt_comm_free(c);
+        cr_assert(ptrt_inproc_failed(c, NULL, 0));
+        ptrt_inproc_free(c);
     }
-    ptrt_comm *c = new_comm(2, LONG_TIMEOUT);
-    cr_assert_eq(ptrt_comm_send(c, 0, 2, buf, 1, NULL, err, sizeof err), -1);
+    ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
+    cr_assert_eq(ptrt_inproc_send(c, 0, 2, buf, 1, NULL, err, sizeof err), -1);
     cr_assert_str_eq(err, "rank 0: send to rank 2: peer 2 is not in 0..1");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
     c = new_comm(2, LONG_TIMEOUT);
     int m[2] = {0, 1};
-    cr_assert_eq(ptrt_comm_allreduce(c, 0, m, 2, NULL, buf, 4, PTRT_RED_SUM, NULL, err, sizeof err),
+    cr_assert_eq(ptrt_inproc_allreduce(c, 0, m, 2, NULL, buf, 4, PTRT_RED_SUM, NULL, err, sizeof err),
                  -1);
     expect_has(err, "a buffer is NULL");
-    ptrt_comm_free(c);
+    ptrt_inproc_free(c);
 }
 
 /* One rank: every collective is a copy (or nothing), and messages to oneself work. */
 Test(comm, single_rank)
 {
-    ptrt_comm *c = new_comm(1, LONG_TIMEOUT);
+    ptrt_inproc *c = new_comm(1, LONG_TIMEOUT);
     char err[256];
     int m[1] = {0};
     float in[6] = {1, 2, 3, 4, 5, 6}, out[6] = {0};
-    cr_assert_eq(ptrt_comm_allreduce(c, 0, m, 1, in, out, 6, PTRT_RED_SUM, NULL, err, sizeof err),
+    cr_assert_eq(ptrt_inproc_allreduce(c, 0, m, 1, in, out, 6, PTRT_RED_SUM, NULL, err, sizeof err),
                  0, "%s", err);
     cr_assert(!memcmp(in, out, sizeof in));
     cr_assert_eq(
-        ptrt_comm_allreduce(c, 0, m, 1, NULL, NULL, 0, PTRT_RED_MAX, NULL, err, sizeof err), 0,
+        ptrt_inproc_allreduce(c, 0, m, 1, NULL, NULL, 0, PTRT_RED_MAX, NULL, err, sizeof err), 0,
         "%s", err);
-    cr_assert_eq(ptrt_comm_all_to_all(c, 0, m, 1, in, out, 2, 3, 1, 6, NULL, err, sizeof err), 0,
+    cr_assert_eq(ptrt_inproc_all_to_all(c, 0, m, 1, in, out, 2, 3, 1, 6, NULL, err, sizeof err), 0,
                  "%s", err);
     cr_assert(!memcmp(in, out, sizeof in));
-    cr_assert_eq(ptrt_comm_barrier(c, 0, m, 1, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(ptrt_comm_send(c, 0, 0, in, 6, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptrt_inproc_barrier(c, 0, m, 1, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptrt_inproc_send(c, 0, 0, in, 6, NULL, err, sizeof err), 0, "%s", err);
     memset(out, 0, sizeof out);
-    cr_assert_eq(ptrt_comm_recv(c, 0, 0, out, 6, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptrt_inproc_recv(c, 0, 0, out, 6, NULL, err, sizeof err), 0, "%s", err);
     cr_assert(!memcmp(in, out, sizeof in));
-    cr_assert_eq(ptrt_comm_send(c, 0, 0, in, 6, NULL, err, sizeof err), 0);
-    cr_assert_not(ptrt_comm_failed(c, NULL, 0));
-    ptrt_comm_free(c); /* with a message never received */
+    cr_assert_eq(ptrt_inproc_send(c, 0, 0, in, 6, NULL, err, sizeof err), 0);
+    cr_assert_not(ptrt_inproc_failed(c, NULL, 0));
+    ptrt_inproc_free(c); /* with a message never received */
 }

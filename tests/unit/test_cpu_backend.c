@@ -53,7 +53,7 @@ static both run_both(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, void 
     char err[512] = "";
     r.nout = ptc_infer(op, it, nin, &at, r.ot, err, sizeof err);
     cr_assert(r.nout > 0, "shape inference of %s failed: %s", ptc_ops[op].name, err);
-    ptc_node node;
+    ptrt_kcall node;
     memset(&node, 0, sizeof node);
     node.op = op;
     node.nin = nin;

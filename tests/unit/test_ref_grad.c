@@ -142,7 +142,7 @@ Test(ref_grad, state_has_no_kernel)
     ptc_type it[2] = {TY(PTC_F32, 1), TY(PTC_F32, 1)};
     float x[1] = {1}, y[1] = {2};
     void *in[2] = {x, y};
-    ptc_node add = {.op = PTC_OP_ADD, .nin = 2, .nout = 1};
+    ptrt_kcall add = {.op = PTC_OP_ADD, .nin = 2, .nout = 1};
     add.attrs = ptc_attrs_default(PTC_OP_ADD);
     float z[1];
     void *out[1] = {z};

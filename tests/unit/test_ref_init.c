@@ -3,6 +3,7 @@
  * right distribution, and equal to the documented formula (values from an independent Python
  * reimplementation of the comment in runtime/init.c).
  */
+#include "exec.h"
 #include "ref_test.h"
 
 static uint32_t bits_of(float f)

@@ -282,14 +282,14 @@ Test(ref_cast, f32_to_bf16_and_f16)
      * pi = 3.14159265 -> 2 * (1 + 73/128) = 3.140625; 3.4e38 -> inf (past (2 - 2^-7) 2^127) */
     float x[] = {1, 1.00390625f, 1.01171875f, 3.14159265f, 3.4e38f, -2.0f};
     rt_result r = cast(x, TY(PTC_F32, 6), PTC_BF16);
-    EXPECT_OUT(r, 0, 0, 1, 1, 1.015625, 3.140625, INFINITY, -2);
+    EXPECT_OUT16(r, 0, 0, 1, 1, 1.015625, 3.140625, INFINITY, -2);
     rt_free(&r);
     /* f16 (10 fraction bits): 65504 is the largest; 65519 < 65520 (the halfway point to 65536)
      * rounds down to 65504; 65520 ties to the even 65536 = inf; 2^-24 = 5.96e-8 is the smallest
      * subnormal; 1e-8 < 2^-25 -> 0; 1 + 2^-11 ties to 1 */
     float y[] = {65504, 65519, 65520, 5.9604644775390625e-8f, 1e-8f, 1.00048828125f};
     r = cast(y, TY(PTC_F32, 6), PTC_F16);
-    EXPECT_OUT(r, 0, 0, 65504, 65504, INFINITY, 5.9604644775390625e-8, 0, 1);
+    EXPECT_OUT16(r, 0, 0, 65504, 65504, INFINITY, 5.9604644775390625e-8, 0, 1);
     rt_free(&r);
 }
 
@@ -314,24 +314,28 @@ Test(ref_cast, i32_to_floats)
     EXPECT_OUT(r, 0, 0, -3, 16777216, 257, 259, 16842752);
     rt_free(&r);
     r = cast(x, TY(PTC_I32, 5), PTC_BF16);
-    EXPECT_OUT(r, 0, 0, -3, 16777216, 256, 260, 16908288);
+    EXPECT_OUT16(r, 0, 0, -3, 16777216, 256, 260, 16908288);
     rt_free(&r);
     r = cast(x, TY(PTC_I32, 5), PTC_I32);
     EXPECT_INTS(r, 0, -3, 16777217, 257, 259, 16842753);
     rt_free(&r);
 }
 
+/* bf16 and f16 are stored in 2 bytes: what a cast writes, and what one reads. */
 Test(ref_cast, between_low_precisions)
 {
     /* f16 -> bf16: 1 + 2^-10 (exact in f16) is below the bf16 halfway point 1 + 2^-8: 1.
      * bf16 -> f16: 2^20 is exact in bf16 but above 65504: inf. bf16 -> f32 keeps values. */
-    float x[] = {1.0009765625f, 3};
+    float xf[] = {1.0009765625f, 3};
+    uint16_t x[2], y[2];
+    rt_encode16(PTC_F16, xf, x, 2);
     rt_result r = cast(x, TY(PTC_F16, 2), PTC_BF16);
-    EXPECT_OUT(r, 0, 0, 1, 3);
+    EXPECT_OUT16(r, 0, 0, 1, 3);
     rt_free(&r);
-    float y[] = {1048576, 1.5f};
+    float yf[] = {1048576, 1.5f};
+    rt_encode16(PTC_BF16, yf, y, 2);
     r = cast(y, TY(PTC_BF16, 2), PTC_F16);
-    EXPECT_OUT(r, 0, 0, INFINITY, 1.5);
+    EXPECT_OUT16(r, 0, 0, INFINITY, 1.5);
     rt_free(&r);
     r = cast(y, TY(PTC_BF16, 2), PTC_F32);
     EXPECT_OUT(r, 0, 0, 1048576, 1.5);

@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "backend.h"
 #include "cpu_internal.h"
 #include "ref.h"
 
@@ -27,7 +28,7 @@ void ptrt_cpu_set_threads(int n)
 }
 
 /* No bf16/f16 operand or result: the fast kernels compute in float and do not round to those. */
-static bool plain(const ptc_node *n, const ptc_type *it, const ptc_type *ot)
+static bool plain(const ptrt_kcall *n, const ptc_type *it, const ptc_type *ot)
 {
     for (int k = 0; k < n->nin; k++)
         if (it[k].dtype == PTC_BF16 || it[k].dtype == PTC_F16)
@@ -39,7 +40,7 @@ static bool plain(const ptc_node *n, const ptc_type *it, const ptc_type *ot)
 }
 
 /* Runs n on a fast kernel; 0 when there is none for this case. */
-static int fast(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                 void *const *out)
 {
     const ptc_attrs *at = &n->attrs;
@@ -91,7 +92,7 @@ static int fast(const ptc_node *n, const ptc_type *it, void *const *in, const pt
     }
 }
 
-int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
     if (plain(n, it, ot) && fast(n, it, in, ot, out)) {
@@ -101,3 +102,12 @@ int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const p
     }
     return ptrt_ref_run(n, it, in, ot, out, err, errn);
 }
+
+const ptrt_backend ptrt_backend_cpu = {
+    .name = "cpu",
+    .kernel = ptrt_cpu_run,
+    .gemm = ptrt_cpu_gemm_instr,
+    .alloc = ptrt_host_alloc,
+    .free = ptrt_host_free,
+    .host = true,
+};

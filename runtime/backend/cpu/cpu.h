@@ -5,10 +5,10 @@
 #ifndef PTRT_CPU_H
 #define PTRT_CPU_H
 
-#include "ir.h"
+#include "kernel.h"
 
 /* Same contract as ptrt_ref_run. */
-int ptrt_cpu_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
 /* Threads for GEMMs and parallel kernels, the calling thread included (0 = one per online CPU).
  * OpenBLAS itself is kept to one thread: the backend splits GEMMs across its own threads. */

@@ -299,7 +299,7 @@ static void adam_piece(void *ctx, int64_t begin, int64_t end)
 
 /* torch/optim/adamw.py as ref_grad.c writes it: the per-call constants are computed the same
  * way, so the update is the reference's to the bit. */
-int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void *const *out)
+int ptrt_cpu_adamw(const ptrt_kcall *n, const ptc_type *it, void *const *in, void *const *out)
 {
     const ptc_attrs *at = &n->attrs;
     double lr = ((const float *)in[4])[0], step = ((const float *)in[5])[0];

@@ -195,3 +195,35 @@ int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, cons
                       b + batch_offset(tb, to, bi, k * n), n, 0.0f, o + bi * m * n, n);
     return 1;
 }
+
+/* ---- a plan's gemm instruction ---- */
+
+typedef struct strided_job {
+    const ptc_gemm *g;
+    const float *a, *b;
+    float *c;
+} strided_job;
+
+static void strided_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const strided_job *j = ctx;
+    const ptc_gemm *g = j->g;
+    for (int64_t bi = begin; bi < end; bi++)
+        ptrt_cpu_gemm_serial(g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha, j->a + bi * g->sa,
+                             g->lda, j->b + bi * g->sb, g->ldb, (float)g->beta, j->c + bi * g->sc,
+                             g->ldc);
+}
+
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const float *a, const float *b, float *c)
+{
+    int64_t work = g->m * g->n * g->k;
+    if (g->batch >= ptrt_cpu_threads() || (g->batch > 1 && work < (1 << 20))) {
+        /* many matrices: one per piece */
+        strided_job j = {g, a, b, c};
+        ptrt_cpu_parallel_for(g->batch, (1 << 20) / (work + 1) + 1, strided_piece, &j);
+        return;
+    }
+    for (int64_t bi = 0; bi < g->batch; bi++) /* few big matrices: split each one */
+        ptrt_cpu_gemm(g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha, a + bi * g->sa, g->lda,
+                      b + bi * g->sb, g->ldb, (float)g->beta, c + bi * g->sc, g->ldc);
+}

@@ -20,7 +20,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "ir.h"
+#include "kernel.h"
+#include "program.h"
 
 /* ---- cpu_pool.c ---- */
 
@@ -53,6 +54,8 @@ void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc);
+/* A plan's gemm instruction (batches in parallel when they are many or small). */
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const float *a, const float *b, float *c);
 int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
                     const ptc_type *to, float *o);
 
@@ -98,7 +101,7 @@ int ptrt_cpu_unary_grad(ptc_op op, const ptc_type *tx, const float *x, const flo
 int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o);
 int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, float *o);
 int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o);
-int ptrt_cpu_adamw(const ptc_node *n, const ptc_type *it, void *const *in, void *const *out);
+int ptrt_cpu_adamw(const ptrt_kcall *n, const ptc_type *it, void *const *in, void *const *out);
 int ptrt_cpu_copy(int64_t bytes, const void *x, void *o);
 
 /* ---- cpu_norm.c: normalisations, softmax, losses, embedding ---- */

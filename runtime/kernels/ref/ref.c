@@ -1,11 +1,12 @@
 /* ref.c - the CPU reference: one switch that sends every op of ops.def to its plain kernel, the
- * rounding to bf16/f16, casts and the source ops. The internal ops (after "internal ops" in
- * ops.def: backward ops, optimizer updates) go on to ptrt_ref_run_internal in ref_grad.c.
+ * rounding to bf16/f16 and the 16-bit storage formats, casts, the source ops and the GEMM. The
+ * internal ops (after "internal ops" in ops.def: backward ops, optimizer updates) go on to
+ * ptrt_ref_run_internal in ref_grad.c, the rank-dependent ones to ref_spmd.c.
  *
- * Low precision is emulated, not stored: a bf16 or f16 tensor is a float array whose values are all
- * representable in that format. A kernel computes in double (or float) and writes floats; then
- * every result whose dtype is bf16/f16 is rounded to that format here, once, after the kernel. So a
- * bf16 graph run here sees the same rounding a bf16 device would apply when it stores a result.
+ * Low precision: a plan stores bf16 and f16 tensors in 2 bytes and converts them with casts; every
+ * other kernel computes in double (or float) on float arrays. A kernel called with bf16/f16 types
+ * (as the unit tests do) treats its operands as floats holding such values and rounds its results
+ * to that format here, once, after the kernel: the rounding a cast to 16-bit storage applies.
  */
 #include <math.h>
 #include <string.h>
@@ -88,6 +89,58 @@ static float to_float_dtype(double v, ptc_dtype t)
     }
 }
 
+uint16_t ptrt_bf16_bits(double x)
+{
+    float r = (float)ptrt_ref_round_bf16d(x); /* exact in bf16, so its low 16 bits are zero */
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    if (isnan(r))
+        u = 0x7fc00000u | (u & 0x80000000u);
+    return (uint16_t)(u >> 16);
+}
+
+float ptrt_bf16_value(uint16_t bits)
+{
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t ptrt_f16_bits(double x)
+{
+    double r = ptrt_ref_round_f16d(x);
+    uint16_t sign = signbit(r) ? 0x8000 : 0;
+    double a = fabs(r);
+    if (isnan(r))
+        return 0x7e00;
+    if (isinf(r))
+        return (uint16_t)(sign | 0x7c00);
+    if (a < ldexp(1.0, -14)) /* subnormal: a multiple of 2^-24 */
+        return (uint16_t)(sign | (uint16_t)ldexp(a, 24));
+    int e;
+    double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
+    return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2 - 1) * 1024));
+}
+
+float ptrt_f16_value(uint16_t bits)
+{
+    int e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return (float)(bits & 0x8000 ? -v : v);
+}
+
+/* Element i of x, stored as dtype t, as a double. */
+static double load_elem(const void *x, ptc_dtype t, int64_t i)
+{
+    switch (t) {
+    case PTC_I32: return ((const int32_t *)x)[i];
+    case PTC_BF16: return ptrt_bf16_value(((const uint16_t *)x)[i]);
+    case PTC_F16: return ptrt_f16_value(((const uint16_t *)x)[i]);
+    default: return ((const float *)x)[i];
+    }
+}
+
 int32_t ptrt_ref_to_i32(double v)
 {
     if (isnan(v))
@@ -99,16 +152,22 @@ int32_t ptrt_ref_to_i32(double v)
     return (int32_t)trunc(v);
 }
 
+/* Casts read and write the storage of their dtypes: bf16 and f16 in 2 bytes. A value is rounded
+ * once, from the double it is exactly. */
 static void ref_cast(const ptc_type *ti, const void *x, const ptc_type *to, void *o)
 {
     int64_t n = ptc_type_numel(ti);
     for (int64_t i = 0; i < n; i++) {
-        double v = ti->dtype == PTC_I32 ? (double)((const int32_t *)x)[i] : ((const float *)x)[i];
-        if (to->dtype == PTC_I32)
+        double v = load_elem(x, ti->dtype, i);
+        switch (to->dtype) {
+        case PTC_I32:
             ((int32_t *)o)[i] =
                 ti->dtype == PTC_I32 ? ((const int32_t *)x)[i] : ptrt_ref_to_i32(v);
-        else
-            ((float *)o)[i] = to_float_dtype(v, to->dtype);
+            break;
+        case PTC_BF16: ((uint16_t *)o)[i] = ptrt_bf16_bits(v); break;
+        case PTC_F16: ((uint16_t *)o)[i] = ptrt_f16_bits(v); break;
+        default: ((float *)o)[i] = (float)v;
+        }
     }
 }
 
@@ -136,7 +195,7 @@ static void round_results(int nout, const ptc_type *ot, void *const *out)
     }
 }
 
-int ptrt_ref_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
     const ptc_attrs *at = &n->attrs;
@@ -201,10 +260,30 @@ int ptrt_ref_run(const ptc_node *n, const ptc_type *it, void *const *in, const p
         break;
     case PTC_OP_MSE: ptrt_ref_mse(&it[0], in[0], in[1], out[0]); break;
     default:
-        /* the internal ops (autodiff, optimizer, partitioning) live in ref_grad.c */
+        /* rank-dependent ops in ref_spmd.c; the other internal ops (autodiff, optimizer) in
+         * ref_grad.c */
+        if (ptc_ops[n->op].flags & (PTC_F_RANKDEP | PTC_F_SPMD))
+            return ptrt_ref_run_spmd(n, it, in, ot, out, err, errn);
         return ptrt_ref_run_internal(n, it, in, ot, out, err, errn);
     }
-    if (rc == 0)
+    if (rc == 0 && n->op != PTC_OP_CAST)
         round_results(n->nout, ot, out);
     return rc;
+}
+
+void ptrt_ref_gemm(const ptc_gemm *g, const float *a, const float *b, float *c)
+{
+    for (int64_t bi = 0; bi < g->batch; bi++) {
+        const float *pa = a + bi * g->sa, *pb = b + bi * g->sb;
+        float *pc = c + bi * g->sc;
+        for (int64_t i = 0; i < g->m; i++)
+            for (int64_t j = 0; j < g->n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < g->k; p++)
+                    s += (double)(g->ta ? pa[p * g->lda + i] : pa[i * g->lda + p]) *
+                         (g->tb ? pb[j * g->ldb + p] : pb[p * g->ldb + j]);
+                double prior = g->beta != 0 ? g->beta * pc[i * g->ldc + j] : 0;
+                pc[i * g->ldc + j] = (float)(g->alpha * s + prior);
+            }
+    }
 }

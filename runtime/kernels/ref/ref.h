@@ -12,21 +12,27 @@
 
 #include <stdint.h>
 
-#include "ir.h"
+#include "kernel.h"
+#include "program.h"
 
 /* Runs node n on the CPU: in[i] points at the data of operand i (of type it[i]), out[j] at the
  * already allocated result j (of type ot[j]). Returns 0, or -1 with a message in err for data
  * errors (e.g. an embedding id out of range, a target outside the classes). */
-int ptrt_ref_run(const ptc_node *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
-
-/* Deterministic initial values: element i of a parameter is a pure function of
- * (seed, full name, i), independent of any mesh, stage or rank. */
-void ptrt_init_param(const ptc_init *init, const char *name, uint64_t seed, float *out,
-                     int64_t offset, int64_t n);
 
 /* Rounds a float to bfloat16 / float16 precision (nearest even), returned as float. */
 float ptrt_round_bf16(float x);
 float ptrt_round_f16(float x);
+/* The 2-byte storage of bf16 and f16: x rounded once (nearest even; overflow to infinity) to its
+ * bits, and the value of bits. */
+uint16_t ptrt_bf16_bits(double x);
+float ptrt_bf16_value(uint16_t bits);
+uint16_t ptrt_f16_bits(double x);
+float ptrt_f16_value(uint16_t bits);
+
+/* The reference GEMM of a plan's gemm instruction: every element a double sum, rounded to float
+ * once (as ptrt_ref_run's matmul). */
+void ptrt_ref_gemm(const ptc_gemm *g, const float *a, const float *b, float *c);
 
 #endif

@@ -467,7 +467,7 @@ static void round_results(int nout, const ptc_type *ot, void *const *out)
     }
 }
 
-int ptrt_ref_run_internal(const ptc_node *n, const ptc_type *it, void *const *in,
+int ptrt_ref_run_internal(const ptrt_kcall *n, const ptc_type *it, void *const *in,
                           const ptc_type *ot, void *const *out, char *err, size_t errn)
 {
     const ptc_attrs *at = &n->attrs;

@@ -10,13 +10,13 @@
 
 #include <stddef.h>
 
-#include "ir.h"
+#include "kernel.h"
 
 /* Runs the internal op n (FILL .. SGD_UPDATE) like ptrt_ref_run: in[i] is operand i of type it[i],
  * out[j] the allocated result j of type ot[j] (results never alias operands). Returns 0, or -1 with
  * a message in err for bad data (an id or target out of range), for STATE (a source the executor
  * fills) and for an op that is not internal. bf16/f16 results are rounded to their format. */
-int ptrt_ref_run_internal(const ptc_node *n, const ptc_type *it, void *const *in,
+int ptrt_ref_run_internal(const ptrt_kcall *n, const ptc_type *it, void *const *in,
                           const ptc_type *ot, void *const *out, char *err, size_t errn);
 
 #endif

@@ -36,6 +36,11 @@ int ptrt_ref_check_target(const char *op, int32_t t, int64_t r, int64_t c, char 
 double ptrt_ref_logsumexp(const float *row, int64_t c, double *max);
 double ptrt_ref_round_f16d(double x);
 
+/* ref_spmd.c: the rank-dependent ops and the vocabulary-parallel cross-entropy pieces (the
+ * rank's coordinate is k->coord) */
+int ptrt_ref_run_spmd(const ptrt_kcall *k, const ptc_type *it, void *const *in,
+                      const ptc_type *ot, void *const *out, char *err, size_t errn);
+
 /* ref_elementwise.c */
 void ptrt_ref_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_type *tb,
                      const float *b, const ptc_type *to, float *o);

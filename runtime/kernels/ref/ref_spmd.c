@@ -1,11 +1,11 @@
-/* spmd_kernels.c - reference kernels of the rank-dependent ops and of the vocabulary-parallel
+/* ref_spmd.c - reference kernels of the rank-dependent ops and of the vocabulary-parallel
  * cross-entropy pieces (see ops.def for their definitions). Plain loops, double accumulation,
  * like the other reference kernels; c is the rank's coordinate on the op's mesh axis.
  */
 #include <math.h>
 #include <string.h>
 
-#include "spmd.h"
+#include "ref_internal.h"
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
@@ -19,7 +19,7 @@ static int64_t rows_of(const ptc_type *t)
 }
 
 /* Replicate -> Shard(axis) with groups: this rank's blocks. */
-static void shard_slice(const ptc_node *n, int c, const ptc_type *it, const float *x, float *y)
+static void shard_slice(const ptrt_kcall *n, int c, const ptc_type *it, const float *x, float *y)
 {
     int d = (int)n->attrs.axis;
     int64_t groups = n->attrs.n > 1 ? n->attrs.n : 1, T = n->attrs.group;
@@ -52,7 +52,7 @@ static int64_t shard_row(const int32_t *ids, int64_t i, int64_t rows, int64_t of
     return r >= 0 && r < rows ? r : -1;
 }
 
-static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in, float *y,
+static int embedding_shard(const ptrt_kcall *n, int c, const ptc_type *it, void *const *in, float *y,
                            char *err, size_t errn)
 {
     const float *tab = in[0];
@@ -71,7 +71,7 @@ static int embedding_shard(const ptc_node *n, int c, const ptc_type *it, void *c
     return 0;
 }
 
-static int embedding_grad_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in,
+static int embedding_grad_shard(const ptrt_kcall *n, int c, const ptc_type *it, void *const *in,
                                 const ptc_type *ot, float *dt, char *err, size_t errn)
 {
     const int32_t *ids = in[0];
@@ -90,7 +90,7 @@ static int embedding_grad_shard(const ptc_node *n, int c, const ptc_type *it, vo
     return 0;
 }
 
-static int ce_pieces(const ptc_node *n, int c, const ptc_type *it, void *const *in, float *y,
+static int ce_pieces(const ptrt_kcall *n, int c, const ptc_type *it, void *const *in, float *y,
                      char *err, size_t errn)
 {
     const float *l = in[0];
@@ -114,7 +114,7 @@ static int ce_pieces(const ptc_node *n, int c, const ptc_type *it, void *const *
     return 0;
 }
 
-static int ce_grad_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in, float *dl,
+static int ce_grad_shard(const ptrt_kcall *n, int c, const ptc_type *it, void *const *in, float *dl,
                          char *err, size_t errn)
 {
     const float *l = in[0], *M = in[2], *S = in[3];
@@ -135,7 +135,7 @@ static int ce_grad_shard(const ptc_node *n, int c, const ptc_type *it, void *con
 
 /* Attention over this rank's query heads: local head j is global head c*heads + j and uses
  * key/value head (c*heads + j) / (n / kv_heads). Forward (dq == NULL) or backward. */
-static void attention_shard(const ptc_node *n, int c, const ptc_type *it, void *const *in,
+static void attention_shard(const ptrt_kcall *n, int c, const ptc_type *it, void *const *in,
                             void *const *out, bool grad)
 {
     const ptc_attrs *a = &n->attrs;
@@ -206,9 +206,10 @@ static void attention_shard(const ptc_node *n, int c, const ptc_type *it, void *
         }
 }
 
-int ptrt_spmd_kernel(const ptc_node *n, int c, const ptc_type *it, void *const *in,
-                     const ptc_type *ot, void *const *out, char *err, size_t errn)
+int ptrt_ref_run_spmd(const ptrt_kcall *n, const ptc_type *it, void *const *in,
+                      const ptc_type *ot, void *const *out, char *err, size_t errn)
 {
+    int c = n->coord;
     switch (n->op) {
     case PTC_OP_SHARD_SLICE: shard_slice(n, c, &it[0], in[0], out[0]); return 0;
     case PTC_OP_PARTIALIZE:

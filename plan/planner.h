@@ -1,0 +1,42 @@
+/* planner.h - from a (partitioned) step graph to an execution plan (the compiler side of plan/).
+ *
+ * Lowering walks the graph in order and turns every node into instructions over buffers:
+ *   - parameters, optimizer state and inputs become persistent or fed buffers;
+ *   - a reshape becomes a view (no instruction, no bytes);
+ *   - a matmul becomes a GEMM, and a transpose whose every consumer is such a GEMM is folded into
+ *     it as a transposed operand (no instruction, no bytes);
+ *   - collectives become collective instructions over the group of their mesh axis;
+ *   - an elementwise op, an activation gradient or an optimizer update writes over an operand
+ *     whose bytes are free after it (in place);
+ *   - an op over bf16/f16 storage reads f32 copies and writes an f32 result that is rounded into
+ *     the 16-bit buffer (the kernels compute in f32: what the reference semantics say);
+ *   - a state update that could not run in place becomes a copy at the end of the step.
+ * Then every buffer gets its region and the static memory planner its offset (memplan.c).
+ */
+#ifndef PTC_PLANNER_H
+#define PTC_PLANNER_H
+
+#include "program.h"
+
+typedef struct ptc_lower_opts {
+    int zero;
+    bool seq_parallel;
+    int64_t logical_params;
+    /* keep the graph's gradient outputs (1..) readable after a step (single-device gradient
+     * dumps); otherwise they are freed like any temporary */
+    bool keep_grad_outputs;
+} ptc_lower_opts;
+
+/* Lowers g (every rank runs the same program: g is an SPMD program or single-device). Returns the
+ * plan with its memory planned, or NULL with a message. */
+ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size_t errn);
+
+/* The static memory planner: offsets for every buffer of every program and the arena size of every
+ * region. Persistent regions (parameters, gradients, optimizer state) lay buffers out in order;
+ * activations are placed greedy by size with best fit over their lifetimes (the heuristic of
+ * TFLite's arena planner and XLA's GlobalDecreasingSizeBestFitHeap): largest buffer first, each
+ * into the smallest gap between the buffers already placed whose lifetimes overlap its own, or
+ * above them all. Views take their root's offset. */
+void ptc_plan_memory(ptc_plan *p);
+
+#endif

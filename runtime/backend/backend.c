@@ -1,0 +1,41 @@
+/* backend.c - the reference backend, host arenas and the backend registry (see backend.h). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include "backend.h"
+
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cpu.h"
+#include "ref.h"
+
+void *ptrt_host_alloc(size_t n)
+{
+    /* an anonymous mapping is page-aligned and takes memory only as pages are touched; the
+     * kernel refuses it when overcommit is off and memory is short */
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void ptrt_host_free(void *p, size_t n)
+{
+    if (p)
+        munmap(p, n);
+}
+
+const ptrt_backend ptrt_backend_ref = {
+    .name = "ref",
+    .kernel = ptrt_ref_run,
+    .gemm = ptrt_ref_gemm,
+    .alloc = ptrt_host_alloc,
+    .free = ptrt_host_free,
+    .host = true,
+};
+
+const ptrt_backend *ptrt_backend_find(const char *name)
+{
+    if (strcmp(name, "ref") == 0)
+        return &ptrt_backend_ref;
+    if (strcmp(name, "cpu") == 0)
+        return &ptrt_backend_cpu;
+    return NULL;
+}

@@ -1,0 +1,435 @@
+/* exec.c - the executor of one rank's program (see exec.h).
+ *
+ * Everything an instruction needs that does not change between runs (operand pointers and types,
+ * the kernel call, the members of a collective's group, the peer of a send) is worked out once
+ * when the executor is made, so a run is a loop over instructions with one call each.
+ */
+#include "exec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ref.h"
+
+#define CANARY 0x7fa5u
+
+typedef struct prepared {
+    ptrt_kcall kc;
+    void **in, **out;
+    ptc_type *it, *ot;
+    int *members; /* collectives: the group; send/recv: the peer */
+    int nmembers;
+    char group[64];
+} prepared;
+
+struct ptrt_exec {
+    const ptc_plan *plan;
+    const ptc_program *pg;
+    int rank;
+    int coords[PTC_MAX_MESH_AXES];
+    const ptrt_backend *be;
+    ptrt_comm *comm;
+    unsigned char *arena[PTC_NREGIONS];
+    size_t arena_bytes[PTC_NREGIONS];
+    bool canary;
+    void **ptr; /* buffer -> data */
+    prepared *prep;
+    int64_t step;
+    int coll_index, drop;
+    bool profile;
+    double prof_s[PTC_NOPS];
+    int64_t prof_calls[PTC_NOPS];
+};
+
+const ptc_program *ptrt_exec_program(const ptrt_exec *x)
+{
+    return x->pg;
+}
+
+int ptrt_exec_rank(const ptrt_exec *x)
+{
+    return x->rank;
+}
+
+void *ptrt_exec_data(ptrt_exec *x, int b)
+{
+    return x->ptr[b];
+}
+
+int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name)
+{
+    for (int b = 0; b < x->pg->nbufs; b++) {
+        const ptc_buffer *bf = &x->pg->bufs[b];
+        if (bf->view < 0 && bf->kind == kind && bf->name && strcmp(bf->name, name) == 0)
+            return b;
+    }
+    return -1;
+}
+
+int64_t ptrt_exec_global_index(const ptrt_exec *x, int b, int64_t i)
+{
+    const ptc_buffer *bf = &x->pg->bufs[b];
+    if (!x->plan->mesh.naxes)
+        return i;
+    return ptc_global_index(&bf->type, bf->place, &x->plan->mesh, x->coords, i);
+}
+
+/* ---- making an executor ---- */
+
+static void put_size(char *buf, size_t n, int64_t b)
+{
+    if (b >= (int64_t)1 << 30)
+        ptc_fmt(buf, n, "%lld bytes (%.2f GiB)", (long long)b, (double)b / (1 << 30));
+    else
+        ptc_fmt(buf, n, "%lld bytes (%.2f MiB)", (long long)b, (double)b / (1 << 20));
+}
+
+static int alloc_arenas(ptrt_exec *x, char *err, size_t errn)
+{
+    int64_t total = 0;
+    for (int r = 0; r < PTC_NREGIONS; r++)
+        total += x->pg->region_bytes[r];
+    for (int r = 0; r < PTC_NREGIONS; r++) {
+        int64_t n = x->pg->region_bytes[r];
+        if (n <= 0)
+            continue;
+        x->arena[r] = x->be->alloc((size_t)n);
+        if (!x->arena[r]) {
+            char want[64], all[64];
+            put_size(want, sizeof want, n);
+            put_size(all, sizeof all, total);
+            ptc_fmt(err, errn,
+                    "rank %d: out of memory: cannot allocate the %s arena of %s (the plan needs %s "
+                    "for this rank in all; see ptc --emit memory)",
+                    x->rank, ptc_region_name(r), want, all);
+            return -1;
+        }
+        x->arena_bytes[r] = (size_t)n;
+        if (x->canary) {
+            uint16_t *u = (uint16_t *)x->arena[r];
+            for (int64_t k = 0; k < n / 2; k++)
+                u[k] = CANARY;
+        }
+    }
+    return 0;
+}
+
+static void prepare(ptrt_exec *x, int i)
+{
+    const ptc_program *pg = x->pg;
+    const ptc_instr *in = &pg->instrs[i];
+    prepared *p = &x->prep[i];
+    p->in = ptc_xcalloc((size_t)(in->nin + 1), sizeof(void *));
+    p->out = ptc_xcalloc((size_t)(in->nout + 1), sizeof(void *));
+    p->it = ptc_xcalloc((size_t)(in->nin + 1), sizeof(ptc_type));
+    p->ot = ptc_xcalloc((size_t)(in->nout + 1), sizeof(ptc_type));
+    for (int k = 0; k < in->nin; k++) {
+        p->in[k] = x->ptr[in->in[k]];
+        p->it[k] = pg->bufs[in->in[k]].type;
+    }
+    for (int k = 0; k < in->nout; k++) {
+        p->out[k] = x->ptr[in->out[k]];
+        p->ot[k] = pg->bufs[in->out[k]].type;
+    }
+    p->kc = (ptrt_kcall){.op = in->op, .nin = in->nin, .nout = in->nout, .attrs = in->attrs};
+    const ptc_mesh *m = &x->plan->mesh;
+    if (in->kind == PTC_INSTR_KERNEL && (ptc_ops[in->op].kw & PTC_A_MESH_AXIS) && m->naxes)
+        p->kc.coord = x->coords[in->attrs.mesh_axis];
+    if (in->kind == PTC_INSTR_COLL) {
+        p->members = ptc_xmalloc(sizeof(int) * (size_t)x->plan->nranks);
+        p->nmembers = ptc_plan_group(m, x->rank, in->coll.axes, p->members);
+        ptc_plan_group_name(m, in->coll.axes, p->group, sizeof p->group);
+    } else if (in->kind == PTC_INSTR_SEND || in->kind == PTC_INSTR_RECV) {
+        p->members = ptc_xmalloc(sizeof(int));
+        p->members[0] = ptc_plan_peer(m, x->rank, in->peer_axis, in->peer_delta);
+        p->nmembers = 1;
+        ptc_fmt(p->group, sizeof p->group, "%s", m->names[in->peer_axis]);
+    }
+}
+
+ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o, char *err,
+                         size_t errn)
+{
+    ptrt_exec *x = ptc_xcalloc(1, sizeof *x);
+    x->plan = plan;
+    x->rank = rank;
+    x->pg = &plan->programs[plan->rank_program[rank]];
+    x->be = o && o->backend ? o->backend : &ptrt_backend_ref;
+    x->comm = o ? o->comm : NULL;
+    x->canary = o && o->canary;
+    x->drop = o ? o->drop : -1;
+    if (plan->mesh.naxes)
+        ptc_mesh_coords(&plan->mesh, rank, x->coords);
+    if (alloc_arenas(x, err, errn) < 0) {
+        ptrt_exec_free(x);
+        return NULL;
+    }
+    const ptc_program *pg = x->pg;
+    x->ptr = ptc_xcalloc((size_t)(pg->nbufs ? pg->nbufs : 1), sizeof(void *));
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        x->ptr[b] = x->arena[bf->region] ? x->arena[bf->region] + bf->offset : NULL;
+    }
+    x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
+    for (int i = 0; i < pg->ninstrs; i++)
+        prepare(x, i);
+    return x;
+}
+
+void ptrt_exec_free(ptrt_exec *x)
+{
+    if (!x)
+        return;
+    for (int i = 0; x->prep && i < x->pg->ninstrs; i++) {
+        free(x->prep[i].in);
+        free(x->prep[i].out);
+        free(x->prep[i].it);
+        free(x->prep[i].ot);
+        free(x->prep[i].members);
+    }
+    for (int r = 0; r < PTC_NREGIONS; r++)
+        if (x->arena[r])
+            x->be->free(x->arena[r], x->arena_bytes[r]);
+    free(x->prep);
+    free(x->ptr);
+    free(x);
+}
+
+/* ---- filling buffers ---- */
+
+/* Stores float values v[0..n) at elements [at, at + n) of buffer b, converting to its dtype. */
+static void store_floats(ptrt_exec *x, int b, int64_t at, const float *v, int64_t n)
+{
+    ptc_dtype dt = x->pg->bufs[b].type.dtype;
+    if (dt == PTC_F32) {
+        memcpy((float *)x->ptr[b] + at, v, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *o = (uint16_t *)x->ptr[b] + at;
+    for (int64_t k = 0; k < n; k++)
+        o[k] = dt == PTC_BF16 ? ptrt_bf16_bits(v[k]) : ptrt_f16_bits(v[k]);
+}
+
+#define CHUNK 4096
+
+void ptrt_exec_fill(ptrt_exec *x, int b, const ptc_init *init, const char *name, uint64_t seed)
+{
+    int64_t n = ptc_type_numel(&x->pg->bufs[b].type);
+    float tmp[CHUNK];
+    /* runs of consecutive full-tensor indices, at most CHUNK at a time */
+    for (int64_t i = 0; i < n;) {
+        int64_t g0 = ptrt_exec_global_index(x, b, i), len = 1;
+        while (i + len < n && len < CHUNK && ptrt_exec_global_index(x, b, i + len) == g0 + len)
+            len++;
+        ptrt_init_param(init, name, seed, tmp, g0, len);
+        store_floats(x, b, i, tmp, len);
+        i += len;
+    }
+}
+
+void ptrt_exec_init_state(ptrt_exec *x, uint64_t seed)
+{
+    for (int b = 0; b < x->pg->nbufs; b++) {
+        const ptc_buffer *bf = &x->pg->bufs[b];
+        if (bf->view < 0 && (bf->kind == PTC_BUF_PARAM || bf->kind == PTC_BUF_STATE))
+            ptrt_exec_fill(x, b, &bf->init, bf->name, seed);
+    }
+}
+
+int ptrt_exec_random_input(ptrt_exec *x, int b, const char *key, uint64_t seed, char *err,
+                           size_t errn)
+{
+    const ptc_buffer *bf = &x->pg->bufs[b];
+    if (bf->type.dtype != PTC_I32) {
+        ptc_init init = {.kind = PTC_INIT_NORMAL, .a = 1.0};
+        ptrt_exec_fill(x, b, &init, key, seed);
+        return 0;
+    }
+    if (bf->bound <= 0) {
+        ptc_fmt(err, errn,
+                "cannot choose random values for i32 input '%s': nothing it feeds bounds its ids",
+                bf->name ? bf->name : "?");
+        return -1;
+    }
+    int64_t n = ptc_type_numel(&bf->type);
+    int32_t *ids = x->ptr[b];
+    ptc_init init = {.kind = PTC_INIT_UNIFORM, .a = 0.0, .b = 1.0};
+    float u[CHUNK];
+    for (int64_t i = 0; i < n;) {
+        int64_t g0 = ptrt_exec_global_index(x, b, i), len = 1;
+        while (i + len < n && len < CHUNK && ptrt_exec_global_index(x, b, i + len) == g0 + len)
+            len++;
+        ptrt_init_param(&init, key, seed, u, g0, len);
+        for (int64_t k = 0; k < len; k++) {
+            int64_t id = (int64_t)(u[k] * (double)bf->bound);
+            ids[i + k] = (int32_t)(id < bf->bound ? id : bf->bound - 1);
+        }
+        i += len;
+    }
+    return 0;
+}
+
+/* ---- running ---- */
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A collective over a group of one rank, or one the drop hook leaves out: out takes in's bytes
+ * (or zeros when the sizes differ). */
+static void local_collective(const ptc_program *pg, const ptc_instr *in, const prepared *p,
+                             bool same_size_only)
+{
+    int64_t x = pg->bufs[in->in[0]].bytes, y = pg->bufs[in->out[0]].bytes;
+    if (x == y)
+        memmove(p->out[0], p->in[0], (size_t)y);
+    else if (same_size_only)
+        memset(p->out[0], 0, (size_t)y);
+    else
+        memmove(p->out[0], p->in[0], (size_t)(x < y ? x : y));
+}
+
+static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *err,
+                          size_t errn)
+{
+    const ptc_coll *c = &in->coll;
+    ptrt_coll_desc d = {.group_name = p->group, .step = x->step, .index = x->coll_index++};
+    if (d.index == x->drop || p->nmembers == 1) {
+        local_collective(x->pg, in, p, d.index == x->drop);
+        return 0;
+    }
+    if (!x->comm) {
+        ptc_fmt(err, errn, "a collective over %s in a run without a communicator", p->group);
+        return -1;
+    }
+    const ptrt_comm_ops *ops = x->comm->ops;
+    void *impl = x->comm->impl;
+    ptc_dtype dt = x->pg->bufs[in->in[0]].type.dtype;
+    ptrt_reduce op = c->reduce ? PTRT_RED_MAX : PTRT_RED_SUM;
+    switch (c->kind) {
+    case PTC_COLL_ALLREDUCE:
+        return ops->allreduce(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                              c->count, dt, op, &d, err, errn);
+    case PTC_COLL_ALLGATHER:
+        return ops->allgather(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                              c->outer, c->chunk, dt, &d, err, errn);
+    case PTC_COLL_REDUCE_SCATTER:
+        return ops->reduce_scatter(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                                   c->outer, c->chunk, dt, op, &d, err, errn);
+    default:
+        return ops->all_to_all(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                               c->outer, c->chunk, c->outer2, c->chunk2, dt, &d, err, errn);
+    }
+}
+
+static int run_p2p(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *err, size_t errn)
+{
+    ptrt_coll_desc d = {.group_name = p->group, .step = x->step, .index = -1};
+    if (!x->comm) {
+        ptc_fmt(err, errn, "a send or receive in a run without a communicator");
+        return -1;
+    }
+    if (in->kind == PTC_INSTR_SEND)
+        return x->comm->ops->send(x->comm->impl, x->rank, p->members[0], p->in[0],
+                                  ptc_type_numel(&p->it[0]), p->it[0].dtype, &d, err, errn);
+    return x->comm->ops->recv(x->comm->impl, x->rank, p->members[0], p->out[0],
+                              ptc_type_numel(&p->ot[0]), p->ot[0].dtype, &d, err, errn);
+}
+
+static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
+{
+    const ptc_instr *in = &x->pg->instrs[i];
+    const prepared *p = &x->prep[i];
+    switch (in->kind) {
+    case PTC_INSTR_KERNEL: return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
+    case PTC_INSTR_GEMM: x->be->gemm(&in->gemm, p->in[0], p->in[1], p->out[0]); return 0;
+    case PTC_INSTR_COLL: return run_collective(x, in, p, err, errn);
+    case PTC_INSTR_COPY:
+        if (p->out[0] != p->in[0])
+            memmove(p->out[0], p->in[0], (size_t)in->bytes);
+        return 0;
+    default: return run_p2p(x, in, p, err, errn);
+    }
+}
+
+int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t errn)
+{
+    const ptc_program *pg = x->pg;
+    int n = e == PTRT_ENTRY_EVAL ? pg->neval : pg->ninstrs;
+    x->step = step;
+    x->coll_index = 0;
+    for (int k = 0; k < n; k++) {
+        int i = e == PTRT_ENTRY_EVAL ? pg->eval[k] : k;
+        const ptc_instr *in = &pg->instrs[i];
+        char msg[1536];
+        msg[0] = 0;
+        double t0 = x->profile ? seconds() : 0;
+        int rc = run_instr(x, i, msg, sizeof msg);
+        if (x->profile) {
+            x->prof_s[in->op] += seconds() - t0;
+            x->prof_calls[in->op]++;
+        }
+        if (rc < 0) {
+            const char *what = in->kind == PTC_INSTR_COLL ? ptc_coll_name(in->coll.kind)
+                                                          : ptc_ops[in->op].name;
+            if (in->loc.line)
+                ptc_fmt(err, errn, "%s:%d:%d: %s: %s", in->loc.file ? in->loc.file : "?",
+                        in->loc.line, in->loc.col, what, msg);
+            else
+                ptc_fmt(err, errn, "%s: %s", what, msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int64_t ptrt_exec_high_water(const ptrt_exec *x, int region)
+{
+    if (!x->canary)
+        return -1;
+    const uint16_t *u = (const uint16_t *)x->arena[region];
+    int64_t n = (int64_t)x->arena_bytes[region] / 2;
+    while (n > 0 && u[n - 1] == CANARY)
+        n--;
+    return 2 * n;
+}
+
+/* ---- profile ---- */
+
+void ptrt_exec_set_profile(ptrt_exec *x, bool on)
+{
+    x->profile = on;
+    memset(x->prof_s, 0, sizeof x->prof_s);
+    memset(x->prof_calls, 0, sizeof x->prof_calls);
+}
+
+void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
+{
+    int order[PTC_NOPS], n = 0;
+    double total = 0;
+    for (int op = 0; op < PTC_NOPS; op++)
+        if (x->prof_calls[op]) {
+            order[n++] = op;
+            total += x->prof_s[op];
+        }
+    for (int i = 1; i < n; i++) /* insertion sort, largest time first */
+        for (int j = i; j > 0 && x->prof_s[order[j]] > x->prof_s[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    double per = steps > 0 ? (double)steps : 1.0;
+    fprintf(f, "%-20s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
+    for (int i = 0; i < n; i++) {
+        int op = order[i];
+        fprintf(f, "%-20s %8lld %12.3f %6.1f%%\n", ptc_ops[op].name,
+                (long long)((double)x->prof_calls[op] / per + 0.5), 1e3 * x->prof_s[op] / per,
+                total > 0 ? 100.0 * x->prof_s[op] / total : 0.0);
+    }
+    fprintf(f, "%-20s %8s %12.3f %6.1f%%\n", "total", "", 1e3 * total / per, 100.0);
+}

@@ -1,0 +1,82 @@
+/* exec.h - runs one rank's program of an execution plan on a backend, talking to the other ranks
+ * through a communicator.
+ *
+ * At start the executor allocates one arena per region of the static memory plan (running out of
+ * memory is reported then, naming the arena and the bytes, never midway) and points every buffer
+ * at its offset; nothing is allocated per tensor afterwards. A run executes the instructions of an
+ * entry in order: the whole training step (forward, backward, optimizer update, written in place)
+ * or the loss alone (evaluation).
+ *
+ * Memory check: with `canary` on, every arena starts filled with a 16-bit pattern that no kernel
+ * writes (0x7fa5: a signalling NaN as bf16, the high half of a signalling NaN as f32), and
+ * ptrt_exec_high_water scans for the last unit that is not the pattern: the bytes of the arena
+ * the run has really used, measured, for comparison with the plan.
+ */
+#ifndef PTRT_EXEC_H
+#define PTRT_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "program.h"
+
+typedef struct ptrt_exec ptrt_exec;
+
+typedef enum { PTRT_ENTRY_STEP, PTRT_ENTRY_EVAL } ptrt_entry;
+
+typedef struct ptrt_exec_opts {
+    const ptrt_backend *backend; /* NULL: the reference backend */
+    ptrt_comm *comm;             /* NULL for a single-rank plan */
+    bool canary;                 /* fill the arenas with the canary pattern (memory check) */
+    int drop;                    /* test hook: leave out this collective of every step; -1 none */
+} ptrt_exec_opts;
+
+/* The executor of rank's program. NULL with a message when an arena cannot be allocated. */
+ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o, char *err,
+                         size_t errn);
+void ptrt_exec_free(ptrt_exec *x);
+const ptc_program *ptrt_exec_program(const ptrt_exec *x);
+int ptrt_exec_rank(const ptrt_exec *x);
+
+/* The buffer of kind (ptc_buf_kind) named name, or -1. */
+int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name);
+/* The host address of buffer b's data (host backends). */
+void *ptrt_exec_data(ptrt_exec *x, int b);
+/* Index in the full (logical) tensor of element i of buffer b's local part. */
+int64_t ptrt_exec_global_index(const ptrt_exec *x, int b, int64_t i);
+
+/* Every parameter and optimizer state to its deterministic initial value for seed: element i of
+ * the full tensor is a pure function of (seed, name, i), so every plan starts from one model. */
+void ptrt_exec_init_state(ptrt_exec *x, uint64_t seed);
+/* Buffer b (float dtypes) filled with init's values of (seed, name) at its elements' full-tensor
+ * indices. */
+void ptrt_exec_fill(ptrt_exec *x, int b, const ptc_init *init, const char *name, uint64_t seed);
+/* Random data for input b from (seed, key), by full-tensor index: floats from N(0, 1); i32 ids
+ * uniform below the buffer's bound. -1 with a message for i32 data without a bound. */
+int ptrt_exec_random_input(ptrt_exec *x, int b, const char *key, uint64_t seed, char *err,
+                           size_t errn);
+
+/* Runs an entry of the program for training step `step` (for messages and matching of
+ * collectives). Returns 0, or -1 with a message naming the instruction and where in the model
+ * it came from. */
+int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t errn);
+
+/* Bytes of region's arena from its start to the end of the last 16-bit unit written since the
+ * executor was made (the canary scan), or -1 without the canary. */
+int64_t ptrt_exec_high_water(const ptrt_exec *x, int region);
+
+/* Profiling: with it on, the time of every instruction is added up by op kind. Switching it on
+ * (again) clears the sums. */
+void ptrt_exec_set_profile(ptrt_exec *x, bool on);
+/* The sums as a table, largest first: op, calls and milliseconds per step (divided by steps). */
+void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps);
+
+/* Deterministic initial values (init.c): values [offset, offset + n) of the full tensor of a
+ * parameter named name. */
+void ptrt_init_param(const ptc_init *init, const char *name, uint64_t seed, float *out,
+                     int64_t offset, int64_t n);
+
+#endif

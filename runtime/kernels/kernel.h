@@ -1,0 +1,27 @@
+/* kernel.h - one call of a kernel, as every backend's kernels receive it.
+ *
+ * The executor builds one per kernel instruction of a rank's program: the op and its attributes
+ * from the plan, and the rank's coordinate on the op's mesh axis for the ops whose result depends
+ * on it (shard slices, the pieces of vocabulary-parallel embedding and cross-entropy, attention
+ * over this rank's heads). Operands and results come as typed pointers beside it.
+ */
+#ifndef PTRT_KERNEL_H
+#define PTRT_KERNEL_H
+
+#include <stddef.h>
+
+#include "ir.h"
+
+typedef struct ptrt_kcall {
+    ptc_op op;
+    int nin, nout;
+    ptc_attrs attrs;
+    int coord; /* this rank's coordinate on attrs.mesh_axis (0 without a mesh) */
+} ptrt_kcall;
+
+/* in[i] points at operand i of type it[i], out[j] at result j of type ot[j]. Returns 0, or -1
+ * with a message in err for bad data (an id or target out of range) or an op it cannot run. */
+typedef int (*ptrt_kernel_fn)(const ptrt_kcall *k, const ptc_type *it, void *const *in,
+                              const ptc_type *ot, void *const *out, char *err, size_t errn);
+
+#endif
