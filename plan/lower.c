@@ -17,6 +17,7 @@ typedef struct lw {
     int *buf;       /* value -> buffer id; -1 for a transpose folded into its GEMMs */
     int *fold;      /* value -> the value a folded transpose reads, or -1 */
     int *undo;      /* value -> w when the value is transpose(transpose(w)) (a view of w), or -1 */
+    int *tout;      /* matmul node -> the transpose of its result it writes directly, or -1 */
     int *last_use;  /* value -> last node reading it (nnodes: live at exit) */
     int *root_last; /* buffer -> last node reading any value whose bytes it holds */
     int *src_of;    /* buffer -> the buffer a reshape view was made from (-1) */
@@ -320,7 +321,23 @@ static void emit_gemm(lw *L, int ni)
         gm.sb = bb == 1 ? 0 : k * nn;
         gm.sc = m * nn;
     }
-    int y = value_buffer(L, n->out[0], PTC_BUF_TEMP);
+    int y;
+    if (L->tout[ni] >= 0) { /* C^T = op(B)^T op(A)^T: write the transpose of the result */
+        int t = x[0];
+        x[0] = x[1];
+        x[1] = t;
+        bool ta = gm.ta;
+        gm.ta = !gm.tb;
+        gm.tb = !ta;
+        gm.m = nn;
+        gm.n = m;
+        gm.lda = gm.ta ? gm.m : gm.k;
+        gm.ldb = gm.tb ? gm.k : gm.n;
+        gm.ldc = gm.n;
+        y = value_buffer(L, L->tout[ni], PTC_BUF_TEMP);
+    } else {
+        y = value_buffer(L, n->out[0], PTC_BUF_TEMP);
+    }
     ptc_instr in;
     memset(&in, 0, sizeof in);
     in.kind = PTC_INSTR_GEMM;
@@ -407,6 +424,33 @@ static void find_phases(lw *L)
     free(stack);
 }
 
+/* A matrix product whose result only a transpose reads (the weight gradient of x @
+ * transpose(w)) computes the transposed result directly (C^T = B^T A^T): one buffer and one copy
+ * fewer. Only single 2-D products: a batched one's transpose is per matrix. */
+static void find_transposed_results(lw *L)
+{
+    const ptc_graph *g = L->g;
+    int *readers = ptc_xcalloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(int));
+    for (int i = 0; i < g->nnodes; i++) {
+        L->tout[i] = -1;
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            readers[g->nodes[i].in[k]]++;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *t = &g->nodes[i];
+        if (t->op != PTC_OP_TRANSPOSE || L->fold[t->out[0]] >= 0 || L->undo[t->out[0]] >= 0)
+            continue;
+        int v = t->in[0], m = g->values[v].def;
+        if (!L->gemm[m] || readers[v] != 1 || L->last_use[v] != i ||
+            g->values[v].type.rank != 2 || batch_of(&g->values[g->nodes[m].in[0]].type) != 1 ||
+            batch_of(&g->values[g->nodes[m].in[1]].type) != 1)
+            continue;
+        L->tout[m] = t->out[0];
+        L->tout[i] = -2; /* the transpose itself: nothing to run */
+    }
+    free(readers);
+}
+
 /* Matmuls that become GEMMs, transposes that fold into them, and transposes of transposes (the
  * backward of x @ transpose(w) reads transpose(transpose(w))), which are views of the original. */
 static void find_gemms(lw *L)
@@ -439,6 +483,7 @@ static void find_gemms(lw *L)
     for (int v = 0; v < g->nvalues; v++) /* likewise the original of a double transpose */
         if (L->undo[v] >= 0 && L->last_use[v] > L->last_use[L->undo[v]])
             L->last_use[L->undo[v]] = L->last_use[v];
+    find_transposed_results(L);
     free(ok);
 }
 
@@ -583,6 +628,8 @@ static void lower_node(lw *L, int ni)
         }
         break;
     case PTC_OP_TRANSPOSE:
+        if (L->tout[ni] == -2) /* written by the GEMM before it */
+            return;
         if (L->undo[v] >= 0 && L->buf[L->undo[v]] >= 0) {
             b = view_of(L, v, L->buf[L->undo[v]]);
             L->src_of[b] = L->buf[L->undo[v]];
@@ -656,6 +703,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     L.buf = ptc_xmalloc(sizeof(int) * nv);
     L.fold = ptc_xmalloc(sizeof(int) * nv);
     L.undo = ptc_xmalloc(sizeof(int) * nv);
+    L.tout = ptc_xmalloc(sizeof(int) * nn);
     L.last_use = ptc_xmalloc(sizeof(int) * nv);
     L.gemm = ptc_xcalloc(nn, sizeof(bool));
     L.phase = ptc_xcalloc(nn, 1);
@@ -672,6 +720,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     free(L.buf);
     free(L.fold);
     free(L.undo);
+    free(L.tout);
     free(L.last_use);
     free(L.root_last);
     free(L.src_of);

@@ -13,7 +13,15 @@ void *ptrt_host_alloc(size_t n)
     /* an anonymous mapping is page-aligned and takes memory only as pages are touched; the
      * kernel refuses it when overcommit is off and memory is short */
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    /* an arena is touched all over every step: huge pages mean fewer faults and TLB misses
+     * (a hint; without transparent huge pages it changes nothing) */
+    if (n >= (size_t)2 << 20)
+        madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 void ptrt_host_free(void *p, size_t n)
