@@ -16,6 +16,11 @@ bench/results/cpu_train_<date>.md.
 
     /usr/bin/python3 bench/cpu_train.py [--ptc build/tools/ptc] [--threads 2] [--repeat 1]
         [--models gpt2_tiny,gpt2_20m] [--steps N] [--warmup N] [--out bench/results]
+        [--baseline OTHER_BUILD/tools/ptc]
+
+With --baseline, a second ptc (an older build) compiles the same model and trains it in the same
+run, alternating with the others, so a change is measured against what came before it on the
+same machine at the same time (column "base tok/s" and the ratio ptc/base).
 
 It never fails on timing: the exit status is 1 only when a program fails to run.
 """
@@ -196,31 +201,44 @@ def bench_model(name, args, wd):
     exe = os.path.join(wd, "exe")
     dflags = [x for k, v in defines.items() for x in ("-D", f"{k}={v}")]
     run([args.ptc] + dflags + [path, "-o", exe], "ptc")
+    base_exe = os.path.join(wd, "exe_base")
+    if args.baseline:
+        run([args.baseline] + dflags + [path, "-o", base_exe], "the baseline ptc")
 
     eps = op_attr(text, "layernorm", "eps", 1e-5)
-    ptc_s, torch_s, ptc_loss, torch_loss = [], [], None, None
-    for _ in range(args.repeat):  # alternate, so a change in the machine's load hits both
+    ptc_s, torch_s, base_s, ptc_loss, torch_loss, base_loss = [], [], [], None, None, None
+    for _ in range(args.repeat):  # alternate, so a change in the machine's load hits all
         s, ptc_loss = train_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
         ptc_s.append(s)
+        if args.baseline:
+            s, base_loss = train_ptc(base_exe, wd, steps, warmup, args.threads, opt["lr"])
+            base_s.append(s)
         s, torch_loss = train_torch(model, init, eps, opt, tokens, steps, warmup)
         torch_s.append(s)
     ptc_tps = steps * B * T / statistics.median(ptc_s)
     torch_tps = steps * B * T / statistics.median(torch_s)
+    base_tps = steps * B * T / statistics.median(base_s) if base_s else None
     return {"model": name, "file": os.path.relpath(path, ROOT), "defines": dflags,
             "params": nparams, "batch": B, "seq": T, "steps": steps, "warmup": warmup,
             "ptc_tok_s": ptc_tps, "torch_tok_s": torch_tps, "ratio": ptc_tps / torch_tps,
-            "ptc_s": ptc_s, "torch_s": torch_s,
-            "loss1": (ptc_loss[0], torch_loss[0]), "loss_last": (ptc_loss[-1], torch_loss[-1])}
+            "base_tok_s": base_tps, "base_ratio": ptc_tps / base_tps if base_tps else None,
+            "ptc_s": ptc_s, "torch_s": torch_s, "base_s": base_s,
+            "loss1": (ptc_loss[0], torch_loss[0]), "loss_last": (ptc_loss[-1], torch_loss[-1]),
+            "base_loss1": base_loss[0] if base_loss else None}
 
 
 def table(rows):
+    base = any(r["base_tok_s"] for r in rows)
     head = (f"{'model':<10} {'params':>11} {'batch x seq':>11} {'ptc tok/s':>10} "
-            f"{'torch tok/s':>11} {'ptc/torch':>9}  {'loss step 1 ptc / torch':<25}")
+            f"{'torch tok/s':>11} {'ptc/torch':>9}" +
+            (f" {'base tok/s':>10} {'ptc/base':>8}" if base else "") +
+            f"  {'loss step 1 ptc / torch':<25}")
     lines = [head, "-" * len(head)]
     for r in rows:
+        extra = f" {r['base_tok_s']:>10.0f} {r['base_ratio']:>8.2f}" if base else ""
         lines.append(f"{r['model']:<10} {r['params']:>11,} {r['batch']:>5} x {r['seq']:<5}"
-                     f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}  "
-                     f"{r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
+                     f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}"
+                     f"{extra}  {r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
     return "\n".join(lines)
 
 
@@ -242,7 +260,9 @@ def write_results(out_dir, rows, info, command, args):
             cmd = " ".join([r["file"]] + r["defines"])
             f.write(f"- {r['model']}: `{cmd}`, {r['steps']} timed "
                     f"steps after {r['warmup']} warm-up; seconds per run ptc {r['ptc_s']}, torch "
-                    f"{r['torch_s']}; loss after the last step ptc {r['loss_last'][0]:.6f}, "
+                    f"{r['torch_s']}" + (f", baseline {r['base_s']} (loss step 1 "
+                                         f"{r['base_loss1']:.6f})" if r['base_s'] else "") +
+                    f"; loss after the last step ptc {r['loss_last'][0]:.6f}, "
                     f"torch {r['loss_last'][1]:.6f}\n")
         f.write("\n```json\n" + json.dumps({"machine": info, "command": command, "results": rows},
                                            indent=1) + "\n```\n")
@@ -263,12 +283,15 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each side this many times, alternating; the median counts")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--baseline", help="another build's ptc, run side by side (e.g. an older "
+                    "commit's build/tools/ptc)")
     args = ap.parse_args()
     for m in args.models.split(","):
         if m not in MODELS:
             ap.error(f"unknown model {m} (known: {', '.join(MODELS)})")
-    if not os.access(args.ptc, os.X_OK):
-        ap.error(f"{args.ptc} is not an executable: build first (cmake --build build)")
+    for exe in [args.ptc] + ([args.baseline] if args.baseline else []):
+        if not os.access(exe, os.X_OK):
+            ap.error(f"{exe} is not an executable: build first (cmake --build build)")
     args.torch_threads = args.torch_threads or args.threads
     torch.set_num_threads(args.torch_threads)
     command = "/usr/bin/python3 " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Planned memory against the process's measured peak RSS.
+
+For each configuration it compiles the model, reads the plan's arenas (`ptc --emit plan-json`:
+the bytes every rank allocates at start, summed over the ranks the process runs as threads),
+trains a few steps and takes the process's peak resident set size (getrusage of the child,
+ru_maxrss). It prints a table (planned, measured, measured - planned, ratio) and, with --out,
+writes it with the machine, date, commit and command to bench/results/memory_rss_<date>.md.
+The target: RSS at most the planned total plus 64 MiB (code, libraries, thread stacks, data
+buffers, messages in flight).
+
+    python3 bench/memory_rss.py [--ptc build/tools/ptc] [--steps 2] [--out bench/results]
+        [--check]
+
+With --check it exits 1 when a configuration exceeds the target (the test suite runs a small one);
+otherwise it never fails on the numbers.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLACK = 64 << 20
+
+GPT20M = ["-D", "vocab=8192", "-D", "ctx=256", "-D", "d=512", "-D", "heads=8", "-D", "layers=5",
+          "-D", "batch=8", "-D", "seq=256"]
+GPT_SMALL = ["-D", "vocab=4096", "-D", "ctx=128", "-D", "d=256", "-D", "heads=4", "-D", "layers=2",
+             "-D", "batch=4", "-D", "seq=128"]
+CONFIGS = {
+    "gpt2_20m": ("examples/gpt2.ptm", GPT20M),
+    "gpt2_20m_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT20M + [
+        "--mesh", "dp=2,tp=2", "--seq-parallel", "--zero", "3"]),
+    "gpt2_small": ("examples/gpt2.ptm", GPT_SMALL),
+    "gpt2_small_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT_SMALL + [
+        "--mesh", "dp=2,tp=2", "--seq-parallel", "--zero", "3"]),
+}
+
+
+def planned_bytes(ptc, model, args):
+    out = subprocess.run([ptc] + args + ["--emit", "plan-json", model], capture_output=True,
+                         text=True, check=True).stdout
+    plan = json.loads(out)
+    total = 0
+    for prog in plan["programs"]:
+        arenas = sum(prog["memory_bytes"]["arenas"].values())
+        total += arenas * len(prog["ranks"])
+    return total
+
+
+def measure(ptc, name, steps, wd):
+    rel, args = CONFIGS[name]
+    model = os.path.join(ROOT, rel)
+    exe = os.path.join(wd, "exe")
+    subprocess.run([ptc] + args + [model, "-o", exe], check=True, capture_output=True)
+    planned = planned_bytes(ptc, model, args)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run([exe, "--steps", str(steps), "--quiet"], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"{name}: the run failed: {proc.stderr.strip()}")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    if rss < before * 1024:
+        sys.exit("getrusage reports a smaller peak than a previous child's: run one per process")
+    return {"config": name, "command": " ".join([rel] + args), "planned": planned, "rss": rss}
+
+
+def mib(b):
+    return f"{b / (1 << 20):,.1f}"
+
+
+def table(rows):
+    head = (f"{'configuration':<28} {'planned MiB':>12} {'RSS MiB':>10} {'RSS - planned':>14} "
+            f"{'ratio':>6}  within +64 MiB")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ok = r["rss"] <= r["planned"] + SLACK
+        lines.append(f"{r['config']:<28} {mib(r['planned']):>12} {mib(r['rss']):>10} "
+                     f"{mib(r['rss'] - r['planned']):>14} {r['rss'] / r['planned']:>6.3f}  "
+                     f"{'yes' if ok else 'NO'}")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ptc", default=os.path.join(ROOT, "build", "tools", "ptc"))
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--configs", default="gpt2_20m,gpt2_20m_dp2_tp2_sp_zero3",
+                    help="comma-separated: " + ", ".join(CONFIGS))
+    ap.add_argument("--one", help="measure one configuration in this process (internal)")
+    ap.add_argument("--out")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if args.one:  # a fresh process per configuration: ru_maxrss of children is a maximum
+        with tempfile.TemporaryDirectory(prefix="ptc-rss-") as wd:
+            print(json.dumps(measure(args.ptc, args.one, args.steps, wd)))
+        return 0
+    rows = []
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            ap.error(f"unknown configuration '{name}' (known: {', '.join(CONFIGS)})")
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--ptc", args.ptc,
+                              "--steps", str(args.steps), "--one", name],
+                             capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(out.stderr.strip() or out.stdout.strip())
+        rows.append(json.loads(out.stdout))
+    text = table(rows)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        path = os.path.join(args.out, f"memory_rss_{stamp}.md")
+        with open(path, "w") as f:
+            f.write(f"# memory_rss: planned bytes against measured peak RSS, {stamp}\n\n")
+            f.write("    python3 " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+                    + "\n\n")
+            f.write(f"- machine: `{' '.join(platform.uname())}`, nproc {os.cpu_count()}\n")
+            f.write(f"- commit: {commit}; {args.steps} training steps per run, CPU backend\n")
+            f.write("- planned: the sum of every arena of every rank the process runs (ranks "
+                    "are threads); RSS: the process's peak resident set size (ru_maxrss)\n\n")
+            f.write("```\n" + text + "\n```\n\n")
+            for r in rows:
+                f.write(f"- {r['config']}: `ptc {r['command']}`\n")
+        print(f"results: {os.path.relpath(path, ROOT)}")
+    bad = [r for r in rows if r["rss"] > r["planned"] + SLACK]
+    return 1 if args.check and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
