@@ -167,3 +167,22 @@ char *ptc_read_file(const char *path, size_t *len)
         *len = n;
     return buf;
 }
+
+void ptc_json_quote(const char *s, void (*put)(void *ctx, const char *p, size_t n), void *ctx)
+{
+    put(ctx, "\"", 1);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            put(ctx, e, 2);
+        } else if (c < 0x20) {
+            char e[8];
+            snprintf(e, sizeof e, "\\u%04x", c);
+            put(ctx, e, 6);
+        } else {
+            put(ctx, s, 1);
+        }
+    }
+    put(ctx, "\"", 1);
+}

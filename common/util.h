@@ -53,6 +53,11 @@ bool ptc_mul_ok(int64_t a, int64_t b, int64_t *out);
 /* snprintf that tolerates truncation and returns its buffer. */
 char *ptc_fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Writes s as a quoted JSON string through put(ctx, bytes, n): quotes and backslashes escaped,
+ * control characters as \u00XX, everything else (UTF-8 included) as it is. The one JSON string
+ * writer of the project (plans, safetensors headers). */
+void ptc_json_quote(const char *s, void (*put)(void *ctx, const char *p, size_t n), void *ctx);
+
 /* Reads a whole file; returns malloc'd NUL-terminated text (and its length) or NULL with errno. */
 char *ptc_read_file(const char *path, size_t *len);
 

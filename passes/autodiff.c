@@ -35,17 +35,7 @@ static ptc_type ty(ad *a, int v)
 
 static void build(ad *a, ptc_op op, const int *in, int nin, const ptc_attrs *at, int *out)
 {
-    char msg[400];
-    if (a->failed) {
-        out[0] = -1;
-        return;
-    }
-    if (ptc_build(a->g, op, in, nin, at, a->loc, out, msg, sizeof msg) < 0) {
-        ptc_fmt(a->err, a->errn, "internal error: autodiff built an invalid %s: %s",
-                ptc_ops[op].name, msg);
-        a->failed = true;
-        out[0] = -1;
-    }
+    ptc_pass_build(a->g, "autodiff", op, in, nin, at, a->loc, out, &a->failed, a->err, a->errn);
 }
 
 static int b1(ad *a, ptc_op op, const int *in, int nin, const ptc_attrs *at)

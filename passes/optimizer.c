@@ -25,17 +25,8 @@ typedef struct opt_ctx {
 
 static void build(opt_ctx *o, ptc_op op, const int *in, int nin, const ptc_attrs *at, int *out)
 {
-    char msg[400];
-    if (o->failed) {
-        out[0] = -1;
-        return;
-    }
-    if (ptc_build(o->g, op, in, nin, at, o->loc, out, msg, sizeof msg) < 0) {
-        ptc_fmt(o->err, o->errn, "internal error: optimizer pass built an invalid %s: %s",
-                ptc_ops[op].name, msg);
-        o->failed = true;
-        out[0] = -1;
-    }
+    ptc_pass_build(o->g, "the optimizer pass", op, in, nin, at, o->loc, out, &o->failed, o->err,
+                   o->errn);
 }
 
 static int b1(opt_ctx *o, ptc_op op, const int *in, int nin, const ptc_attrs *at)

@@ -34,6 +34,22 @@ int ptc_run_passes(ptc_pass_ctx *ctx)
     return 0;
 }
 
+void ptc_pass_build(ptc_graph *g, const char *pass, ptc_op op, const int *in, int nin,
+                    const ptc_attrs *at, ptc_loc loc, int *out, bool *failed, char *err,
+                    size_t errn)
+{
+    char msg[400];
+    out[0] = -1;
+    if (*failed)
+        return;
+    if (ptc_build(g, op, in, nin, at, loc, out, msg, sizeof msg) < 0) {
+        ptc_fmt(err, errn, "internal error: %s built an invalid %s: %s", pass, ptc_ops[op].name,
+                msg);
+        *failed = true;
+        out[0] = -1;
+    }
+}
+
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx)
 {
     free(ctx->grads);

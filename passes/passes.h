@@ -57,6 +57,13 @@ int ptc_pass_autodiff(ptc_pass_ctx *ctx);
 int ptc_pass_optimizer(ptc_pass_ctx *ctx);
 int ptc_pass_partition(ptc_pass_ctx *ctx);
 
+/* The graph builder as passes use it: ptc_build, except that a failure (a bug in the pass: its
+ * nodes must be valid) becomes the pass's internal error in err, *failed is set, and every later
+ * call returns -1 results without building. out[0] is -1 after a failure. */
+void ptc_pass_build(ptc_graph *g, const char *pass, ptc_op op, const int *in, int nin,
+                    const ptc_attrs *at, ptc_loc loc, int *out, bool *failed, char *err,
+                    size_t errn);
+
 /* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
 int ptc_run_passes(ptc_pass_ctx *ctx);
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx);

@@ -327,18 +327,14 @@ void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f)
 
 /* ---- JSON ---- */
 
+static void put_file(void *f, const char *p, size_t n)
+{
+    fwrite(p, 1, n, f);
+}
+
 static void json_string(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 32)
-            fprintf(f, "\\u%04x", (unsigned char)*s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
+    ptc_json_quote(s, put_file, f);
 }
 
 static void json_dims(FILE *f, const ptc_type *t)

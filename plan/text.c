@@ -332,6 +332,30 @@ typedef struct instr_ctx {
     ptc_instr *in;
 } instr_ctx;
 
+/* key=integer for one of n named int64 fields: true when key is one of them. */
+static bool int_field(ptc_lexer *lx, const char *key, const char *const *names,
+                      int64_t *const *slots, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(key, names[i]) == 0) {
+            *slots[i] = ptc_lex_int(lx);
+            return true;
+        }
+    return false;
+}
+
+/* A mesh axis by name: its index, or -1 after an error. */
+static int lex_axis(ptc_lexer *lx, const ptc_mesh *m)
+{
+    for (int a = 0; a < m->naxes; a++)
+        if (ptc_lex_ident(lx, m->names[a])) {
+            ptc_lex_next(lx);
+            return a;
+        }
+    ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
+    return -1;
+}
+
 static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
 {
     ptc_gemm *g = &((instr_ctx *)ctx)->in->gemm;
@@ -349,14 +373,9 @@ static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
     }
     static const char *const names[] = {"m", "n", "k", "batch", "lda", "ldb", "ldc", "sa", "sb",
                                         "sc"};
-    int64_t *slots[] = {&g->m,   &g->n,   &g->k,  &g->batch, &g->lda,
-                        &g->ldb, &g->ldc, &g->sa, &g->sb,    &g->sc};
-    for (int i = 0; i < 10; i++)
-        if (strcmp(key, names[i]) == 0) {
-            *slots[i] = ptc_lex_int(lx);
-            return true;
-        }
-    return false;
+    int64_t *const slots[] = {&g->m,   &g->n,   &g->k,  &g->batch, &g->lda,
+                              &g->ldb, &g->ldc, &g->sa, &g->sb,    &g->sc};
+    return int_field(lx, key, names, slots, 10);
 }
 
 static bool coll_attr(void *ctx, ptc_lexer *lx, const char *key)
@@ -367,15 +386,10 @@ static bool coll_attr(void *ctx, ptc_lexer *lx, const char *key)
     if (strcmp(key, "group") == 0) {
         c->axes = 0;
         for (;;) {
-            int a = 0;
-            while (a < m->naxes && !ptc_lex_ident(lx, m->names[a]))
-                a++;
-            if (a == m->naxes) {
-                ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
+            int a = lex_axis(lx, m);
+            if (a < 0)
                 return true;
-            }
             c->axes |= 1u << a;
-            ptc_lex_next(lx);
             if (!ptc_lex_punct(lx, '+'))
                 return true;
             ptc_lex_next(lx);
@@ -389,13 +403,8 @@ static bool coll_attr(void *ctx, ptc_lexer *lx, const char *key)
         return true;
     }
     static const char *const names[] = {"count", "outer", "chunk", "outer2", "chunk2"};
-    int64_t *slots[] = {&c->count, &c->outer, &c->chunk, &c->outer2, &c->chunk2};
-    for (int i = 0; i < 5; i++)
-        if (strcmp(key, names[i]) == 0) {
-            *slots[i] = ptc_lex_int(lx);
-            return true;
-        }
-    return false;
+    int64_t *const slots[] = {&c->count, &c->outer, &c->chunk, &c->outer2, &c->chunk2};
+    return int_field(lx, key, names, slots, 5);
 }
 
 static bool misc_attr(void *ctx, ptc_lexer *lx, const char *key)
@@ -408,16 +417,11 @@ static bool misc_attr(void *ctx, ptc_lexer *lx, const char *key)
         return true;
     }
     if (strcmp(key, "peer") == 0 && in->kind != PTC_INSTR_COPY) {
-        int a = 0;
-        while (a < m->naxes && !ptc_lex_ident(lx, m->names[a]))
-            a++;
-        if (a == m->naxes) {
-            ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
-            return true;
+        int a = lex_axis(lx, m);
+        if (a >= 0) {
+            in->peer_axis = a;
+            in->peer_delta = (int)ptc_lex_int(lx);
         }
-        ptc_lex_next(lx);
-        in->peer_axis = a;
-        in->peer_delta = (int)ptc_lex_int(lx);
         return true;
     }
     return false;

@@ -964,22 +964,15 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
     sb_add(b, tmp, (size_t)n);
 }
 
+static void sb_put(void *b, const char *p, size_t n)
+{
+    sb_add(b, p, n);
+}
+
 /* A JSON string; s must be valid UTF-8 (checked by writer_check). */
 static void sb_json_string(sbuf *b, const char *s)
 {
-    sb_add(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            sb_add(b, e, 2);
-        } else if (c < 0x20) {
-            sb_printf(b, "\\u%04x", c);
-        } else {
-            sb_add(b, s, 1);
-        }
-    }
-    sb_add(b, "\"", 1);
+    ptc_json_quote(s, sb_put, b);
 }
 
 static bool valid_utf8(const char *s)

@@ -182,8 +182,7 @@ static void ref_const(const ptc_attrs *at, const ptc_type *to, void *o)
     }
 }
 
-/* Rounds every bf16/f16 result of a kernel to its dtype (a no-op on values already in range). */
-static void round_results(int nout, const ptc_type *ot, void *const *out)
+void ptrt_ref_round_results(int nout, const ptc_type *ot, void *const *out)
 {
     for (int j = 0; j < nout; j++) {
         if (ot[j].dtype != PTC_BF16 && ot[j].dtype != PTC_F16)
@@ -267,7 +266,7 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
         return ptrt_ref_run_internal(n, it, in, ot, out, err, errn);
     }
     if (rc == 0 && n->op != PTC_OP_CAST)
-        round_results(n->nout, ot, out);
+        ptrt_ref_round_results(n->nout, ot, out);
     return rc;
 }
 

@@ -454,19 +454,6 @@ static void sgd_update(int64_t n, void *const *in, const ptc_attrs *at, void *co
 
 /* ---- dispatch ---- */
 
-/* Rounds bf16/f16 results to their format, as ref.c does for the forward ops. */
-static void round_results(int nout, const ptc_type *ot, void *const *out)
-{
-    for (int j = 0; j < nout; j++) {
-        if (ot[j].dtype != PTC_BF16 && ot[j].dtype != PTC_F16)
-            continue;
-        float *o = out[j];
-        int64_t n = ptc_type_numel(&ot[j]);
-        for (int64_t i = 0; i < n; i++)
-            o[i] = ot[j].dtype == PTC_BF16 ? ptrt_round_bf16(o[i]) : ptrt_round_f16(o[i]);
-    }
-}
-
 int ptrt_ref_run_internal(const ptrt_kcall *n, const ptc_type *it, void *const *in,
                           const ptc_type *ot, void *const *out, char *err, size_t errn)
 {
@@ -516,6 +503,6 @@ int ptrt_ref_run_internal(const ptrt_kcall *n, const ptc_type *it, void *const *
     default: ptc_fmt(err, errn, "%s is not an internal op (ptrt_ref_run runs it)", name); return -1;
     }
     if (rc == 0)
-        round_results(ptc_ops[n->op].nout, ot, out);
+        ptrt_ref_round_results(ptc_ops[n->op].nout, ot, out);
     return rc;
 }

@@ -27,6 +27,9 @@ void ptrt_ref_strides(const ptc_type *t, int64_t *strides);
 /* Rounds x to the nearest (ties to even) value of bf16 / f16, overflowing to infinity; NaN stays
  * NaN. Works from a double so that casts from i32 round only once. */
 double ptrt_ref_round_bf16d(double x);
+/* Rounds every bf16/f16 result of a kernel (float storage) to its format: the one place results
+ * are rounded (forward and internal ops alike). */
+void ptrt_ref_round_results(int nout, const ptc_type *ot, void *const *out);
 /* Float to i32 as a cast does: toward zero, NaN to 0, saturating at the ends of the range (C
  * leaves those undefined, so the reference defines them). */
 int32_t ptrt_ref_to_i32(double v);
