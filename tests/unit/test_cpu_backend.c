@@ -573,3 +573,90 @@ Test(cpu_pool, every_index_once)
     free(hits);
     ptrt_cpu_set_threads(0);
 }
+
+/* ---- results written over an operand ----
+ * The plan's lowering lets elementwise ops, activation gradients and optimizer updates write
+ * their result over an operand whose bytes nothing reads afterwards (plan/lower.c). Every such
+ * kernel, on both backends, must give the same bits in place as into a fresh buffer. */
+
+typedef struct inplace_case {
+    const char *what;
+    ptc_op op;
+    int nin;
+    ptc_type it[6];
+    int over[3]; /* for result j: the operand it overwrites */
+} inplace_case;
+
+static void check_in_place(const inplace_case *c, ptrt_kernel_fn fn, const char *backend)
+{
+    ptc_attrs at = ptc_attrs_default(c->op);
+    at.wd = 0.1;        /* optimizer updates: every term of the update */
+    at.momentum = 0.9;
+    ptc_type ot[PTC_MAX_RESULTS];
+    char err[512];
+    int nout = ptc_infer(c->op, c->it, c->nin, &at, ot, err, sizeof err);
+    cr_assert(nout > 0, "%s: %s", c->what, err);
+    float *in[6], *fresh[3], *copy[6];
+    for (int k = 0; k < c->nin; k++) {
+        int64_t n = ptc_type_numel(&c->it[k]);
+        in[k] = alloc_poison((size_t)n * 4);
+        rt_fill(in[k], n, 100u + (uint32_t)k, k == 3 ? 0.1f : -2.0f, 2.0f); /* v > 0 for adamw */
+        if (c->op == PTC_OP_ADAMW_UPDATE && k >= 4)
+            in[k][0] = k == 4 ? 0.01f : 3.0f; /* lr, step */
+        if (c->op == PTC_OP_SGD_UPDATE && k == 3)
+            in[k][0] = 0.05f;
+        copy[k] = alloc_poison((size_t)n * 4);
+        memcpy(copy[k], in[k], (size_t)n * 4);
+    }
+    for (int j = 0; j < nout; j++)
+        fresh[j] = alloc_poison((size_t)ptc_type_numel(&ot[j]) * 4);
+    ptrt_kcall k = {.op = c->op, .nin = c->nin, .nout = nout, .attrs = at};
+    cr_assert_eq(fn(&k, c->it, (void *const *)in, ot, (void *const *)fresh, err, sizeof err), 0,
+                 "%s: %s", c->what, err);
+    void *over[3];
+    for (int j = 0; j < nout; j++)
+        over[j] = copy[c->over[j]];
+    cr_assert_eq(fn(&k, c->it, (void *const *)copy, ot, over, err, sizeof err), 0, "%s: %s",
+                 c->what, err);
+    for (int j = 0; j < nout; j++)
+        cr_expect(memcmp(over[j], fresh[j], (size_t)ptc_type_numel(&ot[j]) * 4) == 0,
+                  "%s on %s: result %d in place differs", c->what, backend, j);
+    for (int k2 = 0; k2 < c->nin; k2++) {
+        free(in[k2]);
+        free(copy[k2]);
+    }
+    for (int j = 0; j < nout; j++)
+        free(fresh[j]);
+}
+
+Test(cpu_in_place, every_kernel_the_plan_runs_in_place)
+{
+    ptc_type x = TY(PTC_F32, 7, 131), row = TY(PTC_F32, 131), s = SCALAR(PTC_F32);
+    static const ptc_op unary[] = {PTC_OP_NEG,     PTC_OP_EXP,  PTC_OP_LOG,  PTC_OP_SQRT,
+                                   PTC_OP_RSQRT,   PTC_OP_TANH, PTC_OP_SIGMOID, PTC_OP_RELU,
+                                   PTC_OP_GELU,    PTC_OP_SILU};
+    static const ptc_op binary[] = {PTC_OP_ADD, PTC_OP_SUB, PTC_OP_MUL, PTC_OP_DIV};
+    static const ptc_op grads[] = {PTC_OP_RELU_GRAD, PTC_OP_GELU_GRAD, PTC_OP_SILU_GRAD};
+    inplace_case cases[64];
+    int n = 0;
+    for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++)
+        cases[n++] = (inplace_case){ptc_ops[unary[i]].name, unary[i], 1, {x}, {0}};
+    for (size_t i = 0; i < sizeof binary / sizeof binary[0]; i++) {
+        cases[n++] = (inplace_case){ptc_ops[binary[i]].name, binary[i], 2, {x, x}, {0}};
+        cases[n++] = (inplace_case){ptc_ops[binary[i]].name, binary[i], 2, {x, x}, {1}};
+        cases[n++] = (inplace_case){ptc_ops[binary[i]].name, binary[i], 2, {x, row}, {0}};
+        cases[n++] = (inplace_case){ptc_ops[binary[i]].name, binary[i], 2, {row, x}, {1}};
+        cases[n++] = (inplace_case){ptc_ops[binary[i]].name, binary[i], 2, {x, s}, {0}};
+    }
+    for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++) {
+        cases[n++] = (inplace_case){ptc_ops[grads[i]].name, grads[i], 2, {x, x}, {0}};
+        cases[n++] = (inplace_case){ptc_ops[grads[i]].name, grads[i], 2, {x, x}, {1}};
+    }
+    cases[n++] = (inplace_case){"adamw_update", PTC_OP_ADAMW_UPDATE, 6, {x, x, x, x, s, s},
+                                {0, 2, 3}};
+    cases[n++] = (inplace_case){"sgd_update", PTC_OP_SGD_UPDATE, 4, {x, x, x, s}, {0, 2}};
+    for (int i = 0; i < n; i++) {
+        check_in_place(&cases[i], ptrt_ref_run, "ref");
+        check_in_place(&cases[i], ptrt_cpu_run, "cpu");
+    }
+}

@@ -6,12 +6,14 @@
  * receive, a damaged offset).
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "exec.h"
 #include "frontend.h"
+#include "inproc.h"
 #include "passes.h"
 #include "plan.h"
 #include "planner.h"
@@ -439,5 +441,54 @@ Test(plan_exec, measured_high_water_marks_equal_the_plan)
         cr_expect_eq(ptrt_exec_high_water(x, r), pg->region_bytes[r], "region %s",
                      ptc_region_name(r));
     ptrt_exec_free(x);
+    ptc_plan_free(p);
+}
+
+/* Two ranks with different programs (rank 0 fills and sends, rank 1 receives) run as threads
+ * over the in-process communicator: the runtime's send/recv path and per-rank programs. */
+typedef struct p2p_rank {
+    ptc_plan *p;
+    ptrt_comm *comm;
+    int rank, rc;
+    float got[16];
+    char err[512];
+} p2p_rank;
+
+static void *p2p_main(void *arg)
+{
+    p2p_rank *r = arg;
+    ptrt_exec_opts o = {.comm = r->comm, .drop = -1, .canary = true};
+    ptrt_exec *x = ptrt_exec_new(r->p, r->rank, &o, r->err, sizeof r->err);
+    if (!x) {
+        r->rc = -1;
+        return NULL;
+    }
+    r->rc = ptrt_exec_run(x, PTRT_ENTRY_STEP, 1, r->err, sizeof r->err);
+    if (r->rank == 1 && r->rc == 0)
+        memcpy(r->got, ptrt_exec_data(x, 0), sizeof r->got);
+    ptrt_exec_free(x);
+    return NULL;
+}
+
+Test(plan_exec, ranks_with_different_programs_send_and_receive)
+{
+    ptc_plan *p = p2p_plan(true, 16);
+    /* rank 0 fills its buffer with 2.5 */
+    p->programs[0].instrs[0].attrs.value = 2.5;
+    char err[512];
+    ptrt_inproc *ip = ptrt_inproc_new(2, 10, err, sizeof err);
+    cr_assert_not_null(ip, "%s", err);
+    p2p_rank ranks[2] = {{.p = p, .comm = ptrt_inproc_comm(ip), .rank = 0},
+                         {.p = p, .comm = ptrt_inproc_comm(ip), .rank = 1}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(pthread_create(&th[r], NULL, p2p_main, &ranks[r]), 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(ranks[r].rc, 0, "rank %d: %s", r, ranks[r].err);
+    for (int i = 0; i < 16; i++)
+        cr_expect_eq(ranks[1].got[i], 2.5f, "element %d: %g", i, (double)ranks[1].got[i]);
+    ptrt_inproc_free(ip);
     ptc_plan_free(p);
 }
