@@ -229,16 +229,9 @@ static void emit_collective(lw *L, int ni)
 {
     const ptc_node *n = &L->g->nodes[ni];
     const ptc_attrs *a = &n->attrs;
-    int x = L->buf[n->in[0]];
-    if (is_16bit(L->pg->bufs[x].type.dtype))
-        x = widened(L, ni, x);
-    int y = value_buffer(L, n->out[0], PTC_BUF_TEMP), wy = y;
-    if (is_16bit(L->pg->bufs[y].type.dtype)) {
-        ptc_type t = L->pg->bufs[y].type;
-        t.dtype = PTC_F32;
-        wy = new_buffer(L, &t, L->pg->bufs[y].place, PTC_BUF_TEMP);
-    }
-    const ptc_type *it = &L->pg->bufs[x].type, *ot = &L->pg->bufs[wy].type;
+    /* communicators move and reduce every dtype (16-bit sums in float, rounded once) */
+    int x = L->buf[n->in[0]], y = value_buffer(L, n->out[0], PTC_BUF_TEMP);
+    const ptc_type *it = &L->pg->bufs[x].type, *ot = &L->pg->bufs[y].type;
     int parts = L->g->mesh.sizes[a->mesh_axis];
     ptc_instr in;
     memset(&in, 0, sizeof in);
@@ -266,10 +259,8 @@ static void emit_collective(lw *L, int ni)
     }
     in.nin = in.nout = 1;
     in.in = &x;
-    in.out = &wy;
+    in.out = &y;
     emit(L, ni, &in);
-    if (wy != y)
-        emit_cast(L, ni, wy, y);
 }
 
 static int64_t batch_of(const ptc_type *t)

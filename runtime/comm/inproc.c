@@ -36,11 +36,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "half.h"
 #include "util.h"
 
 #define REASON_MAX 1024
 #define NAME_MAX_LEN 32
-#define TILE 1024       /* floats reduced at a time, in a stack buffer */
+#define TILE 1024       /* elements reduced at a time, in a stack buffer of floats */
 #define SHOW_MEMBERS 16 /* longer member lists are cut short in messages */
 
 typedef enum {
@@ -64,9 +65,10 @@ typedef struct {
     int64_t size[4];
     int64_t step;
     const int *order; /* the members as this member passed them */
-    const float *in;
-    float *out;
-    const float *part; /* allreduce: this member's reduced slice, read by the others in phase C */
+    ptc_dtype dt;     /* of the elements: f32 and i32 take 4 bytes, bf16 and f16 2 */
+    const void *in;
+    void *out;
+    const void *part; /* allreduce: this member's reduced slice, read by the others in phase C */
 } post;
 
 typedef struct group {
@@ -83,9 +85,10 @@ typedef struct group {
 typedef struct msg {
     struct msg *next;
     int64_t count, step;
+    ptc_dtype dt;
     int index;
     char name[NAME_MAX_LEN];
-    float data[];
+    unsigned char data[];
 } msg;
 
 typedef struct {
@@ -460,8 +463,9 @@ static void barrier_unlocked(call *x, group *g)
 
 static bool same_post(const post *a, const post *b, int n)
 {
-    return a->k == b->k && a->op == b->op && !memcmp(a->size, b->size, sizeof a->size) &&
-           a->step == b->step && !memcmp(a->order, b->order, (size_t)n * sizeof(int));
+    return a->k == b->k && a->op == b->op && a->dt == b->dt &&
+           !memcmp(a->size, b->size, sizeof a->size) && a->step == b->step &&
+           !memcmp(a->order, b->order, (size_t)n * sizeof(int));
 }
 
 /* "allreduce(count 4096, sum)", with the step and member order where they differ from other's. */
@@ -484,6 +488,8 @@ static void sb_post(sbuf *b, const post *p, const post *other, int n)
         break;
     default: break;
     }
+    if (p->dt != other->dt)
+        sb_printf(b, " of %s", ptc_dtype_name(p->dt));
     if (p->step != other->step)
         sb_printf(b, " at step %lld", (long long)p->step);
     if (memcmp(p->order, other->order, (size_t)n * sizeof(int))) {
@@ -523,16 +529,46 @@ static float max_nan(float a, float b)
     return (a > b || isnan(a)) ? a : b;
 }
 
-/* dst[i] = src[0][i] op src[1][i] op ... (left to right), a tile at a time: dst may be one of the
- * sources exactly, since a tile is written only after all of it has been read. */
-static void reduce_run(float *dst, const float *const *src, int n, int64_t len, ptrt_reduce op)
+static size_t esize(ptc_dtype dt)
 {
-    float acc[TILE];
+    return (size_t)ptc_dtype_size(dt);
+}
+
+/* Elements [base, base + m) of src as floats. */
+static void load_tile(float *acc, const void *src, ptc_dtype dt, int64_t base, int64_t m)
+{
+    if (dt == PTC_F32) {
+        memcpy(acc, (const float *)src + base, (size_t)m * sizeof(float));
+        return;
+    }
+    const uint16_t *u = (const uint16_t *)src + base;
+    for (int64_t i = 0; i < m; i++)
+        acc[i] = dt == PTC_BF16 ? ptc_bf16_value(u[i]) : ptc_f16_value(u[i]);
+}
+
+static void store_tile(void *dst, ptc_dtype dt, int64_t base, const float *acc, int64_t m)
+{
+    if (dt == PTC_F32) {
+        memcpy((float *)dst + base, acc, (size_t)m * sizeof(float));
+        return;
+    }
+    uint16_t *u = (uint16_t *)dst + base;
+    for (int64_t i = 0; i < m; i++)
+        u[i] = dt == PTC_BF16 ? ptc_bf16_bits(acc[i]) : ptc_f16_bits(acc[i]);
+}
+
+/* dst[i] = src[0][i] op src[1][i] op ... (left to right, in float; 16-bit values are widened and
+ * the result rounded once), a tile at a time: dst may be one of the sources exactly, since a tile
+ * is written only after all of it has been read. */
+static void reduce_run(void *dst, const void *const *src, int n, int64_t len, ptrt_reduce op,
+                       ptc_dtype dt)
+{
+    float acc[TILE], s[TILE];
     for (int64_t base = 0; base < len; base += TILE) {
         int64_t m = len - base < TILE ? len - base : TILE;
-        memcpy(acc, src[0] + base, (size_t)m * sizeof(float));
+        load_tile(acc, src[0], dt, base, m);
         for (int j = 1; j < n; j++) {
-            const float *s = src[j] + base;
+            load_tile(s, src[j], dt, base, m);
             if (op == PTRT_RED_SUM)
                 for (int64_t i = 0; i < m; i++)
                     acc[i] += s[i];
@@ -540,14 +576,14 @@ static void reduce_run(float *dst, const float *const *src, int n, int64_t len, 
                 for (int64_t i = 0; i < m; i++)
                     acc[i] = max_nan(acc[i], s[i]);
         }
-        memcpy(dst + base, acc, (size_t)m * sizeof(float));
+        store_tile(dst, dt, base, acc, m);
     }
 }
 
-/* Copies a part of len floats: its element e is src[(e / sc) * sstride + e % sc] and goes to
- * dst[(e / dc) * dstride + e % dc]; contiguous runs move by memcpy. */
-static void copy_part(float *dst, int64_t dc, int64_t dstride, const float *src, int64_t sc,
-                      int64_t sstride, int64_t len)
+/* Copies a part of len elements of es bytes: its element e is src[(e / sc) * sstride + e % sc]
+ * and goes to dst[(e / dc) * dstride + e % dc]; contiguous runs move by memcpy. */
+static void copy_part(void *dst, int64_t dc, int64_t dstride, const void *src, int64_t sc,
+                      int64_t sstride, int64_t len, size_t es)
 {
     for (int64_t e = 0; e < len;) {
         int64_t si = e % sc, di = e % dc, run = len - e;
@@ -555,17 +591,27 @@ static void copy_part(float *dst, int64_t dc, int64_t dstride, const float *src,
             run = sc - si;
         if (run > dc - di)
             run = dc - di;
-        memcpy(dst + (e / dc) * dstride + di, src + (e / sc) * sstride + si,
-               (size_t)run * sizeof(float));
+        memcpy((char *)dst + (size_t)((e / dc) * dstride + di) * es,
+               (const char *)src + (size_t)((e / sc) * sstride + si) * es, (size_t)run * es);
         e += run;
     }
 }
 
-static bool overlap(const float *a, int64_t na, const float *b, int64_t nb)
+static bool overlap(const void *a, int64_t na, const void *b, int64_t nb, size_t es)
 {
-    uintptr_t a0 = (uintptr_t)a, a1 = a0 + (uintptr_t)na * sizeof(float);
-    uintptr_t b0 = (uintptr_t)b, b1 = b0 + (uintptr_t)nb * sizeof(float);
+    uintptr_t a0 = (uintptr_t)a, a1 = a0 + (uintptr_t)na * es;
+    uintptr_t b0 = (uintptr_t)b, b1 = b0 + (uintptr_t)nb * es;
     return na > 0 && nb > 0 && a0 < b1 && b0 < a1;
+}
+
+static void *elem(void *p, int64_t i, size_t es)
+{
+    return (char *)p + (size_t)i * es;
+}
+
+static const void *celem(const void *p, int64_t i, size_t es)
+{
+    return (const char *)p + (size_t)i * es;
 }
 
 /* Start of slice q when len is cut into n nearly equal slices. */
@@ -580,13 +626,14 @@ static int64_t slice_start(int64_t len, int n, int q)
 static void run_allreduce(call *x, group *g, const post *const *mp, int q, post *a)
 {
     int n = x->n;
+    size_t es = esize(a->dt);
     int64_t count = a->size[0], lo = slice_start(count, n, q), hi = slice_start(count, n, q + 1);
-    bool partial = a->in != a->out && overlap(a->in, count, a->out, count);
-    float *part = partial ? ptc_xmalloc((size_t)(hi - lo) * sizeof(float)) : a->out + lo;
-    const float **src = ptc_xmalloc((size_t)n * sizeof *src);
+    bool partial = a->in != a->out && overlap(a->in, count, a->out, count, es);
+    void *part = partial ? ptc_xmalloc((size_t)(hi - lo) * es + 1) : elem(a->out, lo, es);
+    const void **src = ptc_xmalloc((size_t)n * sizeof *src);
     for (int j = 0; j < n; j++)
-        src[j] = mp[j]->in + lo;
-    reduce_run(part, src, n, hi - lo, a->op);
+        src[j] = celem(mp[j]->in, lo, es);
+    reduce_run(part, src, n, hi - lo, a->op, a->dt);
     pthread_mutex_lock(&x->c->mu);
     a->part = part;
     barrier(x, g, false);
@@ -596,7 +643,7 @@ static void run_allreduce(call *x, group *g, const post *const *mp, int q, post 
     for (int j = 0; j < n; j++) {
         int64_t jl = slice_start(count, n, j), jh = slice_start(count, n, j + 1);
         if (j != q || partial)
-            memcpy(a->out + jl, src[j], (size_t)(jh - jl) * sizeof(float));
+            memcpy(elem(a->out, jl, es), src[j], (size_t)(jh - jl) * es);
     }
     barrier_unlocked(x, g);
     free(src);
@@ -607,18 +654,19 @@ static void run_allreduce(call *x, group *g, const post *const *mp, int q, post 
 static void run_reduce_scatter(call *x, group *g, const post *const *mp, int q, post *a)
 {
     int n = x->n;
+    size_t es = esize(a->dt);
     int64_t outer = a->size[0], chunk = a->size[1];
-    bool partial = overlap(a->in, outer * n * chunk, a->out, outer * chunk);
-    float *dst = partial ? ptc_xmalloc((size_t)(outer * chunk) * sizeof(float)) : a->out;
-    const float **src = ptc_xmalloc((size_t)n * sizeof *src);
+    bool partial = overlap(a->in, outer * n * chunk, a->out, outer * chunk, es);
+    void *dst = partial ? ptc_xmalloc((size_t)(outer * chunk) * es + 1) : a->out;
+    const void **src = ptc_xmalloc((size_t)n * sizeof *src);
     for (int64_t o = 0; o < outer; o++) {
         for (int j = 0; j < n; j++)
-            src[j] = mp[j]->in + (o * n + q) * chunk;
-        reduce_run(dst + o * chunk, src, n, chunk, a->op);
+            src[j] = celem(mp[j]->in, (o * n + q) * chunk, es);
+        reduce_run(elem(dst, o * chunk, es), src, n, chunk, a->op, a->dt);
     }
     barrier_unlocked(x, g);
     if (partial) {
-        memcpy(a->out, dst, (size_t)(outer * chunk) * sizeof(float));
+        memcpy(a->out, dst, (size_t)(outer * chunk) * es);
         free(dst);
     }
     free(src);
@@ -640,14 +688,16 @@ static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
         chunk_out = s[3];
     }
     int64_t in_len = outer_in * nparts_in * chunk_in, out_len = outer_out * n * chunk_out;
-    bool partial = overlap(a->in, in_len, a->out, out_len);
-    float *dst = partial ? ptc_xmalloc((size_t)out_len * sizeof(float)) : a->out;
+    size_t es = esize(a->dt);
+    bool partial = overlap(a->in, in_len, a->out, out_len, es);
+    void *dst = partial ? ptc_xmalloc((size_t)out_len * es + 1) : a->out;
     for (int j = 0; j < n; j++)
-        copy_part(dst + j * chunk_out, chunk_out, n * chunk_out, mp[j]->in + q * chunk_in, chunk_in,
-                  nparts_in * chunk_in, outer_in * chunk_in);
+        copy_part(elem(dst, j * chunk_out, es), chunk_out, n * chunk_out,
+                  celem(mp[j]->in, q * chunk_in, es), chunk_in, nparts_in * chunk_in,
+                  outer_in * chunk_in, es);
     barrier_unlocked(x, g);
     if (partial) {
-        memcpy(a->out, dst, (size_t)out_len * sizeof(float));
+        memcpy(a->out, dst, (size_t)out_len * es);
         free(dst);
     }
 }
@@ -712,9 +762,13 @@ static int check_sizes(call *x, const post *a)
         break;
     default: break;
     }
-    if (!ok || !ptc_mul_ok(in_len, (int64_t)sizeof(float), &t) ||
-        !ptc_mul_ok(out_len, (int64_t)sizeof(float), &t))
+    int64_t es = (int64_t)esize(a->dt);
+    if (!ok || !ptc_mul_ok(in_len, es, &t) || !ptc_mul_ok(out_len, es, &t))
         return fail_invalid(x, "sizes overflow");
+    bool reduces = a->k == K_ALLREDUCE || a->k == K_REDUCE_SCATTER;
+    if ((unsigned)a->dt >= PTC_NDTYPES || (reduces && a->dt == PTC_I32))
+        return fail_invalid(x, "cannot %s %s data", reduces ? "reduce" : "move",
+                            (unsigned)a->dt < PTC_NDTYPES ? ptc_dtype_name(a->dt) : "unknown");
     if ((in_len > 0 && !a->in) || (out_len > 0 && !a->out))
         return fail_invalid(x, "a buffer is NULL");
     if (a->op != PTRT_RED_SUM && a->op != PTRT_RED_MAX)
@@ -805,47 +859,83 @@ static int collective(ptrt_inproc *c, int me, const int *members, int n, const p
     return a ? 0 : -1;
 }
 
-int ptrt_inproc_allreduce(ptrt_inproc *c, int me, const int *members, int n, const float *in,
-                        float *out, int64_t count, ptrt_reduce op, const ptrt_coll_desc *d,
-                        char *err, size_t errn)
+static int post_call(ptrt_inproc *c, int me, const int *members, int n, post p,
+                     const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    post p = {.k = K_ALLREDUCE, .op = op, .size = {count}, .in = in, .out = out};
     p.step = d ? d->step : -1;
     p.order = members;
     return collective(c, me, members, n, &p, d, err, errn);
 }
 
-int ptrt_inproc_allgather(ptrt_inproc *c, int me, const int *members, int n, const float *in,
-                        float *out, int64_t outer, int64_t chunk, const ptrt_coll_desc *d,
-                        char *err, size_t errn)
-{
-    post p = {.k = K_ALLGATHER, .size = {outer, chunk}, .in = in, .out = out};
-    p.step = d ? d->step : -1;
-    p.order = members;
-    return collective(c, me, members, n, &p, d, err, errn);
-}
-
-int ptrt_inproc_reduce_scatter(ptrt_inproc *c, int me, const int *members, int n, const float *in,
-                             float *out, int64_t outer, int64_t chunk, ptrt_reduce op,
+int ptrt_inproc_allreduce_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                             void *out, int64_t count, ptc_dtype dt, ptrt_reduce op,
                              const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    post p = {.k = K_REDUCE_SCATTER, .op = op, .size = {outer, chunk}, .in = in, .out = out};
-    p.step = d ? d->step : -1;
-    p.order = members;
-    return collective(c, me, members, n, &p, d, err, errn);
+    post p = {.k = K_ALLREDUCE, .op = op, .size = {count}, .dt = dt, .in = in, .out = out};
+    return post_call(c, me, members, n, p, d, err, errn);
 }
 
-int ptrt_inproc_all_to_all(ptrt_inproc *c, int me, const int *members, int n, const float *in,
-                         float *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
-                         int64_t chunk_out, const ptrt_coll_desc *d, char *err, size_t errn)
+int ptrt_inproc_allgather_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                             void *out, int64_t outer, int64_t chunk, ptc_dtype dt,
+                             const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    post p = {.k = K_ALLGATHER, .size = {outer, chunk}, .dt = dt, .in = in, .out = out};
+    return post_call(c, me, members, n, p, d, err, errn);
+}
+
+int ptrt_inproc_reduce_scatter_dt(ptrt_inproc *c, int me, const int *members, int n,
+                                  const void *in, void *out, int64_t outer, int64_t chunk,
+                                  ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
+                                  char *err, size_t errn)
+{
+    post p = {.k = K_REDUCE_SCATTER, .op = op, .size = {outer, chunk}, .dt = dt, .in = in,
+              .out = out};
+    return post_call(c, me, members, n, p, d, err, errn);
+}
+
+int ptrt_inproc_all_to_all_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                              void *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
+                              int64_t chunk_out, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                              size_t errn)
 {
     post p = {.k = K_ALL_TO_ALL,
               .size = {outer_in, chunk_in, outer_out, chunk_out},
+              .dt = dt,
               .in = in,
               .out = out};
-    p.step = d ? d->step : -1;
-    p.order = members;
-    return collective(c, me, members, n, &p, d, err, errn);
+    return post_call(c, me, members, n, p, d, err, errn);
+}
+
+int ptrt_inproc_allreduce(ptrt_inproc *c, int me, const int *members, int n, const float *in,
+                          float *out, int64_t count, ptrt_reduce op, const ptrt_coll_desc *d,
+                          char *err, size_t errn)
+{
+    return ptrt_inproc_allreduce_dt(c, me, members, n, in, out, count, PTC_F32, op, d, err,
+                                    errn);
+}
+
+int ptrt_inproc_allgather(ptrt_inproc *c, int me, const int *members, int n, const float *in,
+                          float *out, int64_t outer, int64_t chunk, const ptrt_coll_desc *d,
+                          char *err, size_t errn)
+{
+    return ptrt_inproc_allgather_dt(c, me, members, n, in, out, outer, chunk, PTC_F32, d, err,
+                                    errn);
+}
+
+int ptrt_inproc_reduce_scatter(ptrt_inproc *c, int me, const int *members, int n,
+                               const float *in, float *out, int64_t outer, int64_t chunk,
+                               ptrt_reduce op, const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    return ptrt_inproc_reduce_scatter_dt(c, me, members, n, in, out, outer, chunk, PTC_F32, op, d,
+                                         err, errn);
+}
+
+int ptrt_inproc_all_to_all(ptrt_inproc *c, int me, const int *members, int n, const float *in,
+                           float *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
+                           int64_t chunk_out, const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    return ptrt_inproc_all_to_all_dt(c, me, members, n, in, out, outer_in, chunk_in, outer_out,
+                                     chunk_out, PTC_F32, d, err, errn);
 }
 
 int ptrt_inproc_barrier(ptrt_inproc *c, int me, const int *members, int n, const ptrt_coll_desc *d,
@@ -860,7 +950,7 @@ int ptrt_inproc_barrier(ptrt_inproc *c, int me, const int *members, int n, const
 /* ---- point to point ---------------------------------------------------------------------- */
 
 /* Checks me, peer and the buffer (mu held). */
-static int check_p2p(call *x, const float *buf, int64_t count)
+static int check_p2p(call *x, const void *buf, int64_t count, ptc_dtype dt)
 {
     int last = x->c->nranks - 1;
     int64_t bytes;
@@ -868,7 +958,9 @@ static int check_p2p(call *x, const float *buf, int64_t count)
         return fail_invalid(x, "rank %d is not in 0..%d", x->me, last);
     if (x->peer < 0 || x->peer > last)
         return fail_invalid(x, "peer %d is not in 0..%d", x->peer, last);
-    if (!ptc_mul_ok(count, (int64_t)sizeof(float), &bytes))
+    if ((unsigned)dt >= PTC_NDTYPES)
+        return fail_invalid(x, "unknown dtype %d", (int)dt);
+    if (!ptc_mul_ok(count, (int64_t)esize(dt), &bytes))
         return fail_invalid(x, "bad count %lld", (long long)count);
     if (count > 0 && !buf)
         return fail_invalid(x, "the buffer is NULL");
@@ -882,8 +974,8 @@ static chan *chan_get(ptrt_inproc *c, int receiver, int sender)
     return &c->chans[receiver][sender];
 }
 
-int ptrt_inproc_send(ptrt_inproc *c, int me, int peer, const float *buf, int64_t count,
-                   const ptrt_coll_desc *d, char *err, size_t errn)
+int ptrt_inproc_send_dt(ptrt_inproc *c, int me, int peer, const void *buf, int64_t count,
+                        ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
 {
     call x;
     init_call(&x, c, me, K_SEND, d, err, errn);
@@ -893,18 +985,19 @@ int ptrt_inproc_send(ptrt_inproc *c, int me, int peer, const float *buf, int64_t
         return -1;
     }
     pthread_mutex_lock(&c->mu);
-    int rc = c->failed ? fail_failed(&x) : check_p2p(&x, buf, count);
+    int rc = c->failed ? fail_failed(&x) : check_p2p(&x, buf, count, dt);
     pthread_mutex_unlock(&c->mu);
     if (rc)
         return -1;
-    msg *m = ptc_xmalloc(sizeof *m + (size_t)count * sizeof(float));
+    msg *m = ptc_xmalloc(sizeof *m + (size_t)count * esize(dt));
     m->next = NULL;
     m->count = count;
+    m->dt = dt;
     m->step = x.step;
     m->index = x.index;
     memcpy(m->name, x.name, sizeof m->name);
     if (count > 0)
-        memcpy(m->data, buf, (size_t)count * sizeof(float));
+        memcpy(m->data, buf, (size_t)count * esize(dt));
     pthread_mutex_lock(&c->mu);
     if (c->failed) {
         rc = fail_failed(&x);
@@ -961,10 +1054,10 @@ static msg *recv_wait(call *x, chan *ch)
     return m;
 }
 
-/* The message must be what the receiver expects: same count and step (mu held). */
-static int check_msg(call *x, const msg *m, int64_t count)
+/* The message must be what the receiver expects: same count, dtype and step (mu held). */
+static int check_msg(call *x, const msg *m, int64_t count, ptc_dtype dt)
 {
-    if (m->count == count && m->step == x->step)
+    if (m->count == count && m->dt == dt && m->step == x->step)
         return 0;
     call s = *x;
     s.k = K_SEND;
@@ -977,14 +1070,17 @@ static int check_msg(call *x, const msg *m, int64_t count)
     sbuf b = {buf, sizeof buf, 0};
     sb_printf(&b, "rank %d: send/recv mismatch: rank %d called ", x->me, x->peer);
     sb_what(&b, &s);
-    sb_printf(&b, " with count %lld but rank %d called ", (long long)m->count, x->me);
+    bool dts = m->dt != dt; /* name the dtypes only where they differ */
+    sb_printf(&b, " with count %lld%s%s but rank %d called ", (long long)m->count,
+              dts ? " of " : "", dts ? ptc_dtype_name(m->dt) : "", x->me);
     sb_what(&b, x);
-    sb_printf(&b, " with count %lld", (long long)count);
+    sb_printf(&b, " with count %lld%s%s", (long long)count, dts ? " of " : "",
+              dts ? ptc_dtype_name(dt) : "");
     return fail_call(x, buf);
 }
 
-int ptrt_inproc_recv(ptrt_inproc *c, int me, int peer, float *buf, int64_t count,
-                   const ptrt_coll_desc *d, char *err, size_t errn)
+int ptrt_inproc_recv_dt(ptrt_inproc *c, int me, int peer, void *buf, int64_t count,
+                        ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
 {
     call x;
     init_call(&x, c, me, K_RECV, d, err, errn);
@@ -995,16 +1091,28 @@ int ptrt_inproc_recv(ptrt_inproc *c, int me, int peer, float *buf, int64_t count
     }
     pthread_mutex_lock(&c->mu);
     msg *m = NULL;
-    int rc = c->failed ? fail_failed(&x) : check_p2p(&x, buf, count);
+    int rc = c->failed ? fail_failed(&x) : check_p2p(&x, buf, count, dt);
     if (!rc) {
         m = recv_wait(&x, chan_get(c, me, peer));
-        rc = m ? check_msg(&x, m, count) : -1;
+        rc = m ? check_msg(&x, m, count, dt) : -1;
     }
     pthread_mutex_unlock(&c->mu);
     if (!rc && count > 0)
-        memcpy(buf, m->data, (size_t)count * sizeof(float));
+        memcpy(buf, m->data, (size_t)count * esize(dt));
     free(m);
     return rc;
+}
+
+int ptrt_inproc_send(ptrt_inproc *c, int me, int peer, const float *buf, int64_t count,
+                     const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    return ptrt_inproc_send_dt(c, me, peer, buf, count, PTC_F32, d, err, errn);
+}
+
+int ptrt_inproc_recv(ptrt_inproc *c, int me, int peer, float *buf, int64_t count,
+                     const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    return ptrt_inproc_recv_dt(c, me, peer, buf, count, PTC_F32, d, err, errn);
 }
 
 /* ---- the communicator -------------------------------------------------------------------- */
@@ -1104,69 +1212,47 @@ int ptrt_comm_split(const int64_t *shape, int ndim, int dim, int parts, int64_t 
 
 /* ---- the communicator interface (comm.h) over the in-process communicator ---------------- */
 
-/* The in-process communicator moves 4-byte elements and reduces in f32: a plan converts 16-bit
- * values before it communicates them. */
-static int check_dtype(int me, ptc_dtype dt, bool reduces, char *err, size_t errn)
-{
-    if (dt == PTC_F32 || (dt == PTC_I32 && !reduces))
-        return 0;
-    ptc_fmt(err, errn, "rank %d: the in-process communicator cannot %s %s data", me,
-            reduces ? "reduce" : "move", ptc_dtype_name(dt));
-    return -1;
-}
-
 static int if_allreduce(void *impl, int me, const int *members, int n, const void *in, void *out,
                         int64_t count, ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
                         char *err, size_t errn)
 {
-    if (check_dtype(me, dt, true, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_allreduce(impl, me, members, n, in, out, count, op, d, err, errn);
+    return ptrt_inproc_allreduce_dt(impl, me, members, n, in, out, count, dt, op, d, err, errn);
 }
 
 static int if_allgather(void *impl, int me, const int *members, int n, const void *in, void *out,
                         int64_t outer, int64_t chunk, ptc_dtype dt, const ptrt_coll_desc *d,
                         char *err, size_t errn)
 {
-    if (check_dtype(me, dt, false, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_allgather(impl, me, members, n, in, out, outer, chunk, d, err, errn);
+    return ptrt_inproc_allgather_dt(impl, me, members, n, in, out, outer, chunk, dt, d, err,
+                                    errn);
 }
 
 static int if_reduce_scatter(void *impl, int me, const int *members, int n, const void *in,
                              void *out, int64_t outer, int64_t chunk, ptc_dtype dt, ptrt_reduce op,
                              const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    if (check_dtype(me, dt, true, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_reduce_scatter(impl, me, members, n, in, out, outer, chunk, op, d, err,
-                                      errn);
+    return ptrt_inproc_reduce_scatter_dt(impl, me, members, n, in, out, outer, chunk, dt, op, d,
+                                         err, errn);
 }
 
 static int if_all_to_all(void *impl, int me, const int *members, int n, const void *in, void *out,
                          int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
                          ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    if (check_dtype(me, dt, false, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_all_to_all(impl, me, members, n, in, out, outer_in, chunk_in, outer_out,
-                                  chunk_out, d, err, errn);
+    return ptrt_inproc_all_to_all_dt(impl, me, members, n, in, out, outer_in, chunk_in, outer_out,
+                                     chunk_out, dt, d, err, errn);
 }
 
 static int if_send(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
                    const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    if (check_dtype(me, dt, false, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_send(impl, me, peer, buf, count, d, err, errn);
+    return ptrt_inproc_send_dt(impl, me, peer, buf, count, dt, d, err, errn);
 }
 
 static int if_recv(void *impl, int me, int peer, void *buf, int64_t count, ptc_dtype dt,
                    const ptrt_coll_desc *d, char *err, size_t errn)
 {
-    if (check_dtype(me, dt, false, err, errn) < 0)
-        return -1;
-    return ptrt_inproc_recv(impl, me, peer, buf, count, d, err, errn);
+    return ptrt_inproc_recv_dt(impl, me, peer, buf, count, dt, d, err, errn);
 }
 
 static int if_barrier(void *impl, int me, const int *members, int n, const ptrt_coll_desc *d,

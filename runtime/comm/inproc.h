@@ -44,9 +44,32 @@ typedef struct ptrt_inproc ptrt_inproc;
 ptrt_inproc *ptrt_inproc_new(int nranks, double timeout_s, char *err, size_t errn);
 /* Frees the communicator and any messages sent but never received. No rank may be inside a call. */
 void ptrt_inproc_free(ptrt_inproc *c);
-/* The communicator interface over c (comm.h): f32 and i32 data move as they are; reductions are
- * over f32. The interface is c's own and lives as long as c. */
+/* The communicator interface over c (comm.h), with every dtype (see the _dt calls). The interface
+ * is c's own and lives as long as c. */
 ptrt_comm *ptrt_inproc_comm(ptrt_inproc *c);
+
+/* The calls below in any dtype: f32, i32, bf16 and f16 data move as stored (2 or 4 bytes an
+ * element); sums and maxima are taken in float, left to right over the members, and a 16-bit
+ * result is rounded once at the end; i32 data cannot be reduced. The float versions below are
+ * these with PTC_F32. Every member must pass the same dtype (else a mismatch). */
+int ptrt_inproc_allreduce_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                             void *out, int64_t count, ptc_dtype dt, ptrt_reduce op,
+                             const ptrt_coll_desc *d, char *err, size_t errn);
+int ptrt_inproc_allgather_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                             void *out, int64_t outer, int64_t chunk, ptc_dtype dt,
+                             const ptrt_coll_desc *d, char *err, size_t errn);
+int ptrt_inproc_reduce_scatter_dt(ptrt_inproc *c, int me, const int *members, int n,
+                                  const void *in, void *out, int64_t outer, int64_t chunk,
+                                  ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
+                                  char *err, size_t errn);
+int ptrt_inproc_all_to_all_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                              void *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
+                              int64_t chunk_out, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                              size_t errn);
+int ptrt_inproc_send_dt(ptrt_inproc *c, int me, int peer, const void *buf, int64_t count,
+                        ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn);
+int ptrt_inproc_recv_dt(ptrt_inproc *c, int me, int peer, void *buf, int64_t count, ptc_dtype dt,
+                        const ptrt_coll_desc *d, char *err, size_t errn);
 int ptrt_inproc_nranks(const ptrt_inproc *c);
 
 /* Sum or max of every member's in (count floats) into every member's out. Element x of the result

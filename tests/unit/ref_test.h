@@ -109,14 +109,14 @@ static inline float *rt_decode16(const rt_result *r, int j)
     cr_assert(d != NULL);
     const uint16_t *u = r->out[j];
     for (int64_t i = 0; i < n; i++)
-        d[i] = r->ot[j].dtype == PTC_BF16 ? ptrt_bf16_value(u[i]) : ptrt_f16_value(u[i]);
+        d[i] = r->ot[j].dtype == PTC_BF16 ? ptc_bf16_value(u[i]) : ptc_f16_value(u[i]);
     return d;
 }
 
 static inline void rt_encode16(ptc_dtype dt, const float *x, uint16_t *o, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        o[i] = dt == PTC_BF16 ? ptrt_bf16_bits(x[i]) : ptrt_f16_bits(x[i]);
+        o[i] = dt == PTC_BF16 ? ptc_bf16_bits(x[i]) : ptc_f16_bits(x[i]);
 }
 
 /* EXPECT_OUT16(r, j, tol, values...): result j of r, in 16-bit storage, equals the values. */

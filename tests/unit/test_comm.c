@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "half.h"
 #include "inproc.h"
 #include "util.h"
 
@@ -942,4 +943,169 @@ Test(comm, single_rank)
     cr_assert_eq(ptrt_inproc_send(c, 0, 0, in, 6, NULL, err, sizeof err), 0);
     cr_assert_not(ptrt_inproc_failed(c, NULL, 0));
     ptrt_inproc_free(c); /* with a message never received */
+}
+
+/* ---- dtypes ---- */
+
+#define DTN 37 /* elements: an odd count, so 16-bit buffers end mid-word */
+
+typedef struct dt_job {
+    ptc_dtype dt;
+    uint16_t in[MAXR][DTN], out[MAXR][DTN * MAXR];
+    int32_t iin[MAXR][DTN], iout[MAXR][DTN * MAXR];
+} dt_job;
+
+static uint16_t enc(ptc_dtype dt, double x)
+{
+    return dt == PTC_BF16 ? ptc_bf16_bits(x) : ptc_f16_bits(x);
+}
+
+static float dec(ptc_dtype dt, uint16_t u)
+{
+    return dt == PTC_BF16 ? ptc_bf16_value(u) : ptc_f16_value(u);
+}
+
+static void dt_allreduce(rank_ctx *r)
+{
+    dt_job *j = r->job;
+    int m[MAXR];
+    iota(m, r->nranks, 0);
+    r->rc = ptrt_inproc_allreduce_dt(r->c, r->rank, m, r->nranks, j->in[r->rank], j->out[r->rank],
+                                     DTN, j->dt, PTRT_RED_SUM, NULL, r->err, sizeof r->err);
+}
+
+/* 16-bit sums: every member's values widened, added in float in group order, rounded once. */
+Test(comm, sixteen_bit_allreduce_rounds_once)
+{
+    ptc_dtype dts[] = {PTC_BF16, PTC_F16};
+    for (int k = 0; k < 2; k++) {
+        int n = 3;
+        dt_job j;
+        memset(&j, 0, sizeof j);
+        j.dt = dts[k];
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < DTN; i++)
+                j.in[r][i] = enc(j.dt, (1 + 0.01 * i) * (r == 1 ? -0.7 : 1.3));
+        ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
+        rank_ctx ctx[MAXR];
+        run_ranks(c, n, dt_allreduce, &j, ctx);
+        expect_ok(ctx, n);
+        for (int i = 0; i < DTN; i++) {
+            float acc = dec(j.dt, j.in[0][i]);
+            for (int r = 1; r < n; r++)
+                acc += dec(j.dt, j.in[r][i]);
+            for (int r = 0; r < n; r++)
+                cr_expect_eq(j.out[r][i], enc(j.dt, acc), "%s element %d rank %d",
+                             ptc_dtype_name(j.dt), i, r);
+        }
+        ptrt_inproc_free(c);
+    }
+}
+
+static void dt_gather(rank_ctx *r)
+{
+    dt_job *j = r->job;
+    int m[MAXR];
+    iota(m, r->nranks, 0);
+    if (j->dt == PTC_I32)
+        r->rc = ptrt_inproc_allgather_dt(r->c, r->rank, m, r->nranks, j->iin[r->rank],
+                                         j->iout[r->rank], 1, DTN, j->dt, NULL, r->err,
+                                         sizeof r->err);
+    else
+        r->rc = ptrt_inproc_allgather_dt(r->c, r->rank, m, r->nranks, j->in[r->rank],
+                                         j->out[r->rank], 1, DTN, j->dt, NULL, r->err,
+                                         sizeof r->err);
+}
+
+/* Gathers move 2- and 4-byte elements as they are. */
+Test(comm, gathers_move_every_dtype)
+{
+    ptc_dtype dts[] = {PTC_BF16, PTC_F16, PTC_I32};
+    for (int k = 0; k < 3; k++) {
+        int n = 4;
+        dt_job j;
+        memset(&j, 0, sizeof j);
+        j.dt = dts[k];
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < DTN; i++) {
+                j.in[r][i] = (uint16_t)(1000 * r + i);
+                j.iin[r][i] = 100000 * r - i;
+            }
+        ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
+        rank_ctx ctx[MAXR];
+        run_ranks(c, n, dt_gather, &j, ctx);
+        expect_ok(ctx, n);
+        for (int r = 0; r < n; r++)
+            for (int q = 0; q < n; q++)
+                for (int i = 0; i < DTN; i++) {
+                    if (j.dt == PTC_I32)
+                        cr_expect_eq(j.iout[r][q * DTN + i], j.iin[q][i]);
+                    else
+                        cr_expect_eq(j.out[r][q * DTN + i], j.in[q][i]);
+                }
+        ptrt_inproc_free(c);
+    }
+}
+
+static void dt_mixed(rank_ctx *r)
+{
+    dt_job *j = r->job;
+    int m[MAXR];
+    iota(m, r->nranks, 0);
+    ptc_dtype dt = r->rank == 0 ? PTC_BF16 : PTC_F16;
+    r->rc = ptrt_inproc_allgather_dt(r->c, r->rank, m, r->nranks, j->in[r->rank], j->out[r->rank],
+                                     1, DTN, dt, NULL, r->err, sizeof r->err);
+}
+
+static void dt_int_sum(rank_ctx *r)
+{
+    dt_job *j = r->job;
+    int m[MAXR];
+    iota(m, r->nranks, 0);
+    r->rc = ptrt_inproc_allreduce_dt(r->c, r->rank, m, r->nranks, j->iin[r->rank], j->iout[r->rank],
+                                     DTN, PTC_I32, PTRT_RED_SUM, NULL, r->err, sizeof r->err);
+}
+
+/* Members that disagree on the dtype fail with both named; integers cannot be reduced. */
+Test(comm, dtype_mismatches_and_integer_reductions_fail)
+{
+    dt_job j;
+    memset(&j, 0, sizeof j);
+    ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
+    rank_ctx ctx[MAXR];
+    run_ranks(c, 2, dt_mixed, &j, ctx);
+    cr_expect_eq(ctx[0].rc, -1);
+    expect_has(ctx[0].err, "of bf16");
+    expect_has(ctx[0].err, "of f16");
+    ptrt_inproc_free(c);
+    c = new_comm(2, LONG_TIMEOUT);
+    run_ranks(c, 2, dt_int_sum, &j, ctx);
+    cr_expect_eq(ctx[0].rc, -1);
+    expect_has(ctx[0].err, "cannot reduce i32 data");
+    ptrt_inproc_free(c);
+}
+
+static void dt_p2p(rank_ctx *r)
+{
+    dt_job *j = r->job;
+    if (r->rank == 0)
+        r->rc = ptrt_inproc_send_dt(r->c, 0, 1, j->in[0], DTN, PTC_F16, NULL, r->err,
+                                    sizeof r->err);
+    else
+        r->rc = ptrt_inproc_recv_dt(r->c, 1, 0, j->out[1], DTN, PTC_F16, NULL, r->err,
+                                    sizeof r->err);
+}
+
+Test(comm, sixteen_bit_messages)
+{
+    dt_job j;
+    memset(&j, 0, sizeof j);
+    for (int i = 0; i < DTN; i++)
+        j.in[0][i] = enc(PTC_F16, i * 0.125);
+    ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
+    rank_ctx ctx[MAXR];
+    run_ranks(c, 2, dt_p2p, &j, ctx);
+    expect_ok(ctx, 2);
+    cr_expect(memcmp(j.out[1], j.in[0], DTN * 2) == 0);
+    ptrt_inproc_free(c);
 }

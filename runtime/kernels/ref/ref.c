@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "ref_grad.h"
 #include "ref_internal.h"
 
@@ -35,48 +36,14 @@ void ptrt_ref_strides(const ptc_type *t, int64_t *strides)
     }
 }
 
-/* Rounds x to a binary format with p significand bits (the implicit one included), smallest normal
- * exponent emin (below it the spacing stays 2^(emin-p+1): subnormals) and largest finite value max.
- * Round to nearest, ties to even; beyond max (after rounding) is infinity; NaN stays NaN. Every
- * step is exact in double except the one rounding decision, which is made on integers. */
-static double round_format(double x, int p, int emin, double max)
-{
-    if (isnan(x) || isinf(x) || x == 0)
-        return x;
-    int e;
-    frexp(fabs(x), &e); /* |x| in [2^(e-1), 2^e) */
-    int exp = e - 1 < emin ? emin : e - 1;
-    int qexp = exp - p + 1;            /* the spacing of the format near |x| is 2^qexp */
-    double s = ldexp(fabs(x), -qexp);  /* |x| in units of the spacing: < 2^p */
-    double q = floor(s), frac = s - q; /* both exact */
-    if (frac > 0.5 || (frac == 0.5 && fmod(q, 2.0) == 1.0))
-        q += 1;
-    double r = ldexp(q, qexp);
-    if (r > max)
-        r = INFINITY;
-    return copysign(r, x);
-}
-
-/* bf16: 8 significand bits and the exponent range of f32.
- * f16: 11 significand bits, normals from 2^-14, largest finite 65504. */
 double ptrt_ref_round_bf16d(double x)
 {
-    return round_format(x, 8, -126, ldexp(255.0, 120)); /* (2 - 2^-7) * 2^127 */
+    return ptc_round_bf16(x);
 }
 
 double ptrt_ref_round_f16d(double x)
 {
-    return round_format(x, 11, -14, 65504.0);
-}
-
-float ptrt_round_bf16(float x)
-{
-    return (float)ptrt_ref_round_bf16d(x);
-}
-
-float ptrt_round_f16(float x)
-{
-    return (float)ptrt_ref_round_f16d(x);
+    return ptc_round_f16(x);
 }
 
 /* A double to a floating dtype's stored float: rounded once, to that dtype's precision. */
@@ -89,54 +56,13 @@ static float to_float_dtype(double v, ptc_dtype t)
     }
 }
 
-uint16_t ptrt_bf16_bits(double x)
-{
-    float r = (float)ptrt_ref_round_bf16d(x); /* exact in bf16, so its low 16 bits are zero */
-    uint32_t u;
-    memcpy(&u, &r, sizeof u);
-    if (isnan(r))
-        u = 0x7fc00000u | (u & 0x80000000u);
-    return (uint16_t)(u >> 16);
-}
-
-float ptrt_bf16_value(uint16_t bits)
-{
-    uint32_t u = (uint32_t)bits << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-uint16_t ptrt_f16_bits(double x)
-{
-    double r = ptrt_ref_round_f16d(x);
-    uint16_t sign = signbit(r) ? 0x8000 : 0;
-    double a = fabs(r);
-    if (isnan(r))
-        return 0x7e00;
-    if (isinf(r))
-        return (uint16_t)(sign | 0x7c00);
-    if (a < ldexp(1.0, -14)) /* subnormal: a multiple of 2^-24 */
-        return (uint16_t)(sign | (uint16_t)ldexp(a, 24));
-    int e;
-    double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
-    return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2 - 1) * 1024));
-}
-
-float ptrt_f16_value(uint16_t bits)
-{
-    int e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
-    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
-    return (float)(bits & 0x8000 ? -v : v);
-}
-
 /* Element i of x, stored as dtype t, as a double. */
 static double load_elem(const void *x, ptc_dtype t, int64_t i)
 {
     switch (t) {
     case PTC_I32: return ((const int32_t *)x)[i];
-    case PTC_BF16: return ptrt_bf16_value(((const uint16_t *)x)[i]);
-    case PTC_F16: return ptrt_f16_value(((const uint16_t *)x)[i]);
+    case PTC_BF16: return ptc_bf16_value(((const uint16_t *)x)[i]);
+    case PTC_F16: return ptc_f16_value(((const uint16_t *)x)[i]);
     default: return ((const float *)x)[i];
     }
 }
@@ -164,8 +90,8 @@ static void ref_cast(const ptc_type *ti, const void *x, const ptc_type *to, void
             ((int32_t *)o)[i] =
                 ti->dtype == PTC_I32 ? ((const int32_t *)x)[i] : ptrt_ref_to_i32(v);
             break;
-        case PTC_BF16: ((uint16_t *)o)[i] = ptrt_bf16_bits(v); break;
-        case PTC_F16: ((uint16_t *)o)[i] = ptrt_f16_bits(v); break;
+        case PTC_BF16: ((uint16_t *)o)[i] = ptc_bf16_bits(v); break;
+        case PTC_F16: ((uint16_t *)o)[i] = ptc_f16_bits(v); break;
         default: ((float *)o)[i] = (float)v;
         }
     }

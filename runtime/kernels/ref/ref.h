@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "half.h"
 #include "kernel.h"
 #include "program.h"
 
@@ -21,15 +22,16 @@
 int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
 
-/* Rounds a float to bfloat16 / float16 precision (nearest even), returned as float. */
-float ptrt_round_bf16(float x);
-float ptrt_round_f16(float x);
-/* The 2-byte storage of bf16 and f16: x rounded once (nearest even; overflow to infinity) to its
- * bits, and the value of bits. */
-uint16_t ptrt_bf16_bits(double x);
-float ptrt_bf16_value(uint16_t bits);
-uint16_t ptrt_f16_bits(double x);
-float ptrt_f16_value(uint16_t bits);
+/* Rounds a float to bfloat16 / float16 precision (nearest even), returned as float (common/half.c
+ * holds the rounding and the 2-byte storage formats). */
+static inline float ptrt_round_bf16(float x)
+{
+    return (float)ptc_round_bf16(x);
+}
+static inline float ptrt_round_f16(float x)
+{
+    return (float)ptc_round_f16(x);
+}
 
 /* The reference GEMM of a plan's gemm instruction: every element a double sum, rounded to float
  * once (as ptrt_ref_run's matmul). */
