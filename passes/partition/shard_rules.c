@@ -678,8 +678,11 @@ static int rule_inner_comm(part *p, int ni, const ptc_placement *in, rule_out *r
 {
     const ptc_node *n = node(p, ni);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
-    bool touches = sharded(x) && (x.dim == n->attrs.axis || x.dim == n->attrs.to) &&
-                   n->op != PTC_OP_ALLREDUCE && n->op != PTC_OP_PARTIALIZE;
+    /* only all_to_all has a `to`; allreduce and partialize act on no dimension (their unused
+     * attributes are 0, which must not read as "dim 0": that gathered the batch over dp) */
+    bool has_axis = n->op != PTC_OP_ALLREDUCE && n->op != PTC_OP_PARTIALIZE;
+    bool touches = sharded(x) && has_axis &&
+                   (x.dim == n->attrs.axis || (n->op == PTC_OP_ALL_TO_ALL && x.dim == n->attrs.to));
     if (touches)
         x = pl_r();
     ro->req[0] = x;
