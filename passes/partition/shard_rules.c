@@ -372,12 +372,9 @@ static int rule_rowwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
     /* the main operand: x (norms, softmax, rope), y (softmax grads) */
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
     if (partial(x))
-        x = n->op == PTC_OP_ROPE || n->op == PTC_OP_ROPE_GRAD ? pl_p() : resolve_partial(p, tx);
+        x = resolve_partial(p, tx);
     if (sharded(x) && (x.dim == ax || pl_groups(x) > 1))
         x = pl_r();
-    if ((n->op == PTC_OP_ROPE || n->op == PTC_OP_ROPE_GRAD) && sharded(x) &&
-        (x.dim == 1 || (x.dim == 2 && n->attrs.heads % part_size(p))))
-        x = pl_r(); /* positions and heads must stay whole */
     bool grad2 = n->op == PTC_OP_LAYERNORM_GRAD || n->op == PTC_OP_RMSNORM_GRAD;
     for (int k = 0; k < n->nin; k++)
         ro->req[k] = pl_r();
@@ -391,6 +388,22 @@ static int rule_rowwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
     ro->out[0] = x;
     for (int k = 1; k < n->nout; k++) /* gains and biases: summed over the rows */
         ro->out[k] = sharded(x) ? pl_p() : pl_r();
+    return 0;
+}
+
+/* rope and its gradient rotate pairs of features inside each head by the position: linear, the
+ * same rotation for every head. So a Partial passes, a batch shard passes, and a shard of the
+ * features passes when it holds whole heads (plain, or strided groups of whole heads, as a fused
+ * qkv gives); positions (dim 1) must stay whole. */
+static int rule_rope(part *p, int ni, const ptc_placement *in, rule_out *ro)
+{
+    const ptc_node *n = node(p, ni);
+    ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
+    int64_t parts = (int64_t)part_size(p) * pl_groups(x);
+    if (sharded(x) && (x.dim == 1 || (x.dim == 2 && n->attrs.heads % parts)))
+        x = pl_r();
+    ro->req[0] = x;
+    ro->out[0] = x;
     return 0;
 }
 
@@ -746,13 +759,13 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_RMSNORM:
     case PTC_OP_SOFTMAX:
     case PTC_OP_LOG_SOFTMAX:
-    case PTC_OP_ROPE:
-    case PTC_OP_ROPE_GRAD:
     case PTC_OP_LAYERNORM_GRAD:
     case PTC_OP_RMSNORM_GRAD:
     case PTC_OP_SOFTMAX_GRAD:
     case PTC_OP_LOG_SOFTMAX_GRAD:
     case PTC_OP_MAX_GRAD: return rule_rowwise(p, ni, in, ro);
+    case PTC_OP_ROPE:
+    case PTC_OP_ROPE_GRAD: return rule_rope(p, ni, in, ro);
     case PTC_OP_RESHAPE:
     case PTC_OP_TRANSPOSE:
     case PTC_OP_PERMUTE:
