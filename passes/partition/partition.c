@@ -33,7 +33,6 @@ struct part {
     uint8_t *deferred; /* DEF_* */
     cache_entry (*cache)[6];
     uint8_t *ncache;
-    int *ce_m, *ce_s;
     char *err;
     size_t errn;
     bool failed;
@@ -84,17 +83,9 @@ int part_error(part *p, int ni, const char *fmt, ...)
     return -1;
 }
 
-void part_set_ce_stats(part *p, int old_logits, int m, int s)
+const ptc_graph *part_out(const part *p)
 {
-    p->ce_m[old_logits] = m;
-    p->ce_s[old_logits] = s;
-}
-
-bool part_ce_stats(const part *p, int old_logits, int *m, int *s)
-{
-    *m = p->ce_m[old_logits];
-    *s = p->ce_s[old_logits];
-    return *m >= 0;
+    return p->out;
 }
 
 /* Glob match with '*' only. */
@@ -630,10 +621,8 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     p.deferred = ptc_xcalloc((size_t)nv, 1);
     p.cache = ptc_xcalloc((size_t)nv, sizeof *p.cache);
     p.ncache = ptc_xcalloc((size_t)nv, 1);
-    p.ce_m = ptc_xmalloc(sizeof(int) * (size_t)nv);
-    p.ce_s = ptc_xmalloc(sizeof(int) * (size_t)nv);
     for (int i = 0; i < nv; i++)
-        p.vmap[i] = p.ce_m[i] = p.ce_s[i] = -1;
+        p.vmap[i] = -1;
     for (int i = 0; i < g->nnodes && !p.failed; i++)
         partition_node(&p, i);
     if (!p.failed)
@@ -643,8 +632,6 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     free(p.deferred);
     free(p.cache);
     free(p.ncache);
-    free(p.ce_m);
-    free(p.ce_s);
     if (p.failed) {
         ptc_graph_free(p.out);
         return NULL;

@@ -61,9 +61,8 @@ int part_const(part *p, double value, ptc_loc loc);
 void part_bind(part *p, int v, int nv, ptc_placement pl);
 /* Reports an error at a node's location (mesh cannot divide, unsupported combination). */
 int part_error(part *p, int ni, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Side table for vocabulary-parallel cross-entropy: the (M, S) rows of a logits value. */
-void part_set_ce_stats(part *p, int old_logits, int m, int s);
-bool part_ce_stats(const part *p, int old_logits, int *m, int *s);
+/* The rank program emitted so far (read-only: rules may look up what was emitted). */
+const ptc_graph *part_out(const part *p);
 
 /* Placement helpers */
 static inline ptc_placement pl_r(void)

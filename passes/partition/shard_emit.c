@@ -76,8 +76,27 @@ static int emit_vocab_ce(part *p, const ptc_node *n, const int *ins)
     int t = t0 < 0 ? -1 : part_emit(p, PTC_OP_ALLREDUCE, &t0, 1, &sum, loc, NULL);
     if (t < 0)
         return -1;
-    part_set_ce_stats(p, n->in[0], m, s);
     return part_emit(p, PTC_OP_CE_LOSS, (int[]){m, s, t}, 3, NULL, loc, NULL);
+}
+
+/* The row statistics (M, S) that the vocabulary-parallel cross-entropy computed from the rank's
+ * logits nl, read back from the program emitted so far (the ce_sumexp of nl and the allreduce of
+ * its result), so the gradient reuses them without a side table; false if there is none. */
+static bool ce_stats(const part *p, int nl, int *m, int *s)
+{
+    const ptc_graph *g = part_out(p);
+    int sumexp = -1;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op == PTC_OP_CE_SUMEXP && n->in[0] == nl && sumexp < 0) {
+            *m = n->in[1];
+            sumexp = n->out[0];
+        } else if (n->op == PTC_OP_ALLREDUCE && sumexp >= 0 && n->in[0] == sumexp) {
+            *s = n->out[0];
+            return true;
+        }
+    }
+    return false;
 }
 
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro)
@@ -131,10 +150,10 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
         r = r < 0 ? -1 : scaled(p, r, 1.0 / T, copy.loc);
         break;
     case PTC_OP_CROSS_ENTROPY_GRAD: {
-        int m, s;
+        int m = -1, s = -1;
         if (ro->out[0].dim == part_graph(p)->values[copy.in[0]].type.rank - 1 &&
             part_axis_kind(p) == PART_TENSOR) {
-            if (!part_ce_stats(p, copy.in[0], &m, &s))
+            if (!ce_stats(p, ins[0], &m, &s))
                 return part_error(p, ni,
                                   "internal error: cross_entropy gradient before its "
                                   "forward");
