@@ -146,6 +146,12 @@ int part_emit(part *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, p
     return o[0];
 }
 
+void part_set_place(part *p, int nv, int like, ptc_placement pl)
+{
+    if (nv >= 0)
+        set_place(p, nv, like >= 0 ? p->g->values[like].place : NULL, pl);
+}
+
 void part_bind(part *p, int v, int nv, ptc_placement pl)
 {
     p->vmap[v] = nv;
@@ -156,13 +162,37 @@ void part_bind(part *p, int v, int nv, ptc_placement pl)
     }
 }
 
-/* Local size of dim d of old value v under placement pl, or -1 if T does not divide it. */
+/* Local size of a dim of `size` under placement pl, or -1 if T does not divide it (or, for a
+ * shard with a remainder, if the remainder is not what T leaves). */
 static int64_t local_dim(const part *p, int64_t size, ptc_placement pl)
 {
     int64_t parts = (int64_t)p->T * pl_groups(pl);
     if (pl.kind != PTC_PLACE_SHARD)
         return size;
+    if (pl.rem)
+        return size % p->T == pl.rem && size >= p->T ? size / p->T + pl.rem : -1;
     return size % parts ? -1 : size / p->T;
+}
+
+ptc_placement part_zero_placement(const part *p, const ptc_type *t)
+{
+    /* dim 0 when T divides it (the plain shard), else the first dim T divides; else the dim
+     * with the fewest elements left over (size % T slices, held whole by every rank: no
+     * padding, so every local element is an element of the full tensor); Replicate only when
+     * no dim has T slices (a tensor smaller than the axis in every dim) */
+    int best = -1;
+    int64_t best_extra = 0, numel = ptc_type_numel(t);
+    for (int d = 0; d < t->rank; d++)
+        if (t->dims[d] % p->T == 0)
+            return pl_s(d, 1);
+    for (int d = 0; d < t->rank; d++) {
+        int64_t extra = (t->dims[d] % p->T) * (numel / t->dims[d]);
+        if (t->dims[d] >= p->T && (best < 0 || extra < best_extra)) {
+            best = d;
+            best_extra = extra;
+        }
+    }
+    return best < 0 ? pl_r() : pl_rem(best, (int)(t->dims[best] % p->T));
 }
 
 /* The local type of old value v under pl; false (after an error naming what does not divide). */
@@ -221,6 +251,66 @@ static bool cacheable(const part *p, int v)
     return !(p->kind == PART_DATA && p->o->zero >= 3 && is_param(p, v));
 }
 
+/* A local slice [start, start + len) of dim d of new value nv, placed like `pl` on this axis. */
+static int slice_of(part *p, int nv, int d, int64_t start, int64_t len, ptc_placement pl)
+{
+    ptc_attrs at = ptc_attrs_default(PTC_OP_SLICE);
+    at.axis = d;
+    at.start = start;
+    at.len = len;
+    int r = part_emit(p, PTC_OP_SLICE, &nv, 1, &at, p->g->nodes[p->cur].loc, NULL);
+    if (r >= 0)
+        set_place(p, r, NULL, pl);
+    return r;
+}
+
+/* A collective or shard slice over this axis on dim d of nv (allreduce: d unused). */
+static int axis_op(part *p, ptc_op op, int nv, int d, ptc_placement out)
+{
+    ptc_attrs at = comm_attrs(p, op);
+    if (op != PTC_OP_ALLREDUCE)
+        at.axis = d;
+    int r = part_emit(p, op, &nv, 1, &at, p->g->nodes[p->cur].loc, NULL);
+    if (r >= 0)
+        set_place(p, r, NULL, out);
+    return r;
+}
+
+static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to);
+
+/* Redistributions to and from a shard with a remainder (dim d of size n = T*q + rem): the first
+ * T*q slices move as a plain shard does, the last rem slices as a replicated value does (from
+ * Partial: one small allreduce). Replicate or Partial -> remainder shard, and back to
+ * Replicate; anything else goes through Replicate. */
+static int convert_rem(part *p, int v, int nv, ptc_placement from, ptc_placement to)
+{
+    const ptc_type *t = &p->g->values[v].type;
+    ptc_placement rg = from.rem ? from : to;
+    int d = rg.dim, r = rg.rem, b, tail;
+    int64_t q = t->dims[d] / p->T;
+    if (to.rem && (from.kind == PTC_PLACE_REPLICATE || from.kind == PTC_PLACE_PARTIAL)) {
+        bool part = from.kind == PTC_PLACE_PARTIAL;
+        b = slice_of(p, nv, d, 0, q * p->T, from);
+        b = b < 0 ? -1
+                  : axis_op(p, part ? PTC_OP_REDUCE_SCATTER : PTC_OP_SHARD_SLICE, b, d, pl_s(d, 1));
+        tail = b < 0 ? -1 : slice_of(p, nv, d, q * p->T, r, from);
+        if (part && tail >= 0)
+            tail = axis_op(p, PTC_OP_ALLREDUCE, tail, d, pl_r());
+    } else if (from.rem && to.kind == PTC_PLACE_REPLICATE) {
+        b = slice_of(p, nv, d, 0, q, pl_s(d, 1));
+        b = b < 0 ? -1 : axis_op(p, PTC_OP_ALLGATHER, b, d, pl_r());
+        tail = b < 0 ? -1 : slice_of(p, nv, d, q, r, pl_r());
+    } else {
+        int rep = convert(p, v, nv, from, pl_r());
+        return rep < 0 ? -1 : convert(p, v, rep, pl_r(), to);
+    }
+    if (tail < 0)
+        return -1;
+    ptc_attrs at = ptc_attrs_default(PTC_OP_CONCAT);
+    at.axis = d;
+    return part_emit(p, PTC_OP_CONCAT, (int[]){b, tail}, 2, &at, p->g->nodes[p->cur].loc, NULL);
+}
+
 /* One redistribution step from (nv, from) to `to`; returns the new value or -1. */
 static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
 {
@@ -229,6 +319,8 @@ static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
     ptc_type lt;
     if (!local_type(p, v, to, &lt))
         return -1;
+    if (from.rem || to.rem)
+        return convert_rem(p, v, nv, from, to);
     if (from.kind == PTC_PLACE_REPLICATE && to.kind == PTC_PLACE_SHARD) {
         at = comm_attrs(p, PTC_OP_SHARD_SLICE);
         at.axis = to.dim;
@@ -316,13 +408,10 @@ static ptc_placement storage(part *p, int v, ptc_placement want)
     ptc_placement pin;
     if (part_pinned(p, v, &pin))
         return pin;
-    const ptc_type *t = &p->g->values[v].type;
     if (p->kind == PART_DATA) {
         ptc_op op = p->g->nodes[p->g->values[v].def].op;
         int level = op == PTC_OP_PARAM ? 3 : 1; /* ZeRO stage that shards it */
-        if (p->o->zero >= level && t->rank >= 1 && t->dims[0] % p->T == 0)
-            return pl_s(0, 1);
-        return pl_r();
+        return p->o->zero >= level ? part_zero_placement(p, &p->g->values[v].type) : pl_r();
     }
     return want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_PARTIAL ? pl_r() : want;
 }
@@ -521,6 +610,12 @@ static int emit_plain(part *p, int ni, rule_out *ro)
     return 0;
 }
 
+static bool takes_ragged(ptc_op op)
+{
+    return (ptc_ops[op].flags & (PTC_F_UNARY | PTC_F_BINARY)) || op == PTC_OP_CAST ||
+           op == PTC_OP_ADAMW_UPDATE || op == PTC_OP_SGD_UPDATE || op == PTC_OP_SUMSQ;
+}
+
 static int partition_node(part *p, int ni)
 {
     const ptc_node *n = &p->g->nodes[ni];
@@ -554,10 +649,13 @@ static int partition_node(part *p, int ni)
     ptc_placement in[PTC_MAX_RESULTS * 2];
     bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
     for (int k = 0; k < n->nin; k++) {
-        in[k] = p->deferred[n->in[k]] ? (ptc_placement){PLACE_UNDECIDED, 0, 0}
-                                      : best_placement(p, n->in[k]);
+        in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
         /* ZeRO-3: a parameter is gathered before every use but its update */
         if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
+            in[k] = pl_r();
+        /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
+         * of elementwise ops and sumsq; any other op sees it as what it gathers to */
+        if (pl_ragged(in[k]) && !takes_ragged(n->op))
             in[k] = pl_r();
     }
     rule_out ro;
@@ -583,8 +681,7 @@ static int finish(part *p)
     for (int i = 0; i < g->noutputs; i++) {
         int v = g->outputs[i];
         p->cur = g->values[v].def;
-        int nv = i == 0 ? part_redist(p, v, pl_r())
-                        : obtain(p, v, (ptc_placement){PLACE_UNDECIDED, 0, 0});
+        int nv = i == 0 ? part_redist(p, v, pl_r()) : obtain(p, v, PL_UNDECIDED);
         if (nv < 0)
             return -1;
         ptc_graph_add_output(p->out, nv);
@@ -592,7 +689,7 @@ static int finish(part *p)
     for (int i = 0; i < g->nupdates; i++) {
         int st = g->updates[i].state, to = g->updates[i].to;
         p->cur = g->values[to].def;
-        if (p->deferred[st] && obtain(p, st, (ptc_placement){PLACE_UNDECIDED, 0, 0}) < 0)
+        if (p->deferred[st] && obtain(p, st, PL_UNDECIDED) < 0)
             return -1;
         int nv = part_redist(p, to, p->pl[st]);
         if (nv < 0)

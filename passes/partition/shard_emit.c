@@ -99,6 +99,32 @@ static bool ce_stats(const part *p, int nl, int *m, int *s)
     return false;
 }
 
+/* sumsq of a shard with a remainder: the rank's own slices, plus the remainder (held by every
+ * rank) counted on coordinate 0 only, so the sum over the axis counts every element once. */
+static int emit_sumsq_rem(part *p, const ptc_node *n, const rule_out *ro, const int *ins)
+{
+    ptc_placement x = ro->req[0];
+    const ptc_type *t = &part_out(p)->values[ins[0]].type;
+    int64_t q = t->dims[x.dim] - x.rem;
+    int part[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+        ptc_attrs sl = ptc_attrs_default(PTC_OP_SLICE);
+        sl.axis = x.dim;
+        sl.start = k ? q : 0;
+        sl.len = k ? x.rem : q;
+        int s = part_emit(p, PTC_OP_SLICE, &ins[0], 1, &sl, n->loc, NULL);
+        part_set_place(p, s, -1, k ? pl_r() : pl_s(x.dim, 1));
+        part[k] = s < 0 ? -1 : part_emit(p, PTC_OP_SUMSQ, &s, 1, NULL, n->loc, NULL);
+        if (part[k] < 0)
+            return -1;
+        part_set_place(p, part[k], n->out[0], k ? pl_r() : pl_p());
+    }
+    ptc_attrs pa = axis_attrs(p, PTC_OP_PARTIALIZE);
+    int tail = part_emit(p, PTC_OP_PARTIALIZE, &part[1], 1, &pa, n->loc, NULL);
+    part_set_place(p, tail, n->out[0], pl_p());
+    return tail < 0 ? -1 : part_emit(p, PTC_OP_ADD, (int[]){part[0], tail}, 2, NULL, n->loc, NULL);
+}
+
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
@@ -113,6 +139,7 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
     switch (copy.op) {
     case PTC_OP_MEAN:
     case PTC_OP_MAX: r = emit_reduce(p, &copy, ro, ins); break;
+    case PTC_OP_SUMSQ: r = emit_sumsq_rem(p, &copy, ro, ins); break;
     case PTC_OP_EMBEDDING:
         at = axis_attrs(p, PTC_OP_EMBEDDING_SHARD);
         r = part_emit(p, PTC_OP_EMBEDDING_SHARD, ins, 2, &at, copy.loc, NULL);

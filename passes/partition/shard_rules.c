@@ -50,7 +50,7 @@ static bool partial(ptc_placement a)
 
 static ptc_placement pl_und(void)
 {
-    return (ptc_placement){PLACE_UNDECIDED, 0, 0};
+    return PL_UNDECIDED;
 }
 
 static void all_req(rule_out *ro, int nin, ptc_placement pl)
@@ -112,15 +112,16 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
     int R = to->rank, nin = n->nin;
     ptc_placement target = pl_und();
     if (is_update(n->op) && part_axis_kind(p) == PART_DATA) {
-        target =
-            part_zero(p) >= 1 && R >= 1 && to->dims[0] % part_size(p) == 0 ? pl_s(0, 1) : pl_r();
+        target = part_zero(p) >= 1 ? part_zero_placement(p, to) : pl_r();
     } else if (is_update(n->op)) {
         target = undecided(in[0]) ? pl_r() : in[0];
     }
     for (int k = 0; k < nin && undecided(target); k++) {
         const ptc_type *t = gty(p, n->in[k]);
-        if (sharded(in[k]) && t->dims[in[k].dim] == to->dims[in[k].dim + R - t->rank])
-            target = pl_s(in[k].dim + R - t->rank, pl_groups(in[k]));
+        if (sharded(in[k]) && t->dims[in[k].dim] == to->dims[in[k].dim + R - t->rank]) {
+            target = in[k]; /* the same split (groups, remainder) on the output's dim */
+            target.dim = (int8_t)(in[k].dim + R - t->rank);
+        }
     }
     if (undecided(target)) {
         bool anyp = false;
@@ -145,7 +146,8 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
         const ptc_type *t = gty(p, n->in[k]);
         int d = target.dim - (R - t->rank);
         bool aligned = sharded(target) && d >= 0 && t->dims[d] == to->dims[target.dim];
-        ro->req[k] = aligned ? pl_s(d, pl_groups(target)) : pl_r();
+        ro->req[k] = aligned ? target : pl_r();
+        ro->req[k].dim = aligned ? (int8_t)d : 0;
     }
     if (is_update(n->op)) /* lr and step are scalars */
         for (int k = n->op == PTC_OP_ADAMW_UPDATE ? 4 : 3; k < nin; k++)
@@ -678,10 +680,11 @@ static int rule_sumsq(part *p, int ni, const ptc_placement *in, rule_out *ro)
     const ptc_type *t = gty(p, n->in[0]);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
     if (partial(x)) /* reduce a gradient the way its update wants it */
-        x = part_zero(p) >= 2 && t->rank >= 1 && t->dims[0] % part_size(p) == 0 ? pl_s(0, 1)
-                                                                                : pl_r();
+        x = part_zero(p) >= 2 ? part_zero_placement(p, t) : pl_r();
     ro->req[0] = x;
     ro->out[0] = sharded(x) ? pl_p() : pl_r();
+    if (pl_ragged(x)) /* the remainder is on every rank: counted once */
+        ro->emit = EMIT_CUSTOM;
     return 0;
 }
 

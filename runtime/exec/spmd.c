@@ -77,17 +77,19 @@ int ptrt_spmd_run(ptrt_spmd_ctx *c, const ptc_node *n, const ptc_type *it, void 
 
 /* ---- index mapping between local parts and full tensors ---- */
 
-static int64_t size_factor(ptc_placement p, const ptc_mesh *m, int axis, int dim)
+/* Full size of a dim of local size `local` under placement p on an axis of T ranks: T times it,
+ * or for a shard with a remainder (local = q + rem) T*q + rem. */
+static int64_t full_dim(ptc_placement p, int64_t T, int64_t local)
 {
-    return p.kind == PTC_PLACE_SHARD && p.dim == dim ? m->sizes[axis] : 1;
+    return p.rem ? (local - p.rem) * T + p.rem : local * T;
 }
 
 ptc_type ptrt_spmd_global_type(const ptc_type *t, const ptc_placement *pl, const ptc_mesh *m)
 {
     ptc_type g = *t;
     for (int a = 0; a < m->naxes; a++)
-        for (int d = 0; d < g.rank; d++)
-            g.dims[d] *= size_factor(pl[a], m, a, d);
+        if (pl[a].kind == PTC_PLACE_SHARD && pl[a].dim < g.rank)
+            g.dims[pl[a].dim] = full_dim(pl[a], m->sizes[a], g.dims[pl[a].dim]);
     return g;
 }
 
@@ -107,10 +109,13 @@ int64_t ptrt_spmd_global_index(const ptc_type *t, const ptc_placement *pl, const
             continue;
         int d = p.dim;
         int64_t groups = p.groups > 1 ? p.groups : 1, T = m->sizes[a];
-        int64_t local = cur.dims[d], per = local / groups; /* per group on this rank */
+        int64_t local = cur.dims[d], per = (local - p.rem) / groups; /* per group on this rank */
         int64_t gi = idx[d] / per, off = idx[d] % per;
-        idx[d] = gi * per * T + coords[a] * per + off;
-        cur.dims[d] = local * T;
+        if (p.rem && idx[d] >= per) /* the remainder, held whole after the rank's own part */
+            idx[d] = per * T + idx[d] - per;
+        else
+            idx[d] = gi * per * T + coords[a] * per + off;
+        cur.dims[d] = full_dim(p, T, local);
     }
     int64_t flat = 0;
     for (int d = 0; d < cur.rank; d++)
