@@ -18,6 +18,7 @@
 typedef struct cache_entry {
     ptc_placement pl;
     int nv;
+    bool bwd; /* made in the backward (after the loss) */
 } cache_entry;
 
 enum { DEF_NONE, DEF_SOURCE, DEF_TRANSPOSE };
@@ -36,7 +37,9 @@ struct part {
     char *err;
     size_t errn;
     bool failed;
-    int cur; /* node being partitioned */
+    int cur;       /* node being partitioned */
+    int fwd_end;   /* the node that computes the loss: later nodes are backward and update */
+    bool regather; /* sequence parallelism keeps shards and all-gathers again in backward */
 };
 
 const ptc_graph *part_graph(const part *p)
@@ -359,10 +362,11 @@ static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
     return r < 0 ? -1 : convert(p, v, r, pl_r(), to);
 }
 
-static int cache_find(const part *p, int v, ptc_placement pl)
+/* A redistribution of v to pl made before; bwd_only: only one made in the backward. */
+static int cache_find(const part *p, int v, ptc_placement pl, bool bwd_only)
 {
     for (int i = 0; i < p->ncache[v]; i++)
-        if (pl_eq(p->cache[v][i].pl, pl))
+        if (pl_eq(p->cache[v][i].pl, pl) && (p->cache[v][i].bwd || !bwd_only))
             return p->cache[v][i].nv;
     return -1;
 }
@@ -370,7 +374,17 @@ static int cache_find(const part *p, int v, ptc_placement pl)
 static void cache_add(part *p, int v, ptc_placement pl, int nv)
 {
     if (p->ncache[v] < 6)
-        p->cache[v][p->ncache[v]++] = (cache_entry){pl, nv};
+        p->cache[v][p->ncache[v]++] = (cache_entry){pl, nv, p->cur > p->fwd_end};
+}
+
+/* With the shard-keeping choice of sequence parallelism, the backward all-gathers a sharded
+ * activation again rather than reuse the copy the forward gathered, which is then freed after
+ * its forward use; only the shard stays live until the backward. */
+static bool regathers(const part *p, int v, ptc_placement to)
+{
+    ptc_op def = p->g->nodes[p->g->values[v].def].op;
+    return p->regather && p->cur > p->fwd_end && to.kind == PTC_PLACE_REPLICATE &&
+           p->pl[v].kind == PTC_PLACE_SHARD && !(ptc_ops[def].flags & PTC_F_SOURCE);
 }
 
 int part_redist(part *p, int v, ptc_placement to)
@@ -380,9 +394,12 @@ int part_redist(part *p, int v, ptc_placement to)
     PTC_ASSERT(p->vmap[v] >= 0);
     if (pl_eq(p->pl[v], to))
         return p->vmap[v];
-    int nv = cacheable(p, v) ? cache_find(p, v, to) : -1;
+    bool again = regathers(p, v, to);
+    int nv = cacheable(p, v) ? cache_find(p, v, to, again) : -1;
     if (nv >= 0)
         return nv;
+    /* a gather the forward made too: mark it as rebuilt in the backward */
+    bool rebuilt = again && cache_find(p, v, to, false) >= 0;
     /* ZeRO-1 reduces gradients with an allreduce and keeps this rank's part */
     if (p->kind == PART_DATA && p->o->zero == 1 && p->pl[v].kind == PTC_PLACE_PARTIAL &&
         to.kind == PTC_PLACE_SHARD) {
@@ -394,6 +411,8 @@ int part_redist(part *p, int v, ptc_placement to)
     if (nv < 0)
         return -1;
     set_place(p, nv, p->g->values[v].place, to);
+    if (rebuilt)
+        p->out->nodes[p->out->nnodes - 1].recompute = true;
     if (cacheable(p, v))
         cache_add(p, v, to, nv);
     return nv;
@@ -477,7 +496,7 @@ static int obtain(part *p, int v, ptc_placement want)
     } else if (p->deferred[v] == DEF_SOURCE) {
         if (p->g->nodes[p->g->values[v].def].op == PTC_OP_FILL) {
             ptc_placement w = want.kind == PLACE_UNDECIDED ? pl_r() : want;
-            int nv = cache_find(p, v, w);
+            int nv = cache_find(p, v, w, false);
             return nv >= 0 ? nv : emit_source(p, v, w);
         }
         if (emit_source(p, v, want) < 0)
@@ -700,7 +719,7 @@ static int finish(part *p)
 }
 
 static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
-                                 const ptc_compile_opts *o, char *err, size_t errn)
+                                 const ptc_compile_opts *o, bool regather, char *err, size_t errn)
 {
     part p = {.g = g,
               .axis = axis,
@@ -708,7 +727,9 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
               .kind = kind,
               .o = o,
               .err = err,
-              .errn = errn};
+              .errn = errn,
+              .fwd_end = g->loss >= 0 ? g->values[g->loss].def : g->nnodes,
+              .regather = regather};
     int nv = g->nvalues ? g->nvalues : 1;
     p.out = ptc_graph_new(g->name);
     p.out->optim = g->optim;
@@ -736,6 +757,96 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     return p.out;
 }
 
+/* ---- sequence parallelism: keep the gathered layer inputs, or the shards? ---- */
+
+static int64_t value_bytes(const ptc_graph *g, int v)
+{
+    const ptc_type *t = &g->values[v].type;
+    return ptc_type_numel(t) * ptc_dtype_size(t->dtype);
+}
+
+/* What a tensor-parallel program g (partitioned keeping the gathered tensors) costs per rank:
+ * bytes sent over the axis per step (ring: allreduce 2N(t-1)/t, allgather and reduce-scatter
+ * N(t-1)/t of the full N), the peak of live activations (every value but parameters and state,
+ * freed after its last use), and the part of both that re-gathering would trade: the forward
+ * all-gathers still live after the loss, each N(t-1)/t bytes to send again or to free. */
+typedef struct sp_cost {
+    int64_t sent, peak, stash;
+    int nstash;
+} sp_cost;
+
+static void sp_cost_of(const ptc_graph *g, int axis, sp_cost *c)
+{
+    int64_t T = g->mesh.sizes[axis], live = 0;
+    int loss = g->loss >= 0 ? g->values[g->loss].def : g->nnodes;
+    int *last = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
+    int64_t *freed = ptc_xcalloc((size_t)g->nnodes + 1, sizeof(int64_t));
+    memset(c, 0, sizeof *c);
+    for (int v = 0; v < g->nvalues; v++)
+        last[v] = g->values[v].def;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            last[g->nodes[i].in[k]] = i;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        bool comm = (ptc_ops[n->op].flags & PTC_F_COMM) && n->attrs.mesh_axis == axis;
+        int64_t in = value_bytes(g, n->nin ? n->in[0] : n->out[0]);
+        int64_t out = value_bytes(g, n->out[0]);
+        int64_t full = n->op == PTC_OP_ALLREDUCE ? 2 * in : n->op == PTC_OP_ALLGATHER ? out : in;
+        if (comm)
+            c->sent += full * (T - 1) / T;
+        if (comm && n->op == PTC_OP_ALLGATHER && i < loss && last[n->out[0]] > loss) {
+            c->stash += out * (T - 1) / T;
+            c->nstash++;
+        }
+        for (int k = 0; k < n->nout && n->op != PTC_OP_PARAM && n->op != PTC_OP_STATE; k++) {
+            live += value_bytes(g, n->out[k]);
+            freed[last[n->out[k]]] += value_bytes(g, n->out[k]);
+        }
+        c->peak = live > c->peak ? live : c->peak;
+        live -= freed[i];
+    }
+    free(freed);
+    free(last);
+}
+
+/* Re-gathering frees `stash` bytes of activations and sends as many bytes more. Each is weighed
+ * against what the rank already spends: re-gather when it saves a larger fraction of the
+ * activation peak than it adds to the bytes sent (stash/peak >= stash/sent, so when the step
+ * already sends at least its activation peak: wide tensor parallelism, where the gathered copies
+ * are t times the shards). */
+static bool sp_choose(const ptc_compile_opts *o, const sp_cost *c)
+{
+    if (o->sp_stash != PTC_SP_STASH_AUTO)
+        return o->sp_stash == PTC_SP_STASH_SHARD;
+    return c->nstash > 0 && c->sent >= c->peak;
+}
+
+static ptc_graph *partition_tp(ptc_pass_ctx *ctx, int axis)
+{
+    const ptc_compile_opts *o = ctx->opts;
+    ptc_graph *ng = partition_axis(ctx->g, axis, PART_TENSOR, o, false, ctx->err, ctx->errn);
+    if (!ng || !o->seq_parallel)
+        return ng;
+    sp_cost c;
+    sp_cost_of(ng, axis, &c);
+    if (!c.nstash)
+        return ng;
+    bool shard = sp_choose(o, &c);
+    /* one line for the plan: what was chosen, why, and what the other choice costs */
+    ptc_fmt(ctx->notes, sizeof ctx->notes,
+            "sequence parallel (%s): %d all-gathered layer inputs are %s for the backward: "
+            "%lld bytes of activations per rank (peak %lld) against %lld bytes sent again over "
+            "tp per step (%lld sent)\n",
+            o->sp_stash == PTC_SP_STASH_AUTO ? "chosen" : "asked", c.nstash,
+            shard ? "gathered again (1/t shards kept)" : "kept gathered", (long long)c.stash,
+            (long long)c.peak, (long long)c.stash, (long long)c.sent);
+    if (!shard)
+        return ng;
+    ptc_graph_free(ng);
+    return partition_axis(ctx->g, axis, PART_TENSOR, o, true, ctx->err, ctx->errn);
+}
+
 int ptc_pass_partition(ptc_pass_ctx *ctx)
 {
     const ptc_mesh *m = &ctx->opts->mesh;
@@ -756,7 +867,9 @@ int ptc_pass_partition(ptc_pass_ctx *ctx)
                     m->names[a]);
             return -1;
         }
-        ptc_graph *ng = partition_axis(ctx->g, a, kind, ctx->opts, ctx->err, ctx->errn);
+        ptc_graph *ng = kind == PART_TENSOR ? partition_tp(ctx, a)
+                                            : partition_axis(ctx->g, a, kind, ctx->opts, false,
+                                                             ctx->err, ctx->errn);
         if (!ng)
             return -1;
         ptc_graph_free(ctx->g);

@@ -8,7 +8,9 @@
  *   - ZeRO shards every parameter and state over dp, also where dp does not divide any dim
  *     evenly (a shard with a remainder), and the index map of such a shard is a bijection onto
  *     the full tensor once the remainder is counted once;
- *   - gradient reductions carry the location of their parameter.
+ *   - gradient reductions carry the location of their parameter;
+ *   - sequence parallelism keeps either the all-gathered layer inputs or only their shards for
+ *     the backward, as asked or as the trade-off decides, and says which.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -44,8 +46,8 @@ static char *slurp(const char *rel, size_t *len)
 }
 
 /* Compiles examples file `rel` for training on mesh dp x tp (axes of size 1 left out). */
-static void compile(compiled *c, const char *rel, int dp, int tp, bool sp, int zero,
-                    const ptc_define *defs, int ndefs)
+static void compile_stash(compiled *c, const char *rel, int dp, int tp, bool sp, int zero,
+                          const ptc_define *defs, int ndefs, ptc_sp_stash stash)
 {
     memset(c, 0, sizeof *c);
     size_t len;
@@ -55,7 +57,8 @@ static void compile(compiled *c, const char *rel, int dp, int tp, bool sp, int z
     ptc_frontend_opts fo = {.defines = defs, .ndefines = ndefs};
     c->g = ptc_frontend_compile(rel, src, len, &fo, &d);
     cr_assert_not_null(c->g, "%s does not compile", rel);
-    c->o = (ptc_compile_opts){.train = true, .verify_each = true, .seq_parallel = sp, .zero = zero};
+    c->o = (ptc_compile_opts){
+        .train = true, .verify_each = true, .seq_parallel = sp, .zero = zero, .sp_stash = stash};
     const char *names[2] = {"dp", "tp"};
     int sizes[2] = {dp, tp};
     for (int a = 0; a < 2; a++)
@@ -67,6 +70,12 @@ static void compile(compiled *c, const char *rel, int dp, int tp, bool sp, int z
     cr_assert_eq(ptc_run_passes(&c->ctx), 0, "%s: %s", rel, c->err);
     c->g = c->ctx.g;
     free(src);
+}
+
+static void compile(compiled *c, const char *rel, int dp, int tp, bool sp, int zero,
+                    const ptc_define *defs, int ndefs)
+{
+    compile_stash(c, rel, dp, tp, sp, zero, defs, ndefs, PTC_SP_STASH_AUTO);
 }
 
 static void release(compiled *c)
@@ -230,4 +239,64 @@ Test(partition, gradient_reductions_carry_their_parameters_location)
     }
     cr_expect_gt(n, 0);
     release(&c);
+}
+
+/* The all-gathers over axis made before the loss whose result is still used after it (the
+ * full-sequence copies kept for the backward), and the all-gathers marked as rebuilt. */
+static void sp_gathers(const ptc_graph *g, int axis, int *kept, int *rebuilt)
+{
+    int loss = -1;
+    for (int i = 0; i < g->nnodes && loss < 0; i++)
+        if (g->nodes[i].op == PTC_OP_CE_LOSS)
+            loss = i;
+    cr_assert_geq(loss, 0);
+    *kept = *rebuilt = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op != PTC_OP_ALLGATHER || n->attrs.mesh_axis != axis)
+            continue;
+        *rebuilt += n->recompute;
+        bool used_after = false;
+        for (int j = loss + 1; j < g->nnodes; j++)
+            for (int k = 0; k < g->nodes[j].nin; k++)
+                used_after |= g->nodes[j].in[k] == n->out[0];
+        *kept += i < loss && used_after;
+    }
+}
+
+/* Issue 8, fix 5: SP kept every all-gathered norm output alive until the backward. */
+Test(partition, seq_parallel_keeps_shards_or_gathered_inputs)
+{
+    struct {
+        int tp;
+        ptc_sp_stash stash;
+        bool shards;
+    } cases[] = {
+        {2, PTC_SP_STASH_GATHERED, false},
+        {2, PTC_SP_STASH_SHARD, true},
+        {4, PTC_SP_STASH_GATHERED, false},
+        {4, PTC_SP_STASH_SHARD, true},
+        /* the trade-off: at tp=2 the copies are a small part of the activations (keep them), at
+         * tp=4 a larger part of them than the bytes re-gathering adds to those sent */
+        {2, PTC_SP_STASH_AUTO, false},
+        {4, PTC_SP_STASH_AUTO, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        compiled c;
+        compile_stash(&c, "examples/gpt2_tiny.ptm", 2, cases[i].tp, true, 1, NULL, 0,
+                      cases[i].stash);
+        int kept, rebuilt, tp = axis_of(c.g, "tp");
+        sp_gathers(c.g, tp, &kept, &rebuilt);
+        if (cases[i].shards) {
+            cr_expect_eq(kept, 0, "tp=%d: no gathered copy is kept for the backward", cases[i].tp);
+            cr_expect_eq(rebuilt, 5, "tp=%d: 2 per layer and the head's input, gathered again",
+                         cases[i].tp);
+        } else {
+            cr_expect_eq(kept, 5, "tp=%d: the gathered copies are kept", cases[i].tp);
+            cr_expect_eq(rebuilt, 0);
+        }
+        cr_expect(strstr(c.ctx.notes, cases[i].shards ? "gathered again" : "kept gathered"),
+                  "tp=%d: the choice is stated: %s", cases[i].tp, c.ctx.notes);
+        release(&c);
+    }
 }
