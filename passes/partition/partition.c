@@ -701,6 +701,12 @@ static int finish(part *p)
         int v = g->outputs[i];
         p->cur = g->values[v].def;
         int nv = i == 0 ? part_redist(p, v, pl_r()) : obtain(p, v, PL_UNDECIDED);
+        /* the other outputs (gradients): the reduced form the update uses, when there is one, so
+         * the unreduced gradient is not kept alive to the end of the step for an output */
+        if (i > 0 && nv >= 0 && p->pl[v].kind == PTC_PLACE_PARTIAL)
+            for (int k = 0; k < p->ncache[v]; k++)
+                if (p->cache[v][k].pl.kind != PTC_PLACE_PARTIAL)
+                    nv = p->cache[v][k].nv;
         if (nv < 0)
             return -1;
         ptc_graph_add_output(p->out, nv);
@@ -716,6 +722,38 @@ static int finish(part *p)
         ptc_graph_add_update(p->out, p->vmap[st], nv);
     }
     return 0;
+}
+
+/* Partitions every node in order, except that the sumsq of a finished parameter gradient (the
+ * first use of the gradient, where the rules reduce it over the axis) is moved up to right after
+ * the node that finishes the gradient. The reduction then runs during the backward, as DDP and
+ * ZeRO do, and the unreduced gradient is freed there instead of staying live, with every other
+ * unreduced gradient, until the optimizer's part of the step. */
+static void walk(part *p)
+{
+    const ptc_graph *g = p->g;
+    int nv = g->nvalues ? g->nvalues : 1;
+    int *sumsq_of = ptc_xmalloc(sizeof(int) * (size_t)nv);
+    bool *done = ptc_xcalloc((size_t)g->nnodes + 1, sizeof(bool));
+    for (int v = 0; v < nv; v++)
+        sumsq_of[v] = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].op == PTC_OP_SUMSQ && sumsq_of[g->nodes[i].in[0]] < 0)
+            sumsq_of[g->nodes[i].in[0]] = i;
+    for (int i = 0; i < g->nnodes && !p->failed; i++) {
+        if (done[i])
+            continue;
+        partition_node(p, i);
+        for (int k = 0; k < g->nodes[i].nout && !p->failed; k++) {
+            int j = sumsq_of[g->nodes[i].out[k]];
+            if (j > i && !done[j]) {
+                partition_node(p, j);
+                done[j] = true;
+            }
+        }
+    }
+    free(done);
+    free(sumsq_of);
 }
 
 static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
@@ -741,8 +779,7 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     p.ncache = ptc_xcalloc((size_t)nv, 1);
     for (int i = 0; i < nv; i++)
         p.vmap[i] = -1;
-    for (int i = 0; i < g->nnodes && !p.failed; i++)
-        partition_node(&p, i);
+    walk(&p);
     if (!p.failed)
         finish(&p);
     free(p.vmap);
