@@ -387,6 +387,14 @@ static bool regathers(const part *p, int v, ptc_placement to)
            p->pl[v].kind == PTC_PLACE_SHARD && !(ptc_ops[def].flags & PTC_F_SOURCE);
 }
 
+bool part_available(const part *p, int v, ptc_placement pl)
+{
+    if (p->vmap[v] < 0)
+        return false;
+    return pl_eq(p->pl[v], pl) ||
+           (cacheable(p, v) && cache_find(p, v, pl, regathers(p, v, pl)) >= 0);
+}
+
 int part_redist(part *p, int v, ptc_placement to)
 {
     if (p->failed)

@@ -53,6 +53,9 @@ ptc_placement part_zero_placement(const part *p, const ptc_type *t);
 /* The new value of old value v in placement pl (emitting a deferred source first); -1 after an
  * error. */
 int part_obtain(part *p, int v, ptc_placement pl);
+/* Whether old value v is at hand in placement pl without communication (its placement, or a
+ * redistribution made before that the walker would reuse here). */
+bool part_available(const part *p, int v, ptc_placement pl);
 /* Redistributes old value v to placement pl; returns the new value id or -1 after an error. */
 int part_redist(part *p, int v, ptc_placement pl);
 /* Emits an op into the rank program with new-value operands; returns the first result. */

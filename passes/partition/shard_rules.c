@@ -304,6 +304,16 @@ static int rule_matmul(part *p, int ni, const ptc_placement *in, rule_out *ro)
         ro->out[0] = pl_s(rc - 1, pl_groups(b));
         return 0;
     }
+    /* a replicated weight (key/value heads that do not divide) on a sequence-sharded activation
+     * whose gathered copy exists already (gathered for the query projection): every rank
+     * computes the whole output from it, which sends nothing, where computing on the shard
+     * would all-gather the output for rope and attention */
+    if (part_seq_parallel(p) && sharded(a) && a.dim == 1 && ra == 3 && rb == 2 &&
+        b.kind == PTC_PLACE_REPLICATE && part_available(p, n->in[0], pl_r())) {
+        ro->req[0] = pl_r();
+        ro->out[0] = pl_r();
+        return 0;
+    }
     /* A sharded on a leading or row dim, B replicated or sharded alike on a shared leading dim */
     if (sharded(a) && a.dim < ra - 1 && !partial(b)) {
         int od = out_dim(a.dim, ra, rc);
