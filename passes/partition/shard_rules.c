@@ -105,11 +105,51 @@ static bool linear_in_partials(const ptc_node *n, const ptc_placement *in)
     }
 }
 
+/* Whether old value v has one consumer and it is a sum (the next link of an accumulation). */
+static bool accumulates(const part *p, int v)
+{
+    const ptc_graph *g = part_graph(p);
+    int uses = 0, sums = 0;
+    for (int i = g->values[v].def + 1; i < g->nnodes && uses < 2; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] == v) {
+                uses++;
+                sums += g->nodes[i].op == PTC_OP_ADD || g->nodes[i].op == PTC_OP_SUB;
+            }
+    for (int i = 0; i < g->noutputs; i++)
+        uses += g->outputs[i] == v;
+    return uses == 1 && sums == 1;
+}
+
+/* Under sequence parallelism, a sum of sequence-sharded and Partial terms that feeds another sum
+ * (a gradient accumulating the contributions of several column-parallel matmuls, as separate
+ * q, k and v projections give, onto the residual's): reducing each Partial term to the sequence
+ * shard costs a reduce-scatter per term, while gathering the sharded term once and keeping the
+ * chain Partial costs one all-gather and one reduce-scatter at the chain's end. */
+static bool sp_accumulation(const part *p, const ptc_node *n, const ptc_placement *in)
+{
+    if (!part_seq_parallel(p) || (n->op != PTC_OP_ADD && n->op != PTC_OP_SUB) ||
+        !accumulates(p, n->out[0]))
+        return false;
+    int np = 0;
+    for (int k = 0; k < n->nin; k++) {
+        np += partial(in[k]);
+        if (undecided(in[k]) || (sharded(in[k]) && (in[k].dim != 1 || pl_groups(in[k]) > 1)))
+            return false;
+    }
+    return np > 0;
+}
+
 static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
     const ptc_type *to = gty(p, n->out[0]);
     int R = to->rank, nin = n->nin;
+    if (sp_accumulation(p, n, in)) {
+        all_req(ro, nin, pl_p());
+        all_out(ro, n->nout, pl_p());
+        return 0;
+    }
     ptc_placement target = pl_und();
     if (is_update(n->op) && part_axis_kind(p) == PART_DATA) {
         target = part_zero(p) >= 1 ? part_zero_placement(p, to) : pl_r();
@@ -128,8 +168,11 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
         for (int k = 0; k < nin; k++)
             anyp |= partial(in[k]);
         bool small = ptc_type_numel(to) <= 16;
-        if (anyp && small && (n->op == PTC_OP_ADD || n->op == PTC_OP_SUB)) {
-            /* tiny sums (gradient-norm terms): make the replicated terms Partial, reduce once */
+        bool sum = n->op == PTC_OP_ADD || n->op == PTC_OP_SUB;
+        if (anyp && sum && (small || accumulates(p, n->out[0]))) {
+            /* tiny sums (gradient-norm terms), and a chain of sums (a gradient accumulating the
+             * contributions of several column-parallel matmuls onto a replicated one): make the
+             * replicated terms Partial (a local op), so the chain is reduced once, at its end */
             all_req(ro, nin, pl_p());
             all_out(ro, n->nout, pl_p());
             return 0;
