@@ -643,6 +643,25 @@ static bool takes_ragged(ptc_op op)
            op == PTC_OP_ADAMW_UPDATE || op == PTC_OP_SGD_UPDATE || op == PTC_OP_SUMSQ;
 }
 
+/* The placements node ni's rule sees for its operands, and what the rule decides. */
+static int rule_of(part *p, int ni, ptc_placement *in, rule_out *ro)
+{
+    const ptc_node *n = &p->g->nodes[ni];
+    bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
+    for (int k = 0; k < n->nin; k++) {
+        in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
+        /* ZeRO-3: a parameter is gathered before every use but its update */
+        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
+            in[k] = pl_r();
+        /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
+         * of elementwise ops and sumsq; any other op sees it as what it gathers to */
+        if (pl_ragged(in[k]) && !takes_ragged(n->op))
+            in[k] = pl_r();
+    }
+    memset(ro, 0, sizeof *ro);
+    return ptc_shard_rule(p, ni, in, ro);
+}
+
 static int partition_node(part *p, int ni)
 {
     const ptc_node *n = &p->g->nodes[ni];
@@ -674,20 +693,8 @@ static int partition_node(part *p, int ni)
     default: break;
     }
     ptc_placement in[PTC_MAX_RESULTS * 2];
-    bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
-    for (int k = 0; k < n->nin; k++) {
-        in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
-        /* ZeRO-3: a parameter is gathered before every use but its update */
-        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
-            in[k] = pl_r();
-        /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
-         * of elementwise ops and sumsq; any other op sees it as what it gathers to */
-        if (pl_ragged(in[k]) && !takes_ragged(n->op))
-            in[k] = pl_r();
-    }
     rule_out ro;
-    memset(&ro, 0, sizeof ro);
-    if (ptc_shard_rule(p, ni, in, &ro) < 0)
+    if (rule_of(p, ni, in, &ro) < 0)
         return -1;
     if (ro.emit == EMIT_CUSTOM)
         return ptc_shard_emit_custom(p, ni, in, &ro);
@@ -732,35 +739,35 @@ static int finish(part *p)
     return 0;
 }
 
-/* Partitions every node in order, except that the sumsq of a finished parameter gradient (the
- * first use of the gradient, where the rules reduce it over the axis) is moved up to right after
- * the node that finishes the gradient. The reduction then runs during the backward, as DDP and
- * ZeRO do, and the unreduced gradient is freed there instead of staying live, with every other
- * unreduced gradient, until the optimizer's part of the step. */
+/* Partitions every node in order. A parameter's gradient is first used by the sumsq of the
+ * global norm, after the whole backward; that is where its rule reduces it over the axis. The
+ * walker makes that reduction (what the sumsq's rule asks of its operand) right after the node
+ * that finishes the gradient instead, so it runs during the backward, as DDP and ZeRO schedule
+ * it, and the unreduced gradient is freed there rather than kept, with every other unreduced
+ * gradient, until the optimizer's part of the step. */
 static void walk(part *p)
 {
     const ptc_graph *g = p->g;
     int nv = g->nvalues ? g->nvalues : 1;
     int *sumsq_of = ptc_xmalloc(sizeof(int) * (size_t)nv);
-    bool *done = ptc_xcalloc((size_t)g->nnodes + 1, sizeof(bool));
     for (int v = 0; v < nv; v++)
         sumsq_of[v] = -1;
     for (int i = 0; i < g->nnodes; i++)
         if (g->nodes[i].op == PTC_OP_SUMSQ && sumsq_of[g->nodes[i].in[0]] < 0)
             sumsq_of[g->nodes[i].in[0]] = i;
     for (int i = 0; i < g->nnodes && !p->failed; i++) {
-        if (done[i])
-            continue;
         partition_node(p, i);
         for (int k = 0; k < g->nodes[i].nout && !p->failed; k++) {
-            int j = sumsq_of[g->nodes[i].out[k]];
-            if (j > i && !done[j]) {
-                partition_node(p, j);
-                done[j] = true;
-            }
+            int v = g->nodes[i].out[k], j = sumsq_of[v];
+            ptc_placement in[PTC_MAX_RESULTS * 2];
+            rule_out ro;
+            if (j <= i || p->deferred[v] || p->pl[v].kind != PTC_PLACE_PARTIAL)
+                continue;
+            p->cur = j; /* the reduction belongs to the sumsq's parameter */
+            if (rule_of(p, j, in, &ro) == 0 && ro.req[0].kind != PTC_PLACE_PARTIAL)
+                obtain(p, v, ro.req[0]);
         }
     }
-    free(done);
     free(sumsq_of);
 }
 
