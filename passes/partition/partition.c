@@ -744,7 +744,8 @@ static int finish(part *p)
  * walker makes that reduction (what the sumsq's rule asks of its operand) right after the node
  * that finishes the gradient instead, so it runs during the backward, as DDP and ZeRO schedule
  * it, and the unreduced gradient is freed there rather than kept, with every other unreduced
- * gradient, until the optimizer's part of the step. */
+ * gradient, until the optimizer's part of the step. Likewise the loss is reduced where it is
+ * computed, so the program's loss marks the end of its forward. */
 static void walk(part *p)
 {
     const ptc_graph *g = p->g;
@@ -757,6 +758,8 @@ static void walk(part *p)
             sumsq_of[g->nodes[i].in[0]] = i;
     for (int i = 0; i < g->nnodes && !p->failed; i++) {
         partition_node(p, i);
+        if (g->loss >= 0 && g->values[g->loss].def == i && !p->failed)
+            part_redist(p, g->loss, pl_r());
         for (int k = 0; k < g->nodes[i].nout && !p->failed; k++) {
             int v = g->nodes[i].out[k], j = sumsq_of[v];
             ptc_placement in[PTC_MAX_RESULTS * 2];
