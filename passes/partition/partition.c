@@ -494,6 +494,17 @@ static int obtain(part *p, int v, ptc_placement want)
         const ptc_node *t = &p->g->nodes[p->g->values[v].def];
         int src = t->in[0];
         int rank = p->g->values[v].type.rank;
+        if (!cacheable(p, src)) {
+            /* the transpose of a ZeRO-3 parameter is released after each use like the
+             * parameter: every use gathers and transposes its own copy */
+            int ns = obtain(p, src, pl_r());
+            int nv = ns < 0 ? -1 : part_emit(p, PTC_OP_TRANSPOSE, &ns, 1, NULL, t->loc, NULL);
+            if (nv >= 0)
+                set_place(p, nv, p->g->values[v].place, pl_r());
+            return nv < 0 || want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_REPLICATE
+                       ? nv
+                       : convert(p, v, nv, pl_r(), want);
+        }
         ptc_placement sw = want.kind == PLACE_UNDECIDED ? want : transposed(want, rank);
         int ns = obtain(p, src, sw);
         if (ns < 0)
@@ -684,8 +695,9 @@ static int partition_node(part *p, int ni)
         return 0;
     }
     case PTC_OP_TRANSPOSE:
-        if (p->deferred[n->in[0]] == DEF_SOURCE &&
-            p->g->nodes[p->g->values[n->in[0]].def].op != PTC_OP_FILL) {
+        if ((p->deferred[n->in[0]] == DEF_SOURCE &&
+             p->g->nodes[p->g->values[n->in[0]].def].op != PTC_OP_FILL) ||
+            !cacheable(p, n->in[0])) {
             p->deferred[n->out[0]] = DEF_TRANSPOSE;
             return 0;
         }
