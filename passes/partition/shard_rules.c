@@ -16,8 +16,10 @@
  *   - Partial values are reduced where a non-linear op needs them: allreduce, or reduce_scatter
  *     over the sequence with --seq-parallel.
  * Data parallelism: model inputs are split over the batch, means over a split batch become Partial
- * with a 1/T scale, parameter gradients come out Partial and are reduced at the optimizer update,
- * which runs on Shard(0) state under ZeRO.
+ * with a 1/T scale, parameter gradients come out Partial and are reduced where the global norm's
+ * sumsq first uses them (the walker makes that reduction as soon as the gradient is complete);
+ * under ZeRO the update runs on the state's shard (part_zero_placement: a dim dp divides, or a
+ * shard with a remainder).
  */
 #include <string.h>
 
