@@ -141,6 +141,11 @@ typedef struct ptc_placement {
     uint8_t groups; /* for SHARD: the dim is [groups, size/groups] and each group is split (a
                        strided shard, e.g. a fused qkv weight giving every rank whole heads of q,
                        k and v); 0 or 1 = a plain contiguous shard */
+    uint16_t rem;   /* for SHARD: a dim of size n that the axis's T ranks do not divide. Rank c
+                       holds its part [c*q, (c+1)*q) of the first T*q = n - rem slices, q = n / T,
+                       then the last rem slices whole (every rank the same), so a local dim is
+                       q + rem: the ZeRO shard of a dim that does not divide, where every local
+                       element is an element of the full tensor (no padding); 0 = divides */
 } ptc_placement;
 
 /* The device mesh: named axes with sizes. Ranks number the mesh row-major (the last axis fastest),

@@ -215,8 +215,9 @@ static void lex_placement(ptc_lexer *lx, ptc_placement *pl)
                isdigit((unsigned char)lx->text[1])) {
         pl->kind = PTC_PLACE_SHARD;
         pl->dim = (int8_t)atoi(lx->text + 1);
-        const char *x = strchr(lx->text, 'x');
+        const char *x = strchr(lx->text, 'x'), *r = strchr(lx->text, 'r');
         pl->groups = x ? (uint8_t)atoi(x + 1) : 0;
+        pl->rem = r ? (uint16_t)atoi(r + 1) : 0;
     } else {
         ptc_lex_fail(lx, "bad placement '%s'", lx->text);
         return;
@@ -428,6 +429,8 @@ void ptc_put_placement(FILE *f, ptc_placement p)
 {
     if (p.kind == PTC_PLACE_SHARD && p.groups > 1)
         fprintf(f, "S%dx%d", p.dim, p.groups);
+    else if (p.kind == PTC_PLACE_SHARD && p.rem)
+        fprintf(f, "S%dr%d", p.dim, p.rem);
     else if (p.kind == PTC_PLACE_SHARD)
         fprintf(f, "S%d", p.dim);
     else

@@ -61,7 +61,7 @@ void ptc_lex_optim(ptc_lexer *lx, ptc_optim *o);
 void ptc_put_double(FILE *f, double x); /* shortest form that reads back to the same double */
 void ptc_put_string(FILE *f, const char *s);
 void ptc_put_list(FILE *f, const int64_t *v, int n);
-void ptc_put_placement(FILE *f, ptc_placement p); /* R, P, S1, S1x3 */
+void ptc_put_placement(FILE *f, ptc_placement p); /* R, P, S1, S1x3, S0r24 (see ptc_placement) */
 /* f32[8,64] and, when any axis is not Replicate, <S0,R>. */
 void ptc_put_type(FILE *f, const ptc_type *t, const ptc_placement *place);
 void ptc_put_attr(FILE *f, const ptc_attrs *a, unsigned bit); /* name=value */

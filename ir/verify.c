@@ -71,6 +71,15 @@ static int check_node(const ptc_graph *g, int i, const bool *defined, char *err,
                 ptc_fmt(err, errn, "node %d (%s): result %d sharded on dim %d of a rank-%d value",
                         i, name, k, val->place[m].dim, val->type.rank);
                 return -1;
+            } else if (val->place[m].kind == PTC_PLACE_SHARD && val->place[m].rem &&
+                       (val->place[m].groups > 1 || m >= g->mesh.naxes ||
+                        val->place[m].rem >= g->mesh.sizes[m] ||
+                        val->place[m].rem > val->type.dims[val->place[m].dim])) {
+                /* the remainder is what T ranks cannot divide: fewer than T slices, all local */
+                ptc_fmt(err, errn, "node %d (%s): result %d has a shard remainder of %d on %s", i,
+                        name, k, val->place[m].rem,
+                        m < g->mesh.naxes ? "an axis of fewer ranks" : "no mesh axis");
+                return -1;
             }
     }
     return 0;

@@ -107,7 +107,11 @@ int ptc_pass_optimizer(ptc_pass_ctx *ctx)
 
     int total = -1;
     for (int i = 0; i < np; i++) {
+        /* the gradient's square norm belongs to its parameter: the partitioner reduces the
+         * gradient here, and plans account that traffic to the parameter's layer and line */
+        o.loc = g->nodes[params[i]].loc;
         int ss = b1(&o, PTC_OP_SUMSQ, &ctx->grads[i], 1, NULL);
+        o.loc = (ptc_loc){0};
         total = total < 0 ? ss : b1(&o, PTC_OP_ADD, (int[]){total, ss}, 2, NULL);
     }
     if (total >= 0) {

@@ -21,11 +21,19 @@ typedef struct ptc_pin {
     ptc_placement pl;
 } ptc_pin;
 
+/* What sequence parallelism keeps, for the weight gradients, of a layer input it all-gathered
+ * (a norm's output, sharded over the sequence, gathered for a column-parallel matmul): the
+ * gathered full-sequence tensor (no extra traffic), or only the 1/t shard, all-gathered again in
+ * backward (Megatron-LM's choice: the memory saved equals the bytes added). AUTO picks by the
+ * memory/traffic trade-off (passes/partition/partition.c, sp_choose). */
+typedef enum { PTC_SP_STASH_AUTO, PTC_SP_STASH_GATHERED, PTC_SP_STASH_SHARD } ptc_sp_stash;
+
 typedef struct ptc_compile_opts {
     bool train;        /* build the whole training step (autodiff + optimizer), not just forward */
     ptc_mesh mesh;     /* naxes 0: single device */
     bool seq_parallel; /* Megatron sequence parallelism on the tp axis */
-    int zero;          /* ZeRO stage 0..3 on the dp axis */
+    ptc_sp_stash sp_stash;
+    int zero; /* ZeRO stage 0..3 on the dp axis */
     const ptc_pin *pins;
     int npins;
     bool verify_each;       /* run the verifier after every pass */
@@ -41,6 +49,8 @@ typedef struct ptc_pass_ctx {
     int nparams;
     char *err;
     size_t errn;
+    /* set by partition: decisions a plan should show, one line each ("" when none) */
+    char notes[1024];
 } ptc_pass_ctx;
 
 typedef struct ptc_pass {

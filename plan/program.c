@@ -142,12 +142,19 @@ void ptc_plan_group_name(const ptc_mesh *m, unsigned axes, char *buf, size_t n)
 
 /* ---- local part <-> full tensor ---- */
 
+/* Full size of a dim of local size `local` under placement p on an axis of T ranks: T times it,
+ * or for a shard with a remainder (local = q + rem) T*q + rem. */
+static int64_t full_dim(ptc_placement p, int64_t T, int64_t local)
+{
+    return p.rem ? (local - p.rem) * T + p.rem : local * T;
+}
+
 ptc_type ptc_buffer_full_type(const ptc_mesh *m, const ptc_buffer *b)
 {
     ptc_type t = b->type;
     for (int a = 0; a < m->naxes; a++)
         if (b->place[a].kind == PTC_PLACE_SHARD)
-            t.dims[b->place[a].dim] *= m->sizes[a];
+            t.dims[b->place[a].dim] = full_dim(b->place[a], m->sizes[a], t.dims[b->place[a].dim]);
     return t;
 }
 
@@ -167,10 +174,13 @@ int64_t ptc_global_index(const ptc_type *t, const ptc_placement *pl, const ptc_m
             continue;
         int d = p.dim;
         int64_t groups = p.groups > 1 ? p.groups : 1, T = m->sizes[a];
-        int64_t local = cur.dims[d], per = local / groups; /* per group on this rank */
+        int64_t local = cur.dims[d], per = (local - p.rem) / groups; /* per group on this rank */
         int64_t gi = idx[d] / per, off = idx[d] % per;
-        idx[d] = gi * per * T + coords[a] * per + off;
-        cur.dims[d] = local * T;
+        if (p.rem && idx[d] >= per) /* the remainder, held whole after the rank's own part */
+            idx[d] = per * T + idx[d] - per;
+        else
+            idx[d] = gi * per * T + coords[a] * per + off;
+        cur.dims[d] = full_dim(p, T, local);
     }
     int64_t flat = 0;
     for (int d = 0; d < cur.rank; d++)

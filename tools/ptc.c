@@ -148,9 +148,9 @@ static int parse_pin(char *spec, ptc_pin *pin)
     pin->axis[colon - eq - 1] = 0;
     const char *pl = colon + 1;
     if (strcmp(pl, "R") == 0)
-        pin->pl = (ptc_placement){PTC_PLACE_REPLICATE, 0, 0};
+        pin->pl = (ptc_placement){.kind = PTC_PLACE_REPLICATE};
     else if (pl[0] == 'S' && pl[1] >= '0' && pl[1] <= '7' && !pl[2])
-        pin->pl = (ptc_placement){PTC_PLACE_SHARD, (int8_t)(pl[1] - '0'), 0};
+        pin->pl = (ptc_placement){.kind = PTC_PLACE_SHARD, .dim = (int8_t)(pl[1] - '0')};
     else
         return -1;
     return 0;

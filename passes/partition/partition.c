@@ -18,6 +18,7 @@
 typedef struct cache_entry {
     ptc_placement pl;
     int nv;
+    bool bwd; /* made in the backward (after the loss) */
 } cache_entry;
 
 enum { DEF_NONE, DEF_SOURCE, DEF_TRANSPOSE };
@@ -33,11 +34,12 @@ struct part {
     uint8_t *deferred; /* DEF_* */
     cache_entry (*cache)[6];
     uint8_t *ncache;
-    int *ce_m, *ce_s;
     char *err;
     size_t errn;
     bool failed;
-    int cur; /* node being partitioned */
+    int cur;       /* node being partitioned */
+    int fwd_end;   /* the node that computes the loss: later nodes are backward and update */
+    bool regather; /* sequence parallelism keeps shards and all-gathers again in backward */
 };
 
 const ptc_graph *part_graph(const part *p)
@@ -84,17 +86,9 @@ int part_error(part *p, int ni, const char *fmt, ...)
     return -1;
 }
 
-void part_set_ce_stats(part *p, int old_logits, int m, int s)
+const ptc_graph *part_out(const part *p)
 {
-    p->ce_m[old_logits] = m;
-    p->ce_s[old_logits] = s;
-}
-
-bool part_ce_stats(const part *p, int old_logits, int *m, int *s)
-{
-    *m = p->ce_m[old_logits];
-    *s = p->ce_s[old_logits];
-    return *m >= 0;
+    return p->out;
 }
 
 /* Glob match with '*' only. */
@@ -155,6 +149,12 @@ int part_emit(part *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, p
     return o[0];
 }
 
+void part_set_place(part *p, int nv, int like, ptc_placement pl)
+{
+    if (nv >= 0)
+        set_place(p, nv, like >= 0 ? p->g->values[like].place : NULL, pl);
+}
+
 void part_bind(part *p, int v, int nv, ptc_placement pl)
 {
     p->vmap[v] = nv;
@@ -165,13 +165,37 @@ void part_bind(part *p, int v, int nv, ptc_placement pl)
     }
 }
 
-/* Local size of dim d of old value v under placement pl, or -1 if T does not divide it. */
+/* Local size of a dim of `size` under placement pl, or -1 if T does not divide it (or, for a
+ * shard with a remainder, if the remainder is not what T leaves). */
 static int64_t local_dim(const part *p, int64_t size, ptc_placement pl)
 {
     int64_t parts = (int64_t)p->T * pl_groups(pl);
     if (pl.kind != PTC_PLACE_SHARD)
         return size;
+    if (pl.rem)
+        return size % p->T == pl.rem && size >= p->T ? size / p->T + pl.rem : -1;
     return size % parts ? -1 : size / p->T;
+}
+
+ptc_placement part_zero_placement(const part *p, const ptc_type *t)
+{
+    /* dim 0 when T divides it (the plain shard), else the first dim T divides; else the dim
+     * with the fewest elements left over (size % T slices, held whole by every rank: no
+     * padding, so every local element is an element of the full tensor); Replicate only when
+     * no dim has T slices (a tensor smaller than the axis in every dim) */
+    int best = -1;
+    int64_t best_extra = 0, numel = ptc_type_numel(t);
+    for (int d = 0; d < t->rank; d++)
+        if (t->dims[d] % p->T == 0)
+            return pl_s(d, 1);
+    for (int d = 0; d < t->rank; d++) {
+        int64_t extra = (t->dims[d] % p->T) * (numel / t->dims[d]);
+        if (t->dims[d] >= p->T && (best < 0 || extra < best_extra)) {
+            best = d;
+            best_extra = extra;
+        }
+    }
+    return best < 0 ? pl_r() : pl_rem(best, (int)(t->dims[best] % p->T));
 }
 
 /* The local type of old value v under pl; false (after an error naming what does not divide). */
@@ -230,6 +254,66 @@ static bool cacheable(const part *p, int v)
     return !(p->kind == PART_DATA && p->o->zero >= 3 && is_param(p, v));
 }
 
+/* A local slice [start, start + len) of dim d of new value nv, placed like `pl` on this axis. */
+static int slice_of(part *p, int nv, int d, int64_t start, int64_t len, ptc_placement pl)
+{
+    ptc_attrs at = ptc_attrs_default(PTC_OP_SLICE);
+    at.axis = d;
+    at.start = start;
+    at.len = len;
+    int r = part_emit(p, PTC_OP_SLICE, &nv, 1, &at, p->g->nodes[p->cur].loc, NULL);
+    if (r >= 0)
+        set_place(p, r, NULL, pl);
+    return r;
+}
+
+/* A collective or shard slice over this axis on dim d of nv (allreduce: d unused). */
+static int axis_op(part *p, ptc_op op, int nv, int d, ptc_placement out)
+{
+    ptc_attrs at = comm_attrs(p, op);
+    if (op != PTC_OP_ALLREDUCE)
+        at.axis = d;
+    int r = part_emit(p, op, &nv, 1, &at, p->g->nodes[p->cur].loc, NULL);
+    if (r >= 0)
+        set_place(p, r, NULL, out);
+    return r;
+}
+
+static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to);
+
+/* Redistributions to and from a shard with a remainder (dim d of size n = T*q + rem): the first
+ * T*q slices move as a plain shard does, the last rem slices as a replicated value does (from
+ * Partial: one small allreduce). Replicate or Partial -> remainder shard, and back to
+ * Replicate; anything else goes through Replicate. */
+static int convert_rem(part *p, int v, int nv, ptc_placement from, ptc_placement to)
+{
+    const ptc_type *t = &p->g->values[v].type;
+    ptc_placement rg = from.rem ? from : to;
+    int d = rg.dim, r = rg.rem, b, tail;
+    int64_t q = t->dims[d] / p->T;
+    if (to.rem && (from.kind == PTC_PLACE_REPLICATE || from.kind == PTC_PLACE_PARTIAL)) {
+        bool part = from.kind == PTC_PLACE_PARTIAL;
+        b = slice_of(p, nv, d, 0, q * p->T, from);
+        b = b < 0 ? -1
+                  : axis_op(p, part ? PTC_OP_REDUCE_SCATTER : PTC_OP_SHARD_SLICE, b, d, pl_s(d, 1));
+        tail = b < 0 ? -1 : slice_of(p, nv, d, q * p->T, r, from);
+        if (part && tail >= 0)
+            tail = axis_op(p, PTC_OP_ALLREDUCE, tail, d, pl_r());
+    } else if (from.rem && to.kind == PTC_PLACE_REPLICATE) {
+        b = slice_of(p, nv, d, 0, q, pl_s(d, 1));
+        b = b < 0 ? -1 : axis_op(p, PTC_OP_ALLGATHER, b, d, pl_r());
+        tail = b < 0 ? -1 : slice_of(p, nv, d, q, r, pl_r());
+    } else {
+        int rep = convert(p, v, nv, from, pl_r());
+        return rep < 0 ? -1 : convert(p, v, rep, pl_r(), to);
+    }
+    if (tail < 0)
+        return -1;
+    ptc_attrs at = ptc_attrs_default(PTC_OP_CONCAT);
+    at.axis = d;
+    return part_emit(p, PTC_OP_CONCAT, (int[]){b, tail}, 2, &at, p->g->nodes[p->cur].loc, NULL);
+}
+
 /* One redistribution step from (nv, from) to `to`; returns the new value or -1. */
 static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
 {
@@ -238,6 +322,8 @@ static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
     ptc_type lt;
     if (!local_type(p, v, to, &lt))
         return -1;
+    if (from.rem || to.rem)
+        return convert_rem(p, v, nv, from, to);
     if (from.kind == PTC_PLACE_REPLICATE && to.kind == PTC_PLACE_SHARD) {
         at = comm_attrs(p, PTC_OP_SHARD_SLICE);
         at.axis = to.dim;
@@ -276,10 +362,11 @@ static int convert(part *p, int v, int nv, ptc_placement from, ptc_placement to)
     return r < 0 ? -1 : convert(p, v, r, pl_r(), to);
 }
 
-static int cache_find(const part *p, int v, ptc_placement pl)
+/* A redistribution of v to pl made before; bwd_only: only one made in the backward. */
+static int cache_find(const part *p, int v, ptc_placement pl, bool bwd_only)
 {
     for (int i = 0; i < p->ncache[v]; i++)
-        if (pl_eq(p->cache[v][i].pl, pl))
+        if (pl_eq(p->cache[v][i].pl, pl) && (p->cache[v][i].bwd || !bwd_only))
             return p->cache[v][i].nv;
     return -1;
 }
@@ -287,7 +374,25 @@ static int cache_find(const part *p, int v, ptc_placement pl)
 static void cache_add(part *p, int v, ptc_placement pl, int nv)
 {
     if (p->ncache[v] < 6)
-        p->cache[v][p->ncache[v]++] = (cache_entry){pl, nv};
+        p->cache[v][p->ncache[v]++] = (cache_entry){pl, nv, p->cur > p->fwd_end};
+}
+
+/* With the shard-keeping choice of sequence parallelism, the backward all-gathers a sharded
+ * activation again rather than reuse the copy the forward gathered, which is then freed after
+ * its forward use; only the shard stays live until the backward. */
+static bool regathers(const part *p, int v, ptc_placement to)
+{
+    ptc_op def = p->g->nodes[p->g->values[v].def].op;
+    return p->regather && p->cur > p->fwd_end && to.kind == PTC_PLACE_REPLICATE &&
+           p->pl[v].kind == PTC_PLACE_SHARD && !(ptc_ops[def].flags & PTC_F_SOURCE);
+}
+
+bool part_available(const part *p, int v, ptc_placement pl)
+{
+    if (p->vmap[v] < 0)
+        return false;
+    return pl_eq(p->pl[v], pl) ||
+           (cacheable(p, v) && cache_find(p, v, pl, regathers(p, v, pl)) >= 0);
 }
 
 int part_redist(part *p, int v, ptc_placement to)
@@ -297,9 +402,12 @@ int part_redist(part *p, int v, ptc_placement to)
     PTC_ASSERT(p->vmap[v] >= 0);
     if (pl_eq(p->pl[v], to))
         return p->vmap[v];
-    int nv = cacheable(p, v) ? cache_find(p, v, to) : -1;
+    bool again = regathers(p, v, to);
+    int nv = cacheable(p, v) ? cache_find(p, v, to, again) : -1;
     if (nv >= 0)
         return nv;
+    /* a gather the forward made too: mark it as rebuilt in the backward */
+    bool rebuilt = again && cache_find(p, v, to, false) >= 0;
     /* ZeRO-1 reduces gradients with an allreduce and keeps this rank's part */
     if (p->kind == PART_DATA && p->o->zero == 1 && p->pl[v].kind == PTC_PLACE_PARTIAL &&
         to.kind == PTC_PLACE_SHARD) {
@@ -311,6 +419,8 @@ int part_redist(part *p, int v, ptc_placement to)
     if (nv < 0)
         return -1;
     set_place(p, nv, p->g->values[v].place, to);
+    if (rebuilt)
+        p->out->nodes[p->out->nnodes - 1].recompute = true;
     if (cacheable(p, v))
         cache_add(p, v, to, nv);
     return nv;
@@ -325,13 +435,10 @@ static ptc_placement storage(part *p, int v, ptc_placement want)
     ptc_placement pin;
     if (part_pinned(p, v, &pin))
         return pin;
-    const ptc_type *t = &p->g->values[v].type;
     if (p->kind == PART_DATA) {
         ptc_op op = p->g->nodes[p->g->values[v].def].op;
         int level = op == PTC_OP_PARAM ? 3 : 1; /* ZeRO stage that shards it */
-        if (p->o->zero >= level && t->rank >= 1 && t->dims[0] % p->T == 0)
-            return pl_s(0, 1);
-        return pl_r();
+        return p->o->zero >= level ? part_zero_placement(p, &p->g->values[v].type) : pl_r();
     }
     return want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_PARTIAL ? pl_r() : want;
 }
@@ -387,6 +494,17 @@ static int obtain(part *p, int v, ptc_placement want)
         const ptc_node *t = &p->g->nodes[p->g->values[v].def];
         int src = t->in[0];
         int rank = p->g->values[v].type.rank;
+        if (!cacheable(p, src)) {
+            /* the transpose of a ZeRO-3 parameter is released after each use like the
+             * parameter: every use gathers and transposes its own copy */
+            int ns = obtain(p, src, pl_r());
+            int nv = ns < 0 ? -1 : part_emit(p, PTC_OP_TRANSPOSE, &ns, 1, NULL, t->loc, NULL);
+            if (nv >= 0)
+                set_place(p, nv, p->g->values[v].place, pl_r());
+            return nv < 0 || want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_REPLICATE
+                       ? nv
+                       : convert(p, v, nv, pl_r(), want);
+        }
         ptc_placement sw = want.kind == PLACE_UNDECIDED ? want : transposed(want, rank);
         int ns = obtain(p, src, sw);
         if (ns < 0)
@@ -397,7 +515,7 @@ static int obtain(part *p, int v, ptc_placement want)
     } else if (p->deferred[v] == DEF_SOURCE) {
         if (p->g->nodes[p->g->values[v].def].op == PTC_OP_FILL) {
             ptc_placement w = want.kind == PLACE_UNDECIDED ? pl_r() : want;
-            int nv = cache_find(p, v, w);
+            int nv = cache_find(p, v, w, false);
             return nv >= 0 ? nv : emit_source(p, v, w);
         }
         if (emit_source(p, v, want) < 0)
@@ -530,6 +648,31 @@ static int emit_plain(part *p, int ni, rule_out *ro)
     return 0;
 }
 
+static bool takes_ragged(ptc_op op)
+{
+    return (ptc_ops[op].flags & (PTC_F_UNARY | PTC_F_BINARY)) || op == PTC_OP_CAST ||
+           op == PTC_OP_ADAMW_UPDATE || op == PTC_OP_SGD_UPDATE || op == PTC_OP_SUMSQ;
+}
+
+/* The placements node ni's rule sees for its operands, and what the rule decides. */
+static int rule_of(part *p, int ni, ptc_placement *in, rule_out *ro)
+{
+    const ptc_node *n = &p->g->nodes[ni];
+    bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
+    for (int k = 0; k < n->nin; k++) {
+        in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
+        /* ZeRO-3: a parameter is gathered before every use but its update */
+        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
+            in[k] = pl_r();
+        /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
+         * of elementwise ops and sumsq; any other op sees it as what it gathers to */
+        if (pl_ragged(in[k]) && !takes_ragged(n->op))
+            in[k] = pl_r();
+    }
+    memset(ro, 0, sizeof *ro);
+    return ptc_shard_rule(p, ni, in, ro);
+}
+
 static int partition_node(part *p, int ni)
 {
     const ptc_node *n = &p->g->nodes[ni];
@@ -552,8 +695,9 @@ static int partition_node(part *p, int ni)
         return 0;
     }
     case PTC_OP_TRANSPOSE:
-        if (p->deferred[n->in[0]] == DEF_SOURCE &&
-            p->g->nodes[p->g->values[n->in[0]].def].op != PTC_OP_FILL) {
+        if ((p->deferred[n->in[0]] == DEF_SOURCE &&
+             p->g->nodes[p->g->values[n->in[0]].def].op != PTC_OP_FILL) ||
+            !cacheable(p, n->in[0])) {
             p->deferred[n->out[0]] = DEF_TRANSPOSE;
             return 0;
         }
@@ -561,17 +705,8 @@ static int partition_node(part *p, int ni)
     default: break;
     }
     ptc_placement in[PTC_MAX_RESULTS * 2];
-    bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
-    for (int k = 0; k < n->nin; k++) {
-        in[k] = p->deferred[n->in[k]] ? (ptc_placement){PLACE_UNDECIDED, 0, 0}
-                                      : best_placement(p, n->in[k]);
-        /* ZeRO-3: a parameter is gathered before every use but its update */
-        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
-            in[k] = pl_r();
-    }
     rule_out ro;
-    memset(&ro, 0, sizeof ro);
-    if (ptc_shard_rule(p, ni, in, &ro) < 0)
+    if (rule_of(p, ni, in, &ro) < 0)
         return -1;
     if (ro.emit == EMIT_CUSTOM)
         return ptc_shard_emit_custom(p, ni, in, &ro);
@@ -592,8 +727,13 @@ static int finish(part *p)
     for (int i = 0; i < g->noutputs; i++) {
         int v = g->outputs[i];
         p->cur = g->values[v].def;
-        int nv = i == 0 ? part_redist(p, v, pl_r())
-                        : obtain(p, v, (ptc_placement){PLACE_UNDECIDED, 0, 0});
+        int nv = i == 0 ? part_redist(p, v, pl_r()) : obtain(p, v, PL_UNDECIDED);
+        /* the other outputs (gradients): the reduced form the update uses, when there is one, so
+         * the unreduced gradient is not kept alive to the end of the step for an output */
+        if (i > 0 && nv >= 0 && p->pl[v].kind == PTC_PLACE_PARTIAL)
+            for (int k = 0; k < p->ncache[v]; k++)
+                if (p->cache[v][k].pl.kind != PTC_PLACE_PARTIAL)
+                    nv = p->cache[v][k].nv;
         if (nv < 0)
             return -1;
         ptc_graph_add_output(p->out, nv);
@@ -601,7 +741,7 @@ static int finish(part *p)
     for (int i = 0; i < g->nupdates; i++) {
         int st = g->updates[i].state, to = g->updates[i].to;
         p->cur = g->values[to].def;
-        if (p->deferred[st] && obtain(p, st, (ptc_placement){PLACE_UNDECIDED, 0, 0}) < 0)
+        if (p->deferred[st] && obtain(p, st, PL_UNDECIDED) < 0)
             return -1;
         int nv = part_redist(p, to, p->pl[st]);
         if (nv < 0)
@@ -611,8 +751,43 @@ static int finish(part *p)
     return 0;
 }
 
+/* Partitions every node in order. A parameter's gradient is first used by the sumsq of the
+ * global norm, after the whole backward; that is where its rule reduces it over the axis. The
+ * walker makes that reduction (what the sumsq's rule asks of its operand) right after the node
+ * that finishes the gradient instead, so it runs during the backward, as DDP and ZeRO schedule
+ * it, and the unreduced gradient is freed there rather than kept, with every other unreduced
+ * gradient, until the optimizer's part of the step. Likewise the loss is reduced where it is
+ * computed, so the program's loss marks the end of its forward. */
+static void walk(part *p)
+{
+    const ptc_graph *g = p->g;
+    int nv = g->nvalues ? g->nvalues : 1;
+    int *sumsq_of = ptc_xmalloc(sizeof(int) * (size_t)nv);
+    for (int v = 0; v < nv; v++)
+        sumsq_of[v] = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].op == PTC_OP_SUMSQ && sumsq_of[g->nodes[i].in[0]] < 0)
+            sumsq_of[g->nodes[i].in[0]] = i;
+    for (int i = 0; i < g->nnodes && !p->failed; i++) {
+        partition_node(p, i);
+        if (g->loss >= 0 && g->values[g->loss].def == i && !p->failed)
+            part_redist(p, g->loss, pl_r());
+        for (int k = 0; k < g->nodes[i].nout && !p->failed; k++) {
+            int v = g->nodes[i].out[k], j = sumsq_of[v];
+            ptc_placement in[PTC_MAX_RESULTS * 2];
+            rule_out ro;
+            if (j <= i || p->deferred[v] || p->pl[v].kind != PTC_PLACE_PARTIAL)
+                continue;
+            p->cur = j; /* the reduction belongs to the sumsq's parameter */
+            if (rule_of(p, j, in, &ro) == 0 && ro.req[0].kind != PTC_PLACE_PARTIAL)
+                obtain(p, v, ro.req[0]);
+        }
+    }
+    free(sumsq_of);
+}
+
 static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
-                                 const ptc_compile_opts *o, char *err, size_t errn)
+                                 const ptc_compile_opts *o, bool regather, char *err, size_t errn)
 {
     part p = {.g = g,
               .axis = axis,
@@ -620,7 +795,9 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
               .kind = kind,
               .o = o,
               .err = err,
-              .errn = errn};
+              .errn = errn,
+              .fwd_end = g->loss >= 0 ? g->values[g->loss].def : g->nnodes,
+              .regather = regather};
     int nv = g->nvalues ? g->nvalues : 1;
     p.out = ptc_graph_new(g->name);
     p.out->optim = g->optim;
@@ -630,12 +807,9 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     p.deferred = ptc_xcalloc((size_t)nv, 1);
     p.cache = ptc_xcalloc((size_t)nv, sizeof *p.cache);
     p.ncache = ptc_xcalloc((size_t)nv, 1);
-    p.ce_m = ptc_xmalloc(sizeof(int) * (size_t)nv);
-    p.ce_s = ptc_xmalloc(sizeof(int) * (size_t)nv);
     for (int i = 0; i < nv; i++)
-        p.vmap[i] = p.ce_m[i] = p.ce_s[i] = -1;
-    for (int i = 0; i < g->nnodes && !p.failed; i++)
-        partition_node(&p, i);
+        p.vmap[i] = -1;
+    walk(&p);
     if (!p.failed)
         finish(&p);
     free(p.vmap);
@@ -643,13 +817,101 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
     free(p.deferred);
     free(p.cache);
     free(p.ncache);
-    free(p.ce_m);
-    free(p.ce_s);
     if (p.failed) {
         ptc_graph_free(p.out);
         return NULL;
     }
     return p.out;
+}
+
+/* ---- sequence parallelism: keep the gathered layer inputs, or the shards? ---- */
+
+static int64_t value_bytes(const ptc_graph *g, int v)
+{
+    const ptc_type *t = &g->values[v].type;
+    return ptc_type_numel(t) * ptc_dtype_size(t->dtype);
+}
+
+/* What a tensor-parallel program g (partitioned keeping the gathered tensors) costs per rank:
+ * bytes sent over the axis per step (ring: allreduce 2N(t-1)/t, allgather and reduce-scatter
+ * N(t-1)/t of the full N), the peak of live activations (every value but parameters and state,
+ * freed after its last use), and the part of both that re-gathering would trade: the forward
+ * all-gathers still live after the loss, each N(t-1)/t bytes to send again or to free. */
+typedef struct sp_cost {
+    int64_t sent, peak, stash;
+    int nstash;
+} sp_cost;
+
+static void sp_cost_of(const ptc_graph *g, int axis, sp_cost *c)
+{
+    int64_t T = g->mesh.sizes[axis], live = 0;
+    int loss = g->loss >= 0 ? g->values[g->loss].def : g->nnodes;
+    int *last = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
+    int64_t *freed = ptc_xcalloc((size_t)g->nnodes + 1, sizeof(int64_t));
+    memset(c, 0, sizeof *c);
+    for (int v = 0; v < g->nvalues; v++)
+        last[v] = g->values[v].def;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            last[g->nodes[i].in[k]] = i;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        bool comm = (ptc_ops[n->op].flags & PTC_F_COMM) && n->attrs.mesh_axis == axis;
+        int64_t in = value_bytes(g, n->nin ? n->in[0] : n->out[0]);
+        int64_t out = value_bytes(g, n->out[0]);
+        int64_t full = n->op == PTC_OP_ALLREDUCE ? 2 * in : n->op == PTC_OP_ALLGATHER ? out : in;
+        if (comm)
+            c->sent += full * (T - 1) / T;
+        if (comm && n->op == PTC_OP_ALLGATHER && i < loss && last[n->out[0]] > loss) {
+            c->stash += out * (T - 1) / T;
+            c->nstash++;
+        }
+        for (int k = 0; k < n->nout && n->op != PTC_OP_PARAM && n->op != PTC_OP_STATE; k++) {
+            live += value_bytes(g, n->out[k]);
+            freed[last[n->out[k]]] += value_bytes(g, n->out[k]);
+        }
+        c->peak = live > c->peak ? live : c->peak;
+        live -= freed[i];
+    }
+    free(freed);
+    free(last);
+}
+
+/* Re-gathering frees `stash` bytes of activations and sends as many bytes more. Each is weighed
+ * against what the rank already spends: re-gather when it saves a larger fraction of the
+ * activation peak than it adds to the bytes sent (stash/peak >= stash/sent, so when the step
+ * already sends at least its activation peak: wide tensor parallelism, where the gathered copies
+ * are t times the shards). */
+static bool sp_choose(const ptc_compile_opts *o, const sp_cost *c)
+{
+    if (o->sp_stash != PTC_SP_STASH_AUTO)
+        return o->sp_stash == PTC_SP_STASH_SHARD;
+    return c->nstash > 0 && c->sent >= c->peak;
+}
+
+static ptc_graph *partition_tp(ptc_pass_ctx *ctx, int axis)
+{
+    const ptc_compile_opts *o = ctx->opts;
+    ptc_graph *ng = partition_axis(ctx->g, axis, PART_TENSOR, o, false, ctx->err, ctx->errn);
+    if (!ng || !o->seq_parallel)
+        return ng;
+    sp_cost c;
+    sp_cost_of(ng, axis, &c);
+    if (!c.nstash)
+        return ng;
+    bool shard = sp_choose(o, &c);
+    /* one line for the plan: what was chosen, why, and what the other choice costs */
+    ptc_fmt(ctx->notes, sizeof ctx->notes,
+            "sequence parallel (%s): %d all-gathered layer inputs are %s for the backward: "
+            "%lld bytes of activations per rank (peak %lld) against %lld bytes sent again over "
+            "tp per step (%lld sent)\n",
+            o->sp_stash == PTC_SP_STASH_AUTO ? "chosen" : "asked", c.nstash,
+            shard ? "gathered again (1/t shards kept)" : "kept gathered", (long long)c.stash,
+            (long long)c.peak, (long long)c.stash, (long long)c.sent);
+    if (!shard)
+        return ng;
+    ptc_graph_free(ng);
+    return partition_axis(ctx->g, axis, PART_TENSOR, o, true, ctx->err, ctx->errn);
 }
 
 int ptc_pass_partition(ptc_pass_ctx *ctx)
@@ -672,7 +934,9 @@ int ptc_pass_partition(ptc_pass_ctx *ctx)
                     m->names[a]);
             return -1;
         }
-        ptc_graph *ng = partition_axis(ctx->g, a, kind, ctx->opts, ctx->err, ctx->errn);
+        ptc_graph *ng = kind == PART_TENSOR ? partition_tp(ctx, a)
+                                            : partition_axis(ctx->g, a, kind, ctx->opts, false,
+                                                             ctx->err, ctx->errn);
         if (!ng)
             return -1;
         ptc_graph_free(ctx->g);

@@ -21,6 +21,7 @@
 typedef enum { PART_TENSOR, PART_DATA } part_kind;
 
 #define PLACE_UNDECIDED 255 /* operand placement kind: a source not emitted yet */
+#define PL_UNDECIDED ((ptc_placement){.kind = PLACE_UNDECIDED})
 
 typedef struct part part;
 
@@ -47,9 +48,14 @@ bool part_seq_parallel(const part *p);
 int part_zero(const part *p);
 /* The pinned placement of a parameter on this axis, if any. */
 bool part_pinned(const part *p, int old_value, ptc_placement *pl);
+/* Where ZeRO shards a value of (rank-local) type t on this data-parallel axis. */
+ptc_placement part_zero_placement(const part *p, const ptc_type *t);
 /* The new value of old value v in placement pl (emitting a deferred source first); -1 after an
  * error. */
 int part_obtain(part *p, int v, ptc_placement pl);
+/* Whether old value v is at hand in placement pl without communication (its placement, or a
+ * redistribution made before that the walker would reuse here). */
+bool part_available(const part *p, int v, ptc_placement pl);
 /* Redistributes old value v to placement pl; returns the new value id or -1 after an error. */
 int part_redist(part *p, int v, ptc_placement pl);
 /* Emits an op into the rank program with new-value operands; returns the first result. */
@@ -57,26 +63,39 @@ int part_emit(part *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, p
               int *outs);
 /* A replicated f32 scalar constant in the rank program. */
 int part_const(part *p, double value, ptc_loc loc);
+/* Sets the placement on this axis of new value nv, an intermediate of a custom emission; its
+ * placements on the other axes are those of old value `like` (-1: keep those of nv's first
+ * operand, which part_emit gave it). */
+void part_set_place(part *p, int nv, int like, ptc_placement pl);
 /* Records that old value v is now new value nv with placement pl. */
 void part_bind(part *p, int v, int nv, ptc_placement pl);
 /* Reports an error at a node's location (mesh cannot divide, unsupported combination). */
 int part_error(part *p, int ni, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Side table for vocabulary-parallel cross-entropy: the (M, S) rows of a logits value. */
-void part_set_ce_stats(part *p, int old_logits, int m, int s);
-bool part_ce_stats(const part *p, int old_logits, int *m, int *s);
+/* The rank program emitted so far (read-only: rules may look up what was emitted). */
+const ptc_graph *part_out(const part *p);
 
 /* Placement helpers */
 static inline ptc_placement pl_r(void)
 {
-    return (ptc_placement){PTC_PLACE_REPLICATE, 0, 0};
+    return (ptc_placement){.kind = PTC_PLACE_REPLICATE};
 }
 static inline ptc_placement pl_s(int dim, int groups)
 {
-    return (ptc_placement){PTC_PLACE_SHARD, (int8_t)dim, (uint8_t)(groups > 1 ? groups : 0)};
+    return (ptc_placement){
+        .kind = PTC_PLACE_SHARD, .dim = (int8_t)dim, .groups = (uint8_t)(groups > 1 ? groups : 0)};
+}
+/* Shard(dim) of a dim that the axis does not divide: rem = size % T slices on every rank. */
+static inline ptc_placement pl_rem(int dim, int rem)
+{
+    return (ptc_placement){.kind = PTC_PLACE_SHARD, .dim = (int8_t)dim, .rem = (uint16_t)rem};
 }
 static inline ptc_placement pl_p(void)
 {
-    return (ptc_placement){PTC_PLACE_PARTIAL, 0, 0};
+    return (ptc_placement){.kind = PTC_PLACE_PARTIAL};
+}
+static inline bool pl_ragged(ptc_placement a)
+{
+    return a.kind == PTC_PLACE_SHARD && a.rem;
 }
 static inline bool pl_eq(ptc_placement a, ptc_placement b)
 {
@@ -84,7 +103,8 @@ static inline bool pl_eq(ptc_placement a, ptc_placement b)
         return false;
     if (a.kind != PTC_PLACE_SHARD)
         return true;
-    return a.dim == b.dim && (a.groups > 1 ? a.groups : 1) == (b.groups > 1 ? b.groups : 1);
+    return a.dim == b.dim && (a.groups > 1 ? a.groups : 1) == (b.groups > 1 ? b.groups : 1) &&
+           a.rem == b.rem;
 }
 static inline int pl_groups(ptc_placement a)
 {

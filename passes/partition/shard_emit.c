@@ -76,8 +76,53 @@ static int emit_vocab_ce(part *p, const ptc_node *n, const int *ins)
     int t = t0 < 0 ? -1 : part_emit(p, PTC_OP_ALLREDUCE, &t0, 1, &sum, loc, NULL);
     if (t < 0)
         return -1;
-    part_set_ce_stats(p, n->in[0], m, s);
     return part_emit(p, PTC_OP_CE_LOSS, (int[]){m, s, t}, 3, NULL, loc, NULL);
+}
+
+/* The row statistics (M, S) that the vocabulary-parallel cross-entropy computed from the rank's
+ * logits nl, read back from the program emitted so far (the ce_sumexp of nl and the allreduce of
+ * its result), so the gradient reuses them without a side table; false if there is none. */
+static bool ce_stats(const part *p, int nl, int *m, int *s)
+{
+    const ptc_graph *g = part_out(p);
+    int sumexp = -1;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op == PTC_OP_CE_SUMEXP && n->in[0] == nl && sumexp < 0) {
+            *m = n->in[1];
+            sumexp = n->out[0];
+        } else if (n->op == PTC_OP_ALLREDUCE && sumexp >= 0 && n->in[0] == sumexp) {
+            *s = n->out[0];
+            return true;
+        }
+    }
+    return false;
+}
+
+/* sumsq of a shard with a remainder: the rank's own slices, plus the remainder (held by every
+ * rank) counted on coordinate 0 only, so the sum over the axis counts every element once. */
+static int emit_sumsq_rem(part *p, const ptc_node *n, const rule_out *ro, const int *ins)
+{
+    ptc_placement x = ro->req[0];
+    const ptc_type *t = &part_out(p)->values[ins[0]].type;
+    int64_t q = t->dims[x.dim] - x.rem;
+    int part[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+        ptc_attrs sl = ptc_attrs_default(PTC_OP_SLICE);
+        sl.axis = x.dim;
+        sl.start = k ? q : 0;
+        sl.len = k ? x.rem : q;
+        int s = part_emit(p, PTC_OP_SLICE, &ins[0], 1, &sl, n->loc, NULL);
+        part_set_place(p, s, -1, k ? pl_r() : pl_s(x.dim, 1));
+        part[k] = s < 0 ? -1 : part_emit(p, PTC_OP_SUMSQ, &s, 1, NULL, n->loc, NULL);
+        if (part[k] < 0)
+            return -1;
+        part_set_place(p, part[k], n->out[0], k ? pl_r() : pl_p());
+    }
+    ptc_attrs pa = axis_attrs(p, PTC_OP_PARTIALIZE);
+    int tail = part_emit(p, PTC_OP_PARTIALIZE, &part[1], 1, &pa, n->loc, NULL);
+    part_set_place(p, tail, n->out[0], pl_p());
+    return tail < 0 ? -1 : part_emit(p, PTC_OP_ADD, (int[]){part[0], tail}, 2, NULL, n->loc, NULL);
 }
 
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro)
@@ -94,6 +139,7 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
     switch (copy.op) {
     case PTC_OP_MEAN:
     case PTC_OP_MAX: r = emit_reduce(p, &copy, ro, ins); break;
+    case PTC_OP_SUMSQ: r = emit_sumsq_rem(p, &copy, ro, ins); break;
     case PTC_OP_EMBEDDING:
         at = axis_attrs(p, PTC_OP_EMBEDDING_SHARD);
         r = part_emit(p, PTC_OP_EMBEDDING_SHARD, ins, 2, &at, copy.loc, NULL);
@@ -131,10 +177,10 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
         r = r < 0 ? -1 : scaled(p, r, 1.0 / T, copy.loc);
         break;
     case PTC_OP_CROSS_ENTROPY_GRAD: {
-        int m, s;
+        int m = -1, s = -1;
         if (ro->out[0].dim == part_graph(p)->values[copy.in[0]].type.rank - 1 &&
             part_axis_kind(p) == PART_TENSOR) {
-            if (!part_ce_stats(p, copy.in[0], &m, &s))
+            if (!ce_stats(p, ins[0], &m, &s))
                 return part_error(p, ni,
                                   "internal error: cross_entropy gradient before its "
                                   "forward");

@@ -16,8 +16,10 @@
  *   - Partial values are reduced where a non-linear op needs them: allreduce, or reduce_scatter
  *     over the sequence with --seq-parallel.
  * Data parallelism: model inputs are split over the batch, means over a split batch become Partial
- * with a 1/T scale, parameter gradients come out Partial and are reduced at the optimizer update,
- * which runs on Shard(0) state under ZeRO.
+ * with a 1/T scale, parameter gradients come out Partial and are reduced where the global norm's
+ * sumsq first uses them (the walker makes that reduction as soon as the gradient is complete);
+ * under ZeRO the update runs on the state's shard (part_zero_placement: a dim dp divides, or a
+ * shard with a remainder).
  */
 #include <string.h>
 
@@ -50,7 +52,7 @@ static bool partial(ptc_placement a)
 
 static ptc_placement pl_und(void)
 {
-    return (ptc_placement){PLACE_UNDECIDED, 0, 0};
+    return PL_UNDECIDED;
 }
 
 static void all_req(rule_out *ro, int nin, ptc_placement pl)
@@ -105,30 +107,74 @@ static bool linear_in_partials(const ptc_node *n, const ptc_placement *in)
     }
 }
 
+/* Whether old value v has one consumer and it is a sum (the next link of an accumulation). */
+static bool accumulates(const part *p, int v)
+{
+    const ptc_graph *g = part_graph(p);
+    int uses = 0, sums = 0;
+    for (int i = g->values[v].def + 1; i < g->nnodes && uses < 2; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] == v) {
+                uses++;
+                sums += g->nodes[i].op == PTC_OP_ADD || g->nodes[i].op == PTC_OP_SUB;
+            }
+    for (int i = 0; i < g->noutputs; i++)
+        uses += g->outputs[i] == v;
+    return uses == 1 && sums == 1;
+}
+
+/* Under sequence parallelism, a sum of sequence-sharded and Partial terms that feeds another sum
+ * (a gradient accumulating the contributions of several column-parallel matmuls, as separate
+ * q, k and v projections give, onto the residual's): reducing each Partial term to the sequence
+ * shard costs a reduce-scatter per term, while gathering the sharded term once and keeping the
+ * chain Partial costs one all-gather and one reduce-scatter at the chain's end. */
+static bool sp_accumulation(const part *p, const ptc_node *n, const ptc_placement *in)
+{
+    if (!part_seq_parallel(p) || (n->op != PTC_OP_ADD && n->op != PTC_OP_SUB) ||
+        !accumulates(p, n->out[0]))
+        return false;
+    int np = 0;
+    for (int k = 0; k < n->nin; k++) {
+        np += partial(in[k]);
+        if (undecided(in[k]) || (sharded(in[k]) && (in[k].dim != 1 || pl_groups(in[k]) > 1)))
+            return false;
+    }
+    return np > 0;
+}
+
 static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
     const ptc_type *to = gty(p, n->out[0]);
     int R = to->rank, nin = n->nin;
+    if (sp_accumulation(p, n, in)) {
+        all_req(ro, nin, pl_p());
+        all_out(ro, n->nout, pl_p());
+        return 0;
+    }
     ptc_placement target = pl_und();
     if (is_update(n->op) && part_axis_kind(p) == PART_DATA) {
-        target =
-            part_zero(p) >= 1 && R >= 1 && to->dims[0] % part_size(p) == 0 ? pl_s(0, 1) : pl_r();
+        target = part_zero(p) >= 1 ? part_zero_placement(p, to) : pl_r();
     } else if (is_update(n->op)) {
         target = undecided(in[0]) ? pl_r() : in[0];
     }
     for (int k = 0; k < nin && undecided(target); k++) {
         const ptc_type *t = gty(p, n->in[k]);
-        if (sharded(in[k]) && t->dims[in[k].dim] == to->dims[in[k].dim + R - t->rank])
-            target = pl_s(in[k].dim + R - t->rank, pl_groups(in[k]));
+        if (sharded(in[k]) && t->dims[in[k].dim] == to->dims[in[k].dim + R - t->rank]) {
+            target = in[k]; /* the same split (groups, remainder) on the output's dim */
+            target.dim = (int8_t)(in[k].dim + R - t->rank);
+        }
     }
     if (undecided(target)) {
         bool anyp = false;
         for (int k = 0; k < nin; k++)
             anyp |= partial(in[k]);
         bool small = ptc_type_numel(to) <= 16;
-        if (anyp && small && (n->op == PTC_OP_ADD || n->op == PTC_OP_SUB)) {
-            /* tiny sums (gradient-norm terms): make the replicated terms Partial, reduce once */
+        bool sum = n->op == PTC_OP_ADD || n->op == PTC_OP_SUB;
+        if (anyp && sum && (small || accumulates(p, n->out[0]))) {
+            /* tiny sums (gradient-norm terms), and a chain of sums (a gradient accumulating the
+             * contributions of several column-parallel matmuls onto a replicated one): make the
+             * replicated terms Partial (a local op), so the chain is reduced once, at its end */
             all_req(ro, nin, pl_p());
             all_out(ro, n->nout, pl_p());
             return 0;
@@ -145,7 +191,8 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
         const ptc_type *t = gty(p, n->in[k]);
         int d = target.dim - (R - t->rank);
         bool aligned = sharded(target) && d >= 0 && t->dims[d] == to->dims[target.dim];
-        ro->req[k] = aligned ? pl_s(d, pl_groups(target)) : pl_r();
+        ro->req[k] = aligned ? target : pl_r();
+        ro->req[k].dim = aligned ? (int8_t)d : 0;
     }
     if (is_update(n->op)) /* lr and step are scalars */
         for (int k = n->op == PTC_OP_ADAMW_UPDATE ? 4 : 3; k < nin; k++)
@@ -302,6 +349,16 @@ static int rule_matmul(part *p, int ni, const ptc_placement *in, rule_out *ro)
         ro->out[0] = pl_s(rc - 1, pl_groups(b));
         return 0;
     }
+    /* a replicated weight (key/value heads that do not divide) on a sequence-sharded activation
+     * whose gathered copy exists already (gathered for the query projection): every rank
+     * computes the whole output from it, which sends nothing, where computing on the shard
+     * would all-gather the output for rope and attention */
+    if (part_seq_parallel(p) && sharded(a) && a.dim == 1 && ra == 3 && rb == 2 &&
+        b.kind == PTC_PLACE_REPLICATE && part_available(p, n->in[0], pl_r())) {
+        ro->req[0] = pl_r();
+        ro->out[0] = pl_r();
+        return 0;
+    }
     /* A sharded on a leading or row dim, B replicated or sharded alike on a shared leading dim */
     if (sharded(a) && a.dim < ra - 1 && !partial(b)) {
         int od = out_dim(a.dim, ra, rc);
@@ -372,12 +429,9 @@ static int rule_rowwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
     /* the main operand: x (norms, softmax, rope), y (softmax grads) */
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
     if (partial(x))
-        x = n->op == PTC_OP_ROPE || n->op == PTC_OP_ROPE_GRAD ? pl_p() : resolve_partial(p, tx);
+        x = resolve_partial(p, tx);
     if (sharded(x) && (x.dim == ax || pl_groups(x) > 1))
         x = pl_r();
-    if ((n->op == PTC_OP_ROPE || n->op == PTC_OP_ROPE_GRAD) && sharded(x) &&
-        (x.dim == 1 || (x.dim == 2 && n->attrs.heads % part_size(p))))
-        x = pl_r(); /* positions and heads must stay whole */
     bool grad2 = n->op == PTC_OP_LAYERNORM_GRAD || n->op == PTC_OP_RMSNORM_GRAD;
     for (int k = 0; k < n->nin; k++)
         ro->req[k] = pl_r();
@@ -391,6 +445,22 @@ static int rule_rowwise(part *p, int ni, const ptc_placement *in, rule_out *ro)
     ro->out[0] = x;
     for (int k = 1; k < n->nout; k++) /* gains and biases: summed over the rows */
         ro->out[k] = sharded(x) ? pl_p() : pl_r();
+    return 0;
+}
+
+/* rope and its gradient rotate pairs of features inside each head by the position: linear, the
+ * same rotation for every head. So a Partial passes, a batch shard passes, and a shard of the
+ * features passes when it holds whole heads (plain, or strided groups of whole heads, as a fused
+ * qkv gives); positions (dim 1) must stay whole. */
+static int rule_rope(part *p, int ni, const ptc_placement *in, rule_out *ro)
+{
+    const ptc_node *n = node(p, ni);
+    ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
+    int64_t parts = (int64_t)part_size(p) * pl_groups(x);
+    if (sharded(x) && (x.dim == 1 || (x.dim == 2 && n->attrs.heads % parts)))
+        x = pl_r();
+    ro->req[0] = x;
+    ro->out[0] = x;
     return 0;
 }
 
@@ -665,10 +735,11 @@ static int rule_sumsq(part *p, int ni, const ptc_placement *in, rule_out *ro)
     const ptc_type *t = gty(p, n->in[0]);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
     if (partial(x)) /* reduce a gradient the way its update wants it */
-        x = part_zero(p) >= 2 && t->rank >= 1 && t->dims[0] % part_size(p) == 0 ? pl_s(0, 1)
-                                                                                : pl_r();
+        x = part_zero(p) >= 2 ? part_zero_placement(p, t) : pl_r();
     ro->req[0] = x;
     ro->out[0] = sharded(x) ? pl_p() : pl_r();
+    if (pl_ragged(x)) /* the remainder is on every rank: counted once */
+        ro->emit = EMIT_CUSTOM;
     return 0;
 }
 
@@ -678,8 +749,11 @@ static int rule_inner_comm(part *p, int ni, const ptc_placement *in, rule_out *r
 {
     const ptc_node *n = node(p, ni);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
-    bool touches = sharded(x) && (x.dim == n->attrs.axis || x.dim == n->attrs.to) &&
-                   n->op != PTC_OP_ALLREDUCE && n->op != PTC_OP_PARTIALIZE;
+    /* only all_to_all has a `to`; allreduce and partialize act on no dimension (their unused
+     * attributes are 0, which must not read as "dim 0": that gathered the batch over dp) */
+    bool has_axis = n->op != PTC_OP_ALLREDUCE && n->op != PTC_OP_PARTIALIZE;
+    bool touches = sharded(x) && has_axis &&
+                   (x.dim == n->attrs.axis || (n->op == PTC_OP_ALL_TO_ALL && x.dim == n->attrs.to));
     if (touches)
         x = pl_r();
     ro->req[0] = x;
@@ -743,13 +817,13 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_RMSNORM:
     case PTC_OP_SOFTMAX:
     case PTC_OP_LOG_SOFTMAX:
-    case PTC_OP_ROPE:
-    case PTC_OP_ROPE_GRAD:
     case PTC_OP_LAYERNORM_GRAD:
     case PTC_OP_RMSNORM_GRAD:
     case PTC_OP_SOFTMAX_GRAD:
     case PTC_OP_LOG_SOFTMAX_GRAD:
     case PTC_OP_MAX_GRAD: return rule_rowwise(p, ni, in, ro);
+    case PTC_OP_ROPE:
+    case PTC_OP_ROPE_GRAD: return rule_rope(p, ni, in, ro);
     case PTC_OP_RESHAPE:
     case PTC_OP_TRANSPOSE:
     case PTC_OP_PERMUTE:

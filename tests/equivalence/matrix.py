@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Equivalence matrix: every parallel plan trains like the single-device program it came from.
 
-For mlp, gpt2_tiny and llama_tiny, and every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
+For mlp, gpt2_tiny, llama_tiny and bert_tiny (an encoder: no causal mask, post-layernorm), and
+every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
 ranks (and tests/golden/ir/every_op.ptm, which uses every op of the language, on the meshes its
 batch of 2 and its 2 heads divide), with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
 compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads), on the reference
@@ -62,6 +63,7 @@ MODELS = {
     'mlp': ('examples/mlp.ptm', 4, 4),
     'gpt2_tiny': ('examples/gpt2_tiny.ptm', 4, 4),
     'llama_tiny': ('examples/llama_tiny.ptm', 4, 4),
+    'bert_tiny': ('examples/bert_tiny.ptm', 4, 4),
     'every_op': ('tests/golden/ir/every_op.ptm', 2, 2),
 }
 

@@ -86,13 +86,14 @@ with tempfile.TemporaryDirectory() as d:
                        capture_output=True, text=True)
     check(r.returncode == 1 and 'plan check' in r.stderr and r.stdout == '',
           'the executable rejects it before launch (nothing ran)')
-    n = len(plan('--mesh', 'dp=2,tp=2', TINY)['programs'][0]['collectives'])
-    r = subprocess.run([exe, '--steps', '1', '--debug-drop-collective', '1:%d' % (n - 1),
+    last = plan('--mesh', 'dp=2,tp=2', TINY)['programs'][0]['collectives'][-1]
+    r = subprocess.run([exe, '--steps', '1', '--debug-drop-collective', '1:%d' % last['index'],
                         '--debug-no-check', '--comm-timeout', '1'],
                        capture_output=True, text=True, timeout=60)
     msg = r.stderr.strip()
     check(r.returncode == 1 and 'timeout after 1.0 s' in msg and 'rank 1 did not' in msg and
-          'step 1' in msg and 'group dp' in msg, 'a real hang is reported by the timeout: ' + msg)
+          'step 1' in msg and 'group ' + last['axis'] in msg,
+          'a real hang is reported by the timeout: ' + msg)
 
 print('%d passed, %d failed' % (passed, failed))
 sys.exit(1 if failed else 0)

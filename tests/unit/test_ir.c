@@ -130,8 +130,8 @@ Test(ir, attention_rules)
 Test(ir, print_parse_roundtrip)
 {
     ptc_graph *g = small_graph();
-    g->values[5].place[1] = (ptc_placement){PTC_PLACE_SHARD, 1, 0};
-    g->values[6].place[0] = (ptc_placement){PTC_PLACE_PARTIAL, 0, 0};
+    g->values[5].place[1] = (ptc_placement){.kind = PTC_PLACE_SHARD, .dim = 1};
+    g->values[6].place[0] = (ptc_placement){.kind = PTC_PLACE_PARTIAL};
     g->nodes[5].stage = 2;
     g->nodes[6].recompute = true;
     g->optim.beta2 = 0.95;
@@ -146,6 +146,31 @@ Test(ir, print_parse_roundtrip)
     cr_assert(strstr(t1, "stage=2"), "%s", t1);
     cr_assert(strstr(t1, "@3:7"), "%s", t1);
     cr_assert_eq(ptc_verify(h, err, sizeof err), 0, "%s", err);
+    free(t1);
+    free(t2);
+    ptc_graph_free(g);
+    ptc_graph_free(h);
+}
+
+/* A shard with a remainder (ZeRO over a dim the axis does not divide) prints as S<dim>r<rem>,
+ * parses back, and the verifier accepts a remainder smaller than its axis only. */
+Test(ir, remainder_shard_placement)
+{
+    ptc_graph *g = small_graph();
+    g->mesh = (ptc_mesh){.naxes = 1, .names = {"dp"}, .sizes = {4}};
+    g->values[2].place[0] = (ptc_placement){.kind = PTC_PLACE_SHARD, .dim = 1, .rem = 3};
+    char *t1 = print_str(g);
+    cr_assert(strstr(t1, "f32[6,12]<S1r3>"), "%s", t1);
+    char err[256] = "";
+    ptc_graph *h = ptc_parse_ir(t1, err, sizeof err);
+    cr_assert_not_null(h, "parse failed: %s\n%s", err, t1);
+    cr_assert_eq(h->values[2].place[0].rem, 3);
+    char *t2 = print_str(h);
+    cr_assert_str_eq(t1, t2);
+    cr_assert_eq(ptc_verify(h, err, sizeof err), 0, "%s", err);
+    h->values[2].place[0].rem = 4; /* 4 ranks would divide 4 more slices */
+    cr_assert_eq(ptc_verify(h, err, sizeof err), -1);
+    cr_assert(strstr(err, "remainder of 4"), "%s", err);
     free(t1);
     free(t2);
     ptc_graph_free(g);
