@@ -251,6 +251,13 @@ ptc_graph *ptc_parse_ir(const char *text, char *err, size_t errn);
 /* Graphviz dot. */
 void ptc_print_dot(const ptc_graph *g, FILE *f);
 
+/* Cost of op on operands of types in[] giving results of types out[] (cost.c): floating-point
+ * operations (a multiply-add is 2) and bytes read and written. Relative costs for the planned
+ * timeline and stage balancing. */
+double ptc_op_flops(ptc_op op, const ptc_attrs *a, const ptc_type *in, int nin,
+                    const ptc_type *out, int nout);
+double ptc_op_bytes(const ptc_type *in, int nin, const ptc_type *out, int nout);
+
 /* Parameters (PARAM nodes) in graph order, and their total element count. */
 int ptc_graph_params(const ptc_graph *g, int *node_ids, int cap);
 int64_t ptc_graph_param_count(const ptc_graph *g);

@@ -18,6 +18,7 @@ typedef struct lw {
     int *fold;      /* value -> the value a folded transpose reads, or -1 */
     int *undo;      /* value -> w when the value is transpose(transpose(w)) (a view of w), or -1 */
     int *tout;      /* matmul node -> the transpose of its result it writes directly, or -1 */
+    int *updates;   /* value -> the state it becomes at the end of the step (its `update`), or -1 */
     int *last_use;  /* value -> last node reading it (nnodes: live at exit) */
     int *root_last; /* buffer -> last node reading any value whose bytes it holds */
     int *src_of;    /* buffer -> the buffer a reshape view was made from (-1) */
@@ -43,6 +44,7 @@ static int new_buffer(lw *L, const ptc_type *t, const ptc_placement *place, int 
     if (place)
         memcpy(b.place, place, sizeof b.place);
     b.kind = (uint8_t)kind;
+    b.view_axis = -1;
     b.region = kind == PTC_BUF_PARAM   ? PTC_REGION_PARAM
                : kind == PTC_BUF_STATE ? PTC_REGION_OPTIM
                                        : PTC_REGION_ACT;
@@ -74,6 +76,9 @@ static int view_of(lw *L, int v, int of)
     int b = new_buffer(L, &val->type, val->place, PTC_BUF_TEMP);
     L->pg->bufs[b].view = root;
     L->pg->bufs[b].region = L->pg->bufs[root].region;
+    /* a view of a rank's shard of its root is at the same place in the root */
+    L->pg->bufs[b].view_axis = L->pg->bufs[of].view_axis;
+    L->pg->bufs[b].view_step = L->pg->bufs[of].view_step;
     L->buf[v] = b;
     if (L->last_use[v] > L->root_last[root])
         L->root_last[root] = L->last_use[v];
@@ -138,13 +143,31 @@ static int inplace_operand(const ptc_graph *g, const ptc_node *n, int k, int can
     case PTC_OP_SGD_UPDATE: return k == 0 ? 0 : 2;       /* p' -> p, buf' -> buf */
     case PTC_OP_RELU_GRAD:
     case PTC_OP_GELU_GRAD:
-    case PTC_OP_SILU_GRAD: break;
+    case PTC_OP_SILU_GRAD:
+    case PTC_OP_ALLREDUCE: break;
     default:
         if (!(ptc_ops[n->op].flags & (PTC_F_UNARY | PTC_F_BINARY)))
             return -1;
     }
     const ptc_type *o = &g->values[n->out[k]].type, *x = &g->values[n->in[cand]].type;
     return ptc_type_eq(o, x) ? cand : -1;
+}
+
+/* A result that becomes a parameter or state at the end of the step is written straight into it
+ * when nothing reads the old value any more (the ZeRO gather of an updated parameter): no copy at
+ * the end, no second buffer. */
+static int update_target(lw *L, int ni, int v)
+{
+    int st = L->updates[v];
+    if (st < 0 || L->buf[st] < 0)
+        return -1;
+    int root = ptc_prog_root(L->pg, L->buf[st]);
+    const ptc_buffer *rb = &L->pg->bufs[root];
+    const ptc_type *t = &L->g->values[v].type;
+    if (L->root_last[root] >= ni || L->pg->bufs[L->buf[st]].view_axis >= 0 ||
+        rb->bytes != ptc_type_numel(t) * ptc_dtype_size(t->dtype) || rb->type.dtype != t->dtype)
+        return -1;
+    return view_of(L, v, root);
 }
 
 /* Result k of node ni may take the bytes of an operand that nothing reads afterwards. */
@@ -163,7 +186,7 @@ static int try_inplace(lw *L, int ni, int k, const int *ins)
             L->root_last[root] != ni)
             continue;
         /* claimed: the operand's bytes now hold this result */
-        return view_of(L, n->out[k], root);
+        return view_of(L, n->out[k], ins[x]); /* (at the operand's place: a shard view's too) */
     }
     return -1;
 }
@@ -186,6 +209,8 @@ static void emit_kernel(lw *L, int ni)
     }
     for (int k = 0; k < n->nout; k++) {
         outs[k] = convert ? -1 : try_inplace(L, ni, k, ins);
+        if (outs[k] < 0)
+            outs[k] = update_target(L, ni, n->out[k]);
         if (outs[k] < 0)
             outs[k] = value_buffer(L, n->out[k], PTC_BUF_TEMP);
         wide[k] = outs[k];
@@ -225,12 +250,45 @@ static void split_layout(const ptc_type *t, int d, int groups, int parts, int64_
     *chunk = t->dims[d] / groups / parts * inner;
 }
 
+/* An allgather whose input is this rank's shard view of a buffer of the output's size, which
+ * nothing reads afterwards, gathers into that buffer (ZeRO-1/2 gather each updated parameter
+ * into the parameter itself: no second copy, and no copy at the end of the step). */
+static int gather_in_place(lw *L, int ni, int x)
+{
+    const ptc_node *n = &L->g->nodes[ni];
+    const ptc_buffer *xb = &L->pg->bufs[x];
+    if (xb->view < 0 || xb->view_axis != n->attrs.mesh_axis || xb->view_step != xb->bytes ||
+        n->attrs.n > 1)
+        return -1;
+    int root = xb->view;
+    const ptc_buffer *rb = &L->pg->bufs[root];
+    const ptc_value *out = &L->g->values[n->out[0]];
+    int64_t outer = 1;
+    for (int i = 0; i < n->attrs.axis; i++)
+        outer *= out->type.dims[i];
+    if (outer != 1 || rb->kind == PTC_BUF_INPUT || rb->type.dtype != out->type.dtype ||
+        rb->bytes != ptc_type_numel(&out->type) * ptc_dtype_size(out->type.dtype) ||
+        L->root_last[root] != ni)
+        return -1;
+    return view_of(L, n->out[0], root);
+}
+
 static void emit_collective(lw *L, int ni)
 {
     const ptc_node *n = &L->g->nodes[ni];
     const ptc_attrs *a = &n->attrs;
-    /* communicators move and reduce every dtype (16-bit sums in float, rounded once) */
-    int x = L->buf[n->in[0]], y = value_buffer(L, n->out[0], PTC_BUF_TEMP);
+    /* communicators move and reduce every dtype (16-bit sums in float, rounded once); an
+     * allreduce sums in place over an operand nothing reads afterwards (a gradient: the
+     * unreduced copy would otherwise sit among the activations beside the reduced one) */
+    int x = L->buf[n->in[0]], y = -1;
+    if (n->op == PTC_OP_ALLREDUCE)
+        y = try_inplace(L, ni, 0, &x);
+    else if (n->op == PTC_OP_ALLGATHER)
+        y = gather_in_place(L, ni, x);
+    if (y < 0)
+        y = update_target(L, ni, n->out[0]);
+    if (y < 0)
+        y = value_buffer(L, n->out[0], PTC_BUF_TEMP);
     const ptc_type *it = &L->pg->bufs[x].type, *ot = &L->pg->bufs[y].type;
     int parts = L->g->mesh.sizes[a->mesh_axis];
     ptc_instr in;
@@ -593,6 +651,30 @@ static void find_eval(lw *L)
     free(run);
 }
 
+/* A rank's part of a tensor split along its first dimension that is larger than 1 (no groups, no
+ * remainder) is a contiguous run of it: a view at coordinate x part bytes, no copy. ZeRO-1's
+ * shard of an allreduced gradient is one. */
+static bool shard_view(lw *L, int ni)
+{
+    const ptc_node *n = &L->g->nodes[ni];
+    const ptc_type *it = &L->g->values[n->in[0]].type, *ot = &L->g->values[n->out[0]].type;
+    int d = (int)n->attrs.axis, T = L->g->mesh.sizes[n->attrs.mesh_axis];
+    int64_t outer = 1;
+    for (int i = 0; i < d; i++)
+        outer *= it->dims[i];
+    int src = L->buf[n->in[0]];
+    /* (a shard of a shard would be two steps from its root: it is copied) */
+    if (outer != 1 || n->attrs.n > 1 || src < 0 || ptc_type_numel(ot) * T != ptc_type_numel(it) ||
+        L->pg->bufs[src].view_axis >= 0)
+        return false;
+    int b = view_of(L, n->out[0], src);
+    ptc_buffer *bf = &L->pg->bufs[b];
+    bf->view_axis = n->attrs.mesh_axis;
+    bf->view_step = bf->bytes;
+    L->src_of[b] = src;
+    return true;
+}
+
 /* ---- the walk ---- */
 
 static void lower_node(lw *L, int ni)
@@ -617,6 +699,10 @@ static void lower_node(lw *L, int ni)
             L->src_of[b] = L->buf[n->in[0]];
             return;
         }
+        break;
+    case PTC_OP_SHARD_SLICE:
+        if (shard_view(L, ni))
+            return;
         break;
     case PTC_OP_TRANSPOSE:
         if (L->tout[ni] == -2) /* written by the GEMM before it */
@@ -681,6 +767,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     p->zero = o->zero;
     p->seq_parallel = o->seq_parallel;
     p->logical_params = o->logical_params;
+    p->notes = ptc_arena_strdup(p->arena, o->notes ? o->notes : "");
     p->rank_program = ptc_arena_alloc(p->arena, sizeof(int) * (size_t)p->nranks);
     ptc_program *pg = ptc_plan_add_program(p);
     pg->ranks = ptc_arena_alloc(p->arena, sizeof(int) * (size_t)p->nranks);
@@ -695,6 +782,11 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     L.fold = ptc_xmalloc(sizeof(int) * nv);
     L.undo = ptc_xmalloc(sizeof(int) * nv);
     L.tout = ptc_xmalloc(sizeof(int) * nn);
+    L.updates = ptc_xmalloc(sizeof(int) * nv);
+    for (size_t v = 0; v < nv; v++)
+        L.updates[v] = -1;
+    for (int i = 0; i < g->nupdates; i++)
+        L.updates[g->updates[i].to] = g->updates[i].state;
     L.last_use = ptc_xmalloc(sizeof(int) * nv);
     L.gemm = ptc_xcalloc(nn, sizeof(bool));
     L.phase = ptc_xcalloc(nn, 1);
@@ -712,6 +804,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     free(L.fold);
     free(L.undo);
     free(L.tout);
+    free(L.updates);
     free(L.last_use);
     free(L.root_last);
     free(L.src_of);

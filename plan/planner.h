@@ -25,6 +25,7 @@ typedef struct ptc_lower_opts {
     /* keep the graph's gradient outputs (1..) readable after a step (single-device gradient
      * dumps); otherwise they are freed like any temporary */
     bool keep_grad_outputs;
+    const char *notes; /* the passes' notes on their choices, carried into the plan */
 } ptc_lower_opts;
 
 /* Lowers g (every rank runs the same program: g is an SPMD program or single-device). Returns the

@@ -221,6 +221,14 @@ static void summary(FILE *f, const ptc_plan *p, int k)
             fputc('\n', f);
         }
     largest_tensors(f, p, pg, 5);
+    if (p->notes && *p->notes) {
+        fputs("  choices:\n", f);
+        for (const char *s = p->notes; *s;) {
+            size_t len = strcspn(s, "\n");
+            fprintf(f, "    - %.*s\n", (int)len, s);
+            s += len + (s[len] == '\n');
+        }
+    }
     fputs("  warnings:\n", f);
     if (!warnings(f, p, pg, &s))
         fputs("    none\n", f);
@@ -473,7 +481,9 @@ void ptc_print_plan_json(const ptc_plan *p, FILE *f)
         fprintf(f, "%s\"%s\": %d", a ? ", " : "", p->mesh.names[a], p->mesh.sizes[a]);
     fprintf(f, "},\n  \"ranks\": %d,\n  \"zero\": %d,\n  \"seq_parallel\": %s,\n", p->nranks,
             p->zero, p->seq_parallel ? "true" : "false");
-    fprintf(f, "  \"parameter_count\": %lld,\n", (long long)p->logical_params);
+    fprintf(f, "  \"parameter_count\": %lld,\n  \"notes\": ", (long long)p->logical_params);
+    json_string(f, p->notes);
+    fputs(",\n", f);
     json_parameters(f, p);
     fputs("  \"programs\": [", f);
     for (int k = 0; k < p->nprograms; k++) {

@@ -38,6 +38,7 @@ ptc_plan *ptc_plan_new(void)
     ptc_plan *p = ptc_arena_alloc(a, sizeof *p);
     p->arena = a;
     p->model = "";
+    p->notes = "";
     p->nranks = 1;
     return p;
 }

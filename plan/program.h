@@ -73,6 +73,9 @@ typedef struct ptc_buffer {
     uint8_t region;                         /* ptc_region */
     uint8_t role;                           /* ptc_role, for inputs */
     int view;       /* -1, or the buffer whose bytes this one shares (never a view itself) */
+    int view_axis;  /* a view of this rank's shard: -1, or the mesh axis whose coordinate c puts
+                       the view c * view_step bytes into its root */
+    int64_t view_step;
     int64_t offset; /* bytes from the start of the region's arena (a view: its root's) */
     int64_t bytes;  /* numel x dtype size */
     int64_t bound;  /* i32 inputs: ids are below this (embedding rows, classes); 0 = none */
@@ -163,6 +166,7 @@ typedef struct ptc_plan {
     int zero;
     bool seq_parallel;
     int64_t logical_params;
+    const char *notes; /* what the compiler chose and why, one line each (may be empty) */
     ptc_program *programs;
     int nprograms;
     int *rank_program; /* [nranks] */

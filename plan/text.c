@@ -45,6 +45,8 @@ static void put_buffer(FILE *f, const ptc_plan *p, const ptc_program *pg, int b)
     fprintf(f, "b%d = ", b);
     if (bf->view >= 0) {
         fprintf(f, "view b%d ", bf->view);
+        if (bf->view_axis >= 0)
+            fprintf(f, "+%s*%lld ", p->mesh.names[bf->view_axis], (long long)bf->view_step);
         ptc_put_type(f, &bf->type, bf->place);
         fputc('\n', f);
         return;
@@ -52,7 +54,6 @@ static void put_buffer(FILE *f, const ptc_plan *p, const ptc_program *pg, int b)
     fprintf(f, "%s ", kind_names[bf->kind]);
     ptc_put_type(f, &bf->type, bf->place);
     fprintf(f, " %s:%lld", ptc_region_name(bf->region), (long long)bf->offset);
-    (void)p;
     int k = 0;
     if (bf->name) {
         fputs(" {name=", f);
@@ -212,6 +213,11 @@ void ptc_plan_print(const ptc_plan *p, FILE *f)
     ptc_put_optim(f, &p->optim);
     fprintf(f, "\nzero %d\nseq_parallel %s\nparameters %lld\n", p->zero,
             p->seq_parallel ? "true" : "false", (long long)p->logical_params);
+    if (p->notes && *p->notes) {
+        fputs("notes ", f);
+        ptc_put_string(f, p->notes);
+        fputc('\n', f);
+    }
     for (int k = 0; k < p->nprograms; k++)
         ptc_plan_print_program(p, k, f);
 }
@@ -284,6 +290,18 @@ static bool buffer_attr(void *ctx, ptc_lexer *lx, const char *key)
     return true;
 }
 
+/* A mesh axis by name: its index, or -1 after an error. */
+static int lex_axis(ptc_lexer *lx, const ptc_mesh *m)
+{
+    for (int a = 0; a < m->naxes; a++)
+        if (ptc_lex_ident(lx, m->names[a])) {
+            ptc_lex_next(lx);
+            return a;
+        }
+    ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
+    return -1;
+}
+
 static void load_buffer(loader *ld)
 {
     ptc_lexer *lx = &ld->lx;
@@ -294,10 +312,16 @@ static void load_buffer(loader *ld)
     ptc_lex_expect(lx, '=');
     ptc_buffer b;
     memset(&b, 0, sizeof b);
-    b.view = -1;
+    b.view = b.view_axis = -1;
     if (ptc_lex_ident(lx, "view")) {
         ptc_lex_next(lx);
         b.view = lex_ref(ld, 'b', pg->nbufs);
+        if (ptc_lex_punct(lx, '+')) { /* a rank's shard: +AXIS*STEP bytes into the root */
+            ptc_lex_next(lx);
+            b.view_axis = lex_axis(lx, &ld->p->mesh);
+            ptc_lex_expect(lx, '*');
+            b.view_step = lex_count(ld, 0, INT64_MAX / 2, "view step");
+        }
         ptc_lex_type(lx, &b.type, b.place);
     } else {
         b.kind = (uint8_t)lex_word(ld, kind_names, 4, "unknown buffer kind '%s'");
@@ -342,18 +366,6 @@ static bool int_field(ptc_lexer *lx, const char *key, const char *const *names,
             return true;
         }
     return false;
-}
-
-/* A mesh axis by name: its index, or -1 after an error. */
-static int lex_axis(ptc_lexer *lx, const ptc_mesh *m)
-{
-    for (int a = 0; a < m->naxes; a++)
-        if (ptc_lex_ident(lx, m->names[a])) {
-            ptc_lex_next(lx);
-            return a;
-        }
-    ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
-    return -1;
 }
 
 static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
@@ -634,6 +646,10 @@ static void load_header(loader *ld)
     ptc_lex_next(lx);
     ptc_lex_keyword(lx, "parameters");
     p->logical_params = lex_count(ld, 0, INT64_MAX, "parameter count");
+    if (ptc_lex_ident(lx, "notes")) {
+        ptc_lex_next(lx);
+        p->notes = ptc_lex_string(lx, p->arena);
+    }
 }
 
 ptc_plan *ptc_plan_load(const char *text, char *err, size_t errn)

@@ -56,7 +56,13 @@ static int check_buffer(vctx *v, int b)
         const ptc_buffer *r = &v->pg->bufs[bf->view];
         if (bf->view >= v->pg->nbufs || bf->view == b || r->view >= 0)
             return bad(v, "buffer b%d views b%d, which is not a root buffer", b, bf->view);
-        if (bf->bytes > r->bytes || bf->offset != r->offset || bf->region != r->region)
+        int64_t reach = bf->bytes; /* the farthest byte of the root any rank's view touches */
+        if (bf->view_axis >= 0) {
+            if (bf->view_axis >= v->p->mesh.naxes || bf->view_step < 0)
+                return bad(v, "view b%d has a bad shard step", b);
+            reach += (int64_t)(v->p->mesh.sizes[bf->view_axis] - 1) * bf->view_step;
+        }
+        if (reach > r->bytes || bf->offset != r->offset || bf->region != r->region)
             return bad(v, "view b%d does not fit in b%d", b, bf->view);
         if (bf->kind != PTC_BUF_TEMP)
             return bad(v, "view b%d is not a temporary", b);

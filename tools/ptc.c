@@ -417,7 +417,9 @@ static void report(ptc_diag *diag, const char *file, const char *msg)
     fprintf(stderr, "%s\n", msg);
 }
 
-static int compile_step(ptc_graph **gp, const options *o, ptc_diag *diag)
+/* Runs the training passes; their notes on what they chose go to notes. */
+static int compile_step(ptc_graph **gp, const options *o, ptc_diag *diag, char *notes,
+                        size_t notesn)
 {
     char err[2048];
     ptc_compile_opts co = {.train = true,
@@ -433,6 +435,7 @@ static int compile_step(ptc_graph **gp, const options *o, ptc_diag *diag)
     *gp = ctx.g;
     if (rc)
         report(diag, o->file, err);
+    ptc_fmt(notes, notesn, "%s", ctx.notes);
     ptc_pass_ctx_free(&ctx);
     return rc;
 }
@@ -491,13 +494,14 @@ static int write_executable(const ptc_plan *plan, const options *o)
 
 /* The plan of the compiled step: lowered, memory planned, checked before anything runs. */
 static ptc_plan *make_plan(const ptc_graph *g, const options *o, int64_t logical_params,
-                           ptc_diag *diag)
+                           const char *notes, ptc_diag *diag)
 {
     char err[2048];
     ptc_lower_opts lo = {.zero = o->zero,
                          .seq_parallel = o->seq_parallel,
                          .logical_params = logical_params,
-                         .keep_grad_outputs = g->mesh.naxes == 0};
+                         .keep_grad_outputs = g->mesh.naxes == 0,
+                         .notes = notes};
     ptc_plan *plan = ptc_lower(g, &lo, err, sizeof err);
     if (!plan) {
         fprintf(stderr, "ptc: %s\n", err);
@@ -512,7 +516,8 @@ static ptc_plan *make_plan(const ptc_graph *g, const options *o, int64_t logical
 }
 
 /* Prints or writes what the options ask for. */
-static int emit(const ptc_graph *g, const options *o, int64_t logical_params, ptc_diag *diag)
+static int emit(const ptc_graph *g, const options *o, int64_t logical_params, const char *notes,
+                ptc_diag *diag)
 {
     /* a training step is always lowered to its plan and checked before launch, whatever is
      * printed */
@@ -530,7 +535,7 @@ static int emit(const ptc_graph *g, const options *o, int64_t logical_params, pt
     }
     if (!needs_plan)
         return 0;
-    ptc_plan *plan = make_plan(g, o, logical_params, diag);
+    ptc_plan *plan = make_plan(g, o, logical_params, notes, diag);
     if (!plan)
         return 1;
     int rc = 0;
@@ -569,16 +574,16 @@ int main(int argc, char **argv)
         free(src);
         return 1;
     }
-    char err[512];
+    char err[512], notes[1024] = "";
     int64_t logical_params = ptc_graph_param_count(g);
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
     } else if (o.train && (rc = apply_optim(g, &o)) == 0) {
-        rc = compile_step(&g, &o, &diag);
+        rc = compile_step(&g, &o, &diag, notes, sizeof notes);
     }
     if (!rc)
-        rc = emit(g, &o, logical_params, &diag);
+        rc = emit(g, &o, logical_params, notes, &diag);
     if (!rc && o.run)
         rc = run_forward(g, &o, logical_params);
     ptc_graph_free(g);

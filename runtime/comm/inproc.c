@@ -672,6 +672,14 @@ static void run_reduce_scatter(call *x, group *g, const post *const *mp, int q, 
     free(src);
 }
 
+static int position(const int *members, int n, int me)
+{
+    for (int j = 0; j < n; j++)
+        if (members[j] == me)
+            return j;
+    return -1;
+}
+
 /* Allgather and all-to-all: part q of every member's input becomes part j of my output (for
  * allgather the input is a single part). */
 static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
@@ -689,12 +697,17 @@ static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
     }
     int64_t in_len = outer_in * nparts_in * chunk_in, out_len = outer_out * n * chunk_out;
     size_t es = esize(a->dt);
-    bool partial = overlap(a->in, in_len, a->out, out_len, es);
+    /* an allgather in place: my part already sits at its place in my output; nobody writes it */
+    int me = position(x->members, n, x->me);
+    bool in_place = a->k == K_ALLGATHER && outer_in == 1 &&
+                    a->in == celem(a->out, me * chunk_out, es);
+    bool partial = !in_place && overlap(a->in, in_len, a->out, out_len, es);
     void *dst = partial ? ptc_xmalloc((size_t)out_len * es + 1) : a->out;
     for (int j = 0; j < n; j++)
-        copy_part(elem(dst, j * chunk_out, es), chunk_out, n * chunk_out,
-                  celem(mp[j]->in, q * chunk_in, es), chunk_in, nparts_in * chunk_in,
-                  outer_in * chunk_in, es);
+        if (!(in_place && j == me))
+            copy_part(elem(dst, j * chunk_out, es), chunk_out, n * chunk_out,
+                      celem(mp[j]->in, q * chunk_in, es), chunk_in, nparts_in * chunk_in,
+                      outer_in * chunk_in, es);
     barrier_unlocked(x, g);
     if (partial) {
         memcpy(a->out, dst, (size_t)out_len * es);
@@ -808,13 +821,6 @@ static post *enter(call *x, const post *mine, group **gp, const post **mp)
     return a;
 }
 
-static int position(const int *members, int n, int me)
-{
-    for (int j = 0; j < n; j++)
-        if (members[j] == me)
-            return j;
-    return -1;
-}
 
 /* True when the call moves no data (then its buffers may be NULL). */
 static bool moves_nothing(const post *a)

@@ -89,7 +89,9 @@ int ptrt_inproc_allreduce(ptrt_inproc *c, int me, const int *members, int n, con
  *
  * Allgather (Shard(d) -> Replicate): in is one part (outer * chunk floats, i.e. the local shard
  * laid out contiguously); out (outer * n * chunk) receives member j's in as part j.
- * Example: a [3][4*n][5] tensor sharded on its middle dim: local [3][4][5], outer 3, chunk 20. */
+ * Example: a [3][4*n][5] tensor sharded on its middle dim: local [3][4][5], outer 3, chunk 20.
+ * In place: with outer 1, in may be my own part of out (out + me * chunk): the others' parts
+ * arrive around it. */
 int ptrt_inproc_allgather(ptrt_inproc *c, int me, const int *members, int n, const float *in,
                         float *out, int64_t outer, int64_t chunk, const ptrt_coll_desc *d,
                         char *err, size_t errn);

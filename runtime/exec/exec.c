@@ -171,6 +171,8 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     for (int b = 0; b < pg->nbufs; b++) {
         const ptc_buffer *bf = &pg->bufs[b];
         x->ptr[b] = x->arena[bf->region] ? x->arena[bf->region] + bf->offset : NULL;
+        if (x->ptr[b] && bf->view >= 0 && bf->view_axis >= 0) /* this rank's shard of the root */
+            x->ptr[b] = (char *)x->ptr[b] + (int64_t)x->coords[bf->view_axis] * bf->view_step;
     }
     x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
     for (int i = 0; i < pg->ninstrs; i++)
