@@ -167,3 +167,53 @@ char *ptc_read_file(const char *path, size_t *len)
         *len = n;
     return buf;
 }
+
+/* The leftmost occurrence of p[0..m) in s[0..n), or -1; fail has room for m entries. */
+static ptrdiff_t kmp_find(const char *s, size_t n, const char *p, size_t m, size_t *fail)
+{
+    if (m == 0)
+        return 0;
+    fail[0] = 0;
+    for (size_t i = 1, k = 0; i < m; i++) {
+        while (k && p[i] != p[k])
+            k = fail[k - 1];
+        k += p[i] == p[k];
+        fail[i] = k;
+    }
+    for (size_t i = 0, k = 0; i < n; i++) {
+        while (k && s[i] != p[k])
+            k = fail[k - 1];
+        k += s[i] == p[k];
+        if (k == m)
+            return (ptrdiff_t)(i + 1 - m);
+    }
+    return -1;
+}
+
+bool ptc_glob_match(const char *pattern, const char *name)
+{
+    const char *first_star = strchr(pattern, '*');
+    if (!first_star)
+        return strcmp(pattern, name) == 0;
+    const char *last_star = strrchr(pattern, '*');
+    size_t n = strlen(name), head = (size_t)(first_star - pattern), tail = strlen(last_star + 1);
+    /* the piece before the first star is a prefix, the one after the last star a suffix */
+    if (head + tail > n || strncmp(name, pattern, head) != 0 ||
+        strcmp(name + n - tail, last_star + 1) != 0)
+        return false;
+    size_t pos = head, end = n - tail, small[256];
+    size_t plen = (size_t)(last_star - first_star);
+    size_t *fail = plen <= 256 ? small : ptc_xmalloc(plen * sizeof *fail);
+    bool ok = true;
+    for (const char *p = first_star + 1; ok && p < last_star;) {
+        const char *star = strchr(p, '*');
+        size_t m = (size_t)(star - p);
+        ptrdiff_t at = kmp_find(name + pos, end - pos, p, m, fail);
+        ok = at >= 0;
+        pos += ok ? (size_t)at + m : 0;
+        p = star + 1;
+    }
+    if (fail != small)
+        free(fail);
+    return ok;
+}

@@ -53,6 +53,12 @@ bool ptc_mul_ok(int64_t a, int64_t b, int64_t *out);
 /* snprintf that tolerates truncation and returns its buffer. */
 char *ptc_fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Glob match where '*' matches any run of characters (none included) and every other character
+ * itself, as --place patterns are written. Time O(|pattern| + |name|), whatever the pattern: the
+ * pieces between stars are found leftmost-first (Knuth-Morris-Pratt), which is enough because a
+ * '*' can absorb whatever lies between two pieces, so no choice ever has to be undone. */
+bool ptc_glob_match(const char *pattern, const char *name);
+
 /* Reads a whole file; returns malloc'd NUL-terminated text (and its length) or NULL with errno. */
 char *ptc_read_file(const char *path, size_t *len);
 
