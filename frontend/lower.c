@@ -47,20 +47,109 @@ int ptc_lower_step(ptc_lower *L, ptc_loc loc)
     return 0;
 }
 
+/* The slot of (kind, name) in L->decls: the declaration, or the empty slot where it would go.
+ * Names are interned, so the pointer is the key. */
+static ptc_decl **decl_slot(const ptc_lower *L, ptc_decl_kind kind, const char *name)
+{
+    size_t mask = L->capdecls - 1;
+    size_t h = (size_t)(((uintptr_t)name >> 3) * 0x9E3779B97F4A7C15ULL) ^ (size_t)kind;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        ptc_decl *d = L->decls[i];
+        if (!d || (d->kind == kind && d->name == name))
+            return &L->decls[i];
+    }
+}
+
 ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char *name)
 {
-    for (ptc_decl *d = L->ast->decls; d; d = d->next)
-        if (d->kind == kind && d->name == name)
-            return d;
-    return NULL;
+    return L->capdecls ? *decl_slot(L, kind, name) : NULL;
+}
+
+static size_t name_hash(const char *name)
+{
+    return (size_t)(((uintptr_t)name >> 3) * 0x9E3779B97F4A7C15ULL);
+}
+
+/* The slot of name in idx (idx->cap > 0): its own, or the empty one where it would go. */
+static size_t name_slot(const ptc_name_index *idx, const char *name)
+{
+    size_t mask = idx->cap - 1, i = name_hash(name) & mask;
+    while (idx->keys[i] && idx->keys[i] != name)
+        i = (i + 1) & mask;
+    return i;
+}
+
+int ptc_name_index_get(const ptc_name_index *idx, const char *name)
+{
+    if (!idx->cap)
+        return -1;
+    size_t i = name_slot(idx, name);
+    return idx->keys[i] ? idx->top[i] : -1;
+}
+
+/* Makes entry `top` the newest of its name; returns the one it hides (-1: none). */
+static int name_index_push(ptc_name_index *idx, const char *name, int top)
+{
+    if (2 * (idx->n + 1) > idx->cap) {
+        ptc_name_index old = *idx;
+        idx->cap = old.cap ? 2 * old.cap : 64;
+        idx->keys = ptc_xcalloc(idx->cap, sizeof *idx->keys);
+        idx->top = ptc_xmalloc(idx->cap * sizeof *idx->top);
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.keys[i]) {
+                size_t j = name_slot(idx, old.keys[i]);
+                idx->keys[j] = old.keys[i];
+                idx->top[j] = old.top[i];
+            }
+        free(old.keys);
+        free(old.top);
+    }
+    size_t i = name_slot(idx, name);
+    int prev = -1;
+    if (idx->keys[i])
+        prev = idx->top[i];
+    else
+        idx->n++;
+    idx->keys[i] = name;
+    idx->top[i] = top;
+    return prev;
+}
+
+/* Undoes name_index_push of name: prev becomes the newest again. */
+static void name_index_pop(ptc_name_index *idx, const char *name, int prev)
+{
+    idx->top[name_slot(idx, name)] = prev;
+}
+
+static void name_index_free(ptc_name_index *idx)
+{
+    free(idx->keys);
+    free(idx->top);
 }
 
 int ptc_lower_find_var(const ptc_lower *L, const char *name)
 {
-    for (int i = L->nvars - 1; i >= L->frame; i--)
-        if (L->vars[i].name == name)
-            return i;
-    return -1;
+    int i = ptc_name_index_get(&L->varidx, name);
+    return i >= L->frame ? i : -1;
+}
+
+/* Pops the variables above height; likewise the scoped names and the dead variables. */
+static void vars_truncate(ptc_lower *L, int height)
+{
+    for (; L->nvars > height; L->nvars--)
+        name_index_pop(&L->varidx, L->vars[L->nvars - 1].name, L->vars[L->nvars - 1].prev);
+}
+
+static void names_truncate(ptc_lower *L, int height)
+{
+    for (; L->nnames > height; L->nnames--)
+        name_index_pop(&L->nameidx, L->names[L->nnames - 1].name, L->names[L->nnames - 1].prev);
+}
+
+static void dead_truncate(ptc_lower *L, int height)
+{
+    for (; L->ndead > height; L->ndead--)
+        name_index_pop(&L->deadidx, L->dead[L->ndead - 1].name, L->dead[L->ndead - 1].prev);
 }
 
 /* ---- scopes and full names ---- */
@@ -121,10 +210,9 @@ static const char *scope_words(ptc_lower *L, char *buf, size_t n)
 /* Takes NAME in the current scope for a param, a block instance or a repeat. */
 static int take_name(ptc_lower *L, const char *name, const char *what, ptc_loc loc)
 {
-    for (int i = L->nsbase; i < L->nnames; i++) {
+    int i = ptc_name_index_get(&L->nameidx, name);
+    if (i >= L->nsbase) {
         const ptc_scoped *s = &L->names[i];
-        if (s->name != name)
-            continue;
         char sc[256];
         scope_words(L, sc, sizeof sc);
         if (strcmp(what, "instance") == 0 && strcmp(s->what, "instance") == 0)
@@ -136,7 +224,8 @@ static int take_name(ptc_lower *L, const char *name, const char *what, ptc_loc l
                               name, sc, s->what, s->loc.line);
     }
     PTC_GROW(L->names, L->capnames, L->nnames);
-    L->names[L->nnames++] = (ptc_scoped){name, what, loc};
+    int prev = name_index_push(&L->nameidx, name, L->nnames);
+    L->names[L->nnames++] = (ptc_scoped){name, what, loc, prev};
     return 0;
 }
 
@@ -150,20 +239,20 @@ static void bind(ptc_lower *L, const char *name, ptc_val v, ptc_loc loc)
         return;
     }
     PTC_GROW(L->vars, L->capvars, L->nvars);
-    L->vars[L->nvars++] = (ptc_binding){name, v, loc};
+    int prev = name_index_push(&L->varidx, name, L->nvars);
+    L->vars[L->nvars++] = (ptc_binding){name, v, loc, prev};
 }
 
 /* Remembers the variables local to a repeat body (above `height`) for the unknown-name hint. */
 static void remember_locals(ptc_lower *L, int height)
 {
     for (int i = height; i < L->nvars; i++) {
-        bool seen = false;
-        for (int j = L->deadbase; j < L->ndead && !seen; j++)
-            seen = L->dead[j].name == L->vars[i].name;
-        if (seen)
+        if (ptc_name_index_get(&L->deadidx, L->vars[i].name) >= L->deadbase)
             continue;
         PTC_GROW(L->dead, L->capdead, L->ndead);
-        L->dead[L->ndead++] = L->vars[i];
+        L->dead[L->ndead] = L->vars[i];
+        L->dead[L->ndead].prev = name_index_push(&L->deadidx, L->vars[i].name, L->ndead);
+        L->ndead++;
     }
 }
 
@@ -298,8 +387,8 @@ static int lower_repeat(ptc_lower *L, const ptc_stmt *s)
         int rc = lower_body(L, s->body, true, &r);
         if (rc == 0 && i == n - 1)
             remember_locals(L, height);
-        L->nvars = height;
-        L->nnames = L->nsbase;
+        vars_truncate(L, height);
+        names_truncate(L, L->nsbase);
         L->nsbase = nsbase;
         scope_leave(L, scope);
         if (rc < 0)
@@ -448,11 +537,11 @@ int ptc_lower_block_call(ptc_lower *L, ptc_decl *b, const ptc_expr *call, const 
         *out = (ptc_val){.vid = vid};
         b->active = false;
         L->nchain--;
-        L->ndead = L->deadbase;
+        dead_truncate(L, L->deadbase);
         L->deadbase = deadbase;
-        L->nnames = L->nsbase;
+        names_truncate(L, L->nsbase);
         L->nsbase = nsbase;
-        L->nvars = nvars;
+        vars_truncate(L, nvars);
         L->frame = frame;
         scope_leave(L, scope);
     }
@@ -472,12 +561,17 @@ static int check_decls(ptc_lower *L, ptc_decl **model)
 {
     const ptc_decl *optim = NULL;
     *model = NULL;
+    size_t n = 0;
+    for (const ptc_decl *d = L->ast->decls; d; d = d->next)
+        n++;
+    for (L->capdecls = 16; L->capdecls < 2 * n;)
+        L->capdecls *= 2;
+    L->decls = ptc_xcalloc(L->capdecls, sizeof *L->decls);
     for (ptc_decl *d = L->ast->decls; d; d = d->next) {
-        const ptc_decl *first = NULL;
-        for (const ptc_decl *e = L->ast->decls; e != d && !first; e = e->next)
-            if (e->kind == d->kind && e->name == d->name && d->kind != PTC_D_OPTIMIZER)
-                first = e;
-        if (first)
+        ptc_decl **slot = decl_slot(L, d->kind, d->name), *first = *slot;
+        if (!first)
+            *slot = d;
+        if (first && d->kind != PTC_D_OPTIMIZER)
             return ptc_lower_fail(L, d->loc, "%s '%s' is already defined at line %d",
                                   d->kind == PTC_D_CONST ? "const" : "block", d->name,
                                   first->loc.line);
@@ -641,14 +735,19 @@ static int lower_optimizer(ptc_lower *L)
 /* ARG: TYPE, ... of a block or the model: names distinct, types evaluated. */
 static int eval_formals(ptc_lower *L, ptc_decl *d)
 {
-    for (ptc_formal *f = d->formals; f; f = f->next) {
-        for (const ptc_formal *e = d->formals; e != f; e = e->next)
-            if (e->name == f->name)
-                return ptc_lower_fail(L, f->loc, "argument '%s' is declared twice", f->name);
-        if (ptc_lower_type(L, f->type, true, &f->val) < 0)
-            return -1;
+    ptc_name_index seen = {0};
+    int rc = 0, i = 0;
+    for (ptc_formal *f = d->formals; f && rc == 0; f = f->next, i++) {
+        int first = ptc_name_index_get(&seen, f->name);
+        if (first >= 0)
+            rc = ptc_lower_fail(L, f->loc, "argument '%s' is declared twice", f->name);
+        else
+            name_index_push(&seen, f->name, i);
+        if (rc == 0)
+            rc = ptc_lower_type(L, f->type, true, &f->val);
     }
-    return 0;
+    name_index_free(&seen);
+    return rc;
 }
 
 static int eval_signatures(ptc_lower *L)
@@ -716,6 +815,10 @@ static ptc_graph *lower_file(ptc_arena *arena, const char *path, ptc_ast_file *a
             rc = lower_model(&L, model);
         L.g->max_nodes = max_nodes;
     }
+    free(L.decls);
+    name_index_free(&L.varidx);
+    name_index_free(&L.nameidx);
+    name_index_free(&L.deadidx);
     free(L.vars);
     free(L.names);
     free(L.dead);
