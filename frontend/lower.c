@@ -333,6 +333,13 @@ static int lower_param(ptc_lower *L, const ptc_stmt *s)
     int vid, n;
     if (ptc_lower_build(L, PTC_OP_PARAM, NULL, 0, &at, s->loc, &vid, 1, &n) < 0)
         return -1;
+    /* each tensor is below 2^46 elements (the builder checked), so the sum cannot overflow */
+    L->nparams += ptc_type_numel(&t);
+    if (L->nparams > PTC_FE_MAX_PARAMS)
+        return ptc_lower_fail(L, s->loc,
+                              "model too large: with parameter '%s' (%lld elements) the model has "
+                              "more than 2^46 parameters in all",
+                              at.name, (long long)ptc_type_numel(&t));
     bind(L, s->name, (ptc_val){.vid = vid}, s->loc);
     return 0;
 }
@@ -607,7 +614,7 @@ static int unknown_define(ptc_lower *L, const char *name)
     for (const ptc_decl *d = L->ast->decls; d && n < 64; d = d->next)
         if (d->kind == PTC_D_CONST)
             cands[n++] = d->name;
-    const char *near = ptc_lower_similar(name, cands, n);
+    const char *near = ptc_similar(name, cands, n);
     if (near)
         return ptc_lower_fail(L, (ptc_loc){.file = L->file},
                               "-D %s: this file has no const named '%s'; did you mean '%s'?", name,
@@ -655,49 +662,23 @@ static int eval_consts(ptc_lower *L)
     return 0;
 }
 
-/* The settings of `optimizer KIND(...)`, their kinds, and the range each must be in. */
-static const struct {
-    const char *key;
-    size_t off;
-    unsigned kinds; /* 1 << ptc_optim_kind */
-    double lo, hi;  /* lo <= v < hi; lo_open: lo < v */
-    bool lo_open;
-} optim_keys[] = {
-    {"lr", offsetof(ptc_optim, lr), 3, 0, INFINITY, true},
-    {"beta1", offsetof(ptc_optim, beta1), 1, 0, 1, false},
-    {"beta2", offsetof(ptc_optim, beta2), 1, 0, 1, false},
-    {"eps", offsetof(ptc_optim, eps), 1, 0, INFINITY, false},
-    {"weight_decay", offsetof(ptc_optim, weight_decay), 3, 0, INFINITY, false},
-    {"momentum", offsetof(ptc_optim, momentum), 2, 0, 1, false},
-};
-#define NOPTIM_KEYS (sizeof optim_keys / sizeof optim_keys[0])
-
-static int optim_setting(ptc_lower *L, const ptc_decl *d, const ptc_arg *g, ptc_optim *o,
-                         unsigned *given)
+/* One setting of `optimizer KIND(...)`: the key and range checks are ptc_optim_set's (shared with
+ * ptc --optim); a setting given twice is an error here. */
+static int optim_setting(ptc_lower *L, const ptc_arg *g, ptc_optim *o, unsigned *given)
 {
     const char *key = g->key ? g->key : "lr";
-    size_t k = 0;
-    while (k < NOPTIM_KEYS &&
-           !(strcmp(optim_keys[k].key, key) == 0 && (optim_keys[k].kinds & (1u << o->kind))))
-        k++;
-    if (k == NOPTIM_KEYS)
-        return ptc_lower_fail(L, g->keyloc, "unknown setting '%s' of %s (it takes %s)", key,
-                              d->name,
-                              o->kind == PTC_OPTIM_ADAMW ? "lr, beta1, beta2, eps, weight_decay"
-                                                         : "lr, momentum, weight_decay");
+    char msg[256];
+    int k = ptc_optim_key(o->kind, key, msg, sizeof msg);
+    if (k < 0)
+        return ptc_lower_fail(L, g->keyloc, "%s", msg);
     if (*given & (1u << k))
         return ptc_lower_fail(L, g->keyloc, "setting '%s' is given twice", key);
     *given |= 1u << k;
     double v;
     if (ptc_lower_num(L, g->value, key, &v) < 0)
         return -1;
-    if (optim_keys[k].lo_open ? v <= optim_keys[k].lo : v < optim_keys[k].lo)
-        return ptc_lower_fail(L, g->value->loc, "%s must be %s, got %.15g", key,
-                              optim_keys[k].lo_open ? "positive" : "zero or more", v);
-    if (v >= optim_keys[k].hi)
-        return ptc_lower_fail(L, g->value->loc, "%s must be less than %g, got %.15g", key,
-                              optim_keys[k].hi, v);
-    *(double *)((char *)o + optim_keys[k].off) = v;
+    if (ptc_optim_set(o, key, v, msg, sizeof msg) < 0)
+        return ptc_lower_fail(L, g->value->loc, "%s", msg);
     return 0;
 }
 
@@ -724,7 +705,7 @@ static int lower_optimizer(ptc_lower *L)
                                       "the settings of %s after lr are "
                                       "keyword arguments (KEY=VALUE)",
                                       d->name);
-            if (optim_setting(L, d, g, &o, &given) < 0)
+            if (optim_setting(L, g, &o, &given) < 0)
                 return -1;
         }
         L->g->optim = o;
@@ -759,11 +740,36 @@ static int eval_signatures(ptc_lower *L)
     return 0;
 }
 
+/* With a data-parallel axis of size dp, every input's first dimension is split dp ways: when it
+ * does not divide, name the const to change where the dimension is written. */
+static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp)
+{
+    if (dp <= 1 || f->val.rank < 1 || f->val.dims[0] % dp == 0)
+        return 0;
+    int64_t size = f->val.dims[0], fix = (size / dp + 1) * dp;
+    const ptc_expr *e = f->type->dims ? f->type->dims->value : NULL;
+    ptc_loc loc = e ? e->loc : f->loc;
+    if (e && e->kind == PTC_E_NAME && ptc_lower_find_decl(L, PTC_D_CONST, e->name))
+        return ptc_lower_fail(L, loc,
+                              "mesh axis dp=%d does not divide the first dimension of input '%s' "
+                              "(%s = %lld), which data parallelism splits: make const '%s' a "
+                              "multiple of %d, e.g. -D %s=%lld",
+                              dp, f->name, e->name, (long long)size, e->name, dp, e->name,
+                              (long long)fix);
+    return ptc_lower_fail(L, loc,
+                          "mesh axis dp=%d does not divide the first dimension of input '%s' "
+                          "(%lld), which data parallelism splits: make it a multiple of %d",
+                          dp, f->name, (long long)size, dp);
+}
+
 /* model NAME(ARGS) { BODY }: one INPUT per argument, the body, and its scalar loss. */
-static int lower_model(ptc_lower *L, ptc_decl *m)
+static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
 {
     if (eval_formals(L, m) < 0)
         return -1;
+    for (const ptc_formal *f = m->formals; f; f = f->next)
+        if (check_batch_split(L, f, opts ? opts->batch_split : 0) < 0)
+            return -1;
     for (const ptc_formal *f = m->formals; f; f = f->next) {
         ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);
         at.name = f->name;
@@ -790,6 +796,14 @@ static int lower_model(ptc_lower *L, ptc_decl *m)
                               ptc_type_str(t, s, sizeof s));
     }
     L->g->loss = r.v.vid;
+    bool any = false;
+    for (int i = 0; i < L->g->nnodes && !any; i++)
+        any = L->g->nodes[i].op == PTC_OP_PARAM;
+    if (opts && opts->train && !any)
+        return ptc_lower_fail(L, m->loc,
+                              "model %s has no parameters, so there is nothing to train "
+                              "(declare one with `param NAME : [DIMS] init INIT`)",
+                              m->name);
     return 0;
 }
 
@@ -812,7 +826,7 @@ static ptc_graph *lower_file(ptc_arena *arena, const char *path, ptc_ast_file *a
         if (rc == 0)
             rc = eval_signatures(&L);
         if (rc == 0)
-            rc = lower_model(&L, model);
+            rc = lower_model(&L, model, opts);
         L.g->max_nodes = max_nodes;
     }
     free(L.decls);

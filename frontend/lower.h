@@ -17,6 +17,7 @@
 #define PTC_FE_MAX_BLOCKS 64        /* block instances inside block instances */
 #define PTC_FE_MAX_ARGS 1024        /* arguments of one call */
 #define PTC_FE_MAX_NUMEL ((int64_t)1 << 46)
+#define PTC_FE_MAX_PARAMS ((int64_t)1 << 46) /* parameters in all (elements of every param) */
 
 /* The value of an expression: a compile-time number or a tensor (a value id of the graph). */
 typedef struct ptc_val {
@@ -84,7 +85,8 @@ typedef struct ptc_lower {
     int nchain, capchain;
     int depth;
     long steps;
-    int numctx; /* > 0 while evaluating what must be a compile-time number */
+    int64_t nparams; /* elements of the params so far */
+    int numctx;      /* > 0 while evaluating what must be a compile-time number */
 } ptc_lower;
 
 /* Reports the first error of the compilation (later ones are dropped) and returns -1. */
@@ -119,7 +121,5 @@ int ptc_lower_type(ptc_lower *L, const ptc_type_ast *t, bool want_dtype, ptc_typ
 /* Builds a node; fails with the builder's message at loc. */
 int ptc_lower_build(ptc_lower *L, ptc_op op, const int *in, int nin, const ptc_attrs *at,
                     ptc_loc loc, int *out, int cap, int *nout);
-/* The closest of n names to `name`, or NULL if none is close. */
-const char *ptc_lower_similar(const char *name, const char *const *cands, int n);
 
 #endif
