@@ -125,11 +125,44 @@ int ptc_file_check_output(const char *path, char *err, size_t errn)
     return rc;
 }
 
+/* A name for path that does not exist yet: its directory resolved, then its last component. NULL
+ * when the directory does not resolve either. */
+static char *future_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? ptc_xmalloc((size_t)(slash - path) + 2) : ptc_xstrdup(".");
+    if (slash) {
+        size_t len = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, len);
+        dir[len] = 0;
+    }
+    char *real = realpath(dir, NULL), *out = NULL;
+    free(dir);
+    if (real) {
+        const char *base = slash ? slash + 1 : path;
+        size_t n = strlen(real) + strlen(base) + 2;
+        out = ptc_xmalloc(n);
+        snprintf(out, n, "%s/%s", real, base);
+        free(real);
+    }
+    return out;
+}
+
 bool ptc_file_same(const char *a, const char *b)
 {
+    if (!a || !b || !*a || !*b)
+        return false;
     struct stat sa, sb;
-    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && S_ISREG(sa.st_mode) &&
-           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    bool ha = stat(a, &sa) == 0, hb = stat(b, &sb) == 0;
+    if (ha && hb)
+        return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ha || hb)
+        return false;
+    char *fa = future_name(a), *fb = future_name(b); /* two outputs still to be made */
+    bool same = fa && fb && strcmp(fa, fb) == 0;
+    free(fa);
+    free(fb);
+    return same;
 }
 
 int ptc_file_write(ptc_file_file *f, const void *p, size_t n, char *err, size_t errn)

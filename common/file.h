@@ -47,7 +47,8 @@ void ptc_file_abort(ptc_file_file *f);
  * write. Returns 0, or -1 with a message naming path. */
 int ptc_file_check_output(const char *path, char *err, size_t errn);
 
-/* Whether a and b name one existing regular file (through links, hard or symbolic, too). */
+/* Whether a and b name one regular file: an existing one (through links, hard or symbolic, too),
+ * or one neither has created yet (the same name in the same directory). */
 bool ptc_file_same(const char *a, const char *b);
 
 /* What a stat mode is, for messages: "a directory", "a character device", "a FIFO", ... */
