@@ -260,6 +260,20 @@ int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, si
     return ptc_file_commit(&f, err, errn);
 }
 
+int ptc_file_check_stdout(char *err, size_t errn)
+{
+    int before = errno;
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return 0;
+    int e = errno;
+    if (!e && (before == ENOSPC || before == EIO || before == EPIPE || before == EBADF ||
+               before == EFBIG || before == EDQUOT))
+        e = before; /* the write that failed inside an earlier fputs or printf */
+    ptc_fmt(err, errn, "%s", e ? strerror(e) : "write error");
+    return -1;
+}
+
 /* ---- XXH64 ---------------------------------------------------------------------------------- */
 
 #define P1 0x9E3779B185EBCA87ULL

@@ -68,6 +68,12 @@ char *ptc_file_read_all(const char *path, size_t max, size_t *len, char *err, si
 /* Writes n bytes to path atomically (create + write + commit). */
 int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, size_t errn);
 
+/* Whether standard output took everything printed on it: flushes it and looks at its error flag.
+ * Returns 0, or -1 with the reason in err ("No space left on device"; "write error" when the
+ * failed write left no reason behind). Call it right after the output: the reason of a write that
+ * failed inside an earlier fputs is taken from errno when it is an I/O error. */
+int ptc_file_check_stdout(char *err, size_t errn);
+
 /* XXH64 (the published xxHash 64-bit algorithm), one shot and streaming. */
 uint64_t ptc_hash64(const void *p, size_t n, uint64_t seed);
 

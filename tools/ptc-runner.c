@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "embed.h"
+#include "file.h"
 #include "ir.h"
 #include "runner_flags.h"
 #include "spmd.h"
@@ -37,11 +38,10 @@ static int64_t model_params(const ptc_graph *g)
 /* Standard output must have taken every line printed on it (a full disk is not success). */
 static bool stdout_ok(const char *prog)
 {
-    errno = 0;
-    if (fflush(stdout) == 0 && !ferror(stdout))
+    char err[256];
+    if (ptc_file_check_stdout(err, sizeof err) == 0)
         return true;
-    fprintf(stderr, "%s: error: writing to standard output failed: %s\n", prog,
-            errno ? strerror(errno) : "write error");
+    fprintf(stderr, "%s: error: writing to standard output failed: %s\n", prog, err);
     return false;
 }
 

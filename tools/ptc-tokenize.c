@@ -140,11 +140,10 @@ static int write_tokens(const char *path, const unsigned char *text, size_t n)
  * must not pass for success). */
 static int stdout_status(void)
 {
-    errno = 0;
-    if (fflush(stdout) == 0 && !ferror(stdout))
+    char err[256];
+    if (ptc_file_check_stdout(err, sizeof err) == 0)
         return 0;
-    fprintf(stderr, "ptc-tokenize: writing to standard output failed: %s\n",
-            errno ? strerror(errno) : "write error");
+    fprintf(stderr, "ptc-tokenize: writing to standard output failed: %s\n", err);
     return 2;
 }
 

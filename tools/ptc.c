@@ -227,16 +227,15 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
  * not pass for success. */
 static int check_stdout(void)
 {
-    errno = 0;
-    if (fflush(stdout) == 0 && !ferror(stdout))
+    char err[256];
+    if (ptc_file_check_stdout(err, sizeof err) == 0)
         return 0;
-    fprintf(stderr, "ptc: error: writing to standard output failed: %s\n",
-            errno ? strerror(errno) : "write error");
+    fprintf(stderr, "ptc: error: writing to standard output failed: %s\n", err);
     return 2;
 }
 
-/* The model's source: a regular file or a pipe, at most 256 MiB (40,000 declarations take 1). */
-#define PTC_MAX_SOURCE ((size_t)256 << 20)
+/* The model's source: a regular file or a pipe, at most 64 MiB (40,000 declarations take 1). */
+#define PTC_MAX_SOURCE ((size_t)64 << 20)
 
 int main(int argc, char **argv)
 {
@@ -270,8 +269,8 @@ int main(int argc, char **argv)
         rc = emit(g, &o, logical_params);
     if (!rc && o.run)
         rc = run_forward(g, &o);
+    int out = check_stdout();
     ptc_graph_free(g);
     free(src);
-    int out = check_stdout();
     return rc ? rc : out;
 }

@@ -13,6 +13,7 @@ abs() { case $1 in /*) echo "$1" ;; */*) echo "$PWD/$1" ;; *) command -v "$1" ||
 ptc=$(abs "$ptc") tokenize=$(abs "$tokenize") src=$(cd "$src" && pwd) || exit 2
 python=$(command -v python3 || echo /usr/bin/python3)
 
+start=$PWD # where the script was started (for relative paths given in the environment)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ptc-robust.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
@@ -66,3 +67,34 @@ finish() {
   echo "$pass passed, $failed failed"
   [ $failed -eq 0 ]
 }
+
+# make_exe: compiles examples/gpt2_tiny.ptm to ./gpt2_tiny and tokenizes 20 kB of the corpus to
+# train.bin; exits the script (after reporting) when that fails.
+make_exe() {
+  exe=$work/gpt2_tiny
+  head -c 20000 "$src/examples/data/corpus.txt" > slice.txt
+  if ! "$ptc" "$src/examples/gpt2_tiny.ptm" -o "$exe" > setup.out 2>&1 ||
+    ! "$tokenize" slice.txt -o train.bin >> setup.out 2>&1; then
+    bad "setup" "could not build gpt2_tiny or train.bin: $(head -c 300 setup.out)"
+    finish
+    exit
+  fi
+}
+
+# is_fifo PATH / is_chardev PATH / is_regular PATH, for checks that a target kept its kind.
+is_fifo() { [ -p "$1" ] && [ ! -L "$1" ]; }
+is_chardev() { [ -c "$1" ] && [ ! -L "$1" ]; }
+
+# read_fifo FIFO OUT: a reader for FIFO in the background, copying what it gets to OUT; its pid
+# is in $reader. stop_reader: ends it (it is a cat that would otherwise wait forever).
+read_fifo() { cat "$1" > "$2" & reader=$!; }
+stop_reader() { kill "$reader" 2> /dev/null; wait "$reader" 2> /dev/null; }
+
+# device NAME MAJOR MINOR: makes a character device node in the scratch directory (a copy of
+# /dev/null is c 1 3, of /dev/full c 1 7), so that a test never writes at the system's own nodes
+# (which a broken build could replace). Fails without the privilege to make device nodes.
+device() { mknod "$1" c "$2" "$3" 2> /dev/null; }
+
+# no_asan BINARY: true when BINARY is not built with AddressSanitizer (which cannot run under a
+# memory limit).
+no_asan() { ! grep -q __asan_init "$1" 2> /dev/null; }
