@@ -5,10 +5,8 @@
  * standard output that cannot be written), 2 a bad flag or a bad file given by the user (the
  * flags: runner_flags.c).
  */
-#include <errno.h>
-#include <limits.h>
-#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
