@@ -7,7 +7,6 @@
  * included: a full disk must not pass for success). Only this file decides to exit; the
  * libraries return statuses.
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
