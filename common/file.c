@@ -1,12 +1,13 @@
-/* file.c - atomic file replacement and XXH64 (see file.h). */
+/* file.c - atomic file replacement, bounded reads and XXH64 (see file.h). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -19,12 +20,68 @@ static void io_reset(ptc_file_file *f)
     f->path = f->tmp = NULL;
 }
 
+const char *ptc_file_kind(unsigned mode)
+{
+    return S_ISREG(mode)    ? "a regular file"
+           : S_ISDIR(mode)  ? "a directory"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "not a regular file";
+}
+
+/* How path is written (see file.h): 'n' new or regular, 'd' straight to a device or FIFO, or -1
+ * with a message. *st gets path's status when it exists (st->st_mode 0 when it does not). */
+static int output_kind(const char *path, struct stat *st, char *err, size_t errn)
+{
+    memset(st, 0, sizeof *st);
+    if (!*path) {
+        ptc_fmt(err, errn, "an empty file name");
+        return -1;
+    }
+    if (stat(path, st) != 0) {
+        if (errno == ENOENT) /* nothing there (or a dangling link): created */
+            return 'n';
+        ptc_fmt(err, errn, "%s: cannot write: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISREG(st->st_mode))
+        return 'n';
+    if (S_ISCHR(st->st_mode) || S_ISFIFO(st->st_mode))
+        return 'd';
+    ptc_fmt(err, errn, "%s: is %s, not a file that can be written", path,
+            ptc_file_kind(st->st_mode));
+    return -1;
+}
+
 int ptc_file_create(ptc_file_file *f, const char *path, char *err, size_t errn)
 {
-    size_t n = strlen(path) + 32;
-    f->path = ptc_xstrdup(path);
+    struct stat st;
+    f->fd = -1;
+    f->path = f->tmp = NULL;
+    int kind = output_kind(path, &st, err, errn);
+    if (kind < 0)
+        return -1;
+    if (kind == 'd') {
+        f->fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+        if (f->fd < 0) {
+            ptc_fmt(err, errn, "%s: cannot open %s for writing: %s", path,
+                    ptc_file_kind(st.st_mode), strerror(errno));
+            return -1;
+        }
+        f->path = ptc_xstrdup(path);
+        return 0;
+    }
+    /* a symbolic link to a regular file: replace its target, keep the link */
+    struct stat lst;
+    char *real = NULL;
+    if (st.st_mode && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+        real = realpath(path, NULL);
+    f->path = real ? real : ptc_xstrdup(path);
+    size_t n = strlen(f->path) + 32;
     f->tmp = ptc_xmalloc(n);
-    snprintf(f->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(f->tmp, n, "%s.tmp.%ld", f->path, (long)getpid());
     f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f->fd < 0) {
         ptc_fmt(err, errn, "%s: cannot create temporary file %s: %s", path, f->tmp,
@@ -33,6 +90,79 @@ int ptc_file_create(ptc_file_file *f, const char *path, char *err, size_t errn)
         return -1;
     }
     return 0;
+}
+
+int ptc_file_check_output(const char *path, char *err, size_t errn)
+{
+    struct stat st;
+    int kind = output_kind(path, &st, err, errn);
+    if (kind < 0)
+        return -1;
+    if (st.st_mode) /* an existing file or device: writing it is tried when the time comes */
+        return 0;
+    /* a new file: its directory must exist and take new files */
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? ptc_xmalloc((size_t)(slash - path) + 2) : ptc_xstrdup(".");
+    if (slash) {
+        size_t len = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, len);
+        dir[len] = 0;
+    }
+    int rc = 0;
+    struct stat ds;
+    if (stat(dir, &ds) != 0) {
+        ptc_fmt(err, errn, "%s: cannot create it in directory %s: %s", path, dir, strerror(errno));
+        rc = -1;
+    } else if (!S_ISDIR(ds.st_mode)) {
+        ptc_fmt(err, errn, "%s: cannot create it: %s is %s, not a directory", path, dir,
+                ptc_file_kind(ds.st_mode));
+        rc = -1;
+    } else if (access(dir, W_OK | X_OK) != 0) {
+        ptc_fmt(err, errn, "%s: cannot create it in directory %s: %s", path, dir, strerror(errno));
+        rc = -1;
+    }
+    free(dir);
+    return rc;
+}
+
+/* A name for path that does not exist yet: its directory resolved, then its last component. NULL
+ * when the directory does not resolve either. */
+static char *future_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? ptc_xmalloc((size_t)(slash - path) + 2) : ptc_xstrdup(".");
+    if (slash) {
+        size_t len = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, len);
+        dir[len] = 0;
+    }
+    char *real = realpath(dir, NULL), *out = NULL;
+    free(dir);
+    if (real) {
+        const char *base = slash ? slash + 1 : path;
+        size_t n = strlen(real) + strlen(base) + 2;
+        out = ptc_xmalloc(n);
+        snprintf(out, n, "%s/%s", real, base);
+        free(real);
+    }
+    return out;
+}
+
+bool ptc_file_same(const char *a, const char *b)
+{
+    if (!a || !b || !*a || !*b)
+        return false;
+    struct stat sa, sb;
+    bool ha = stat(a, &sa) == 0, hb = stat(b, &sb) == 0;
+    if (ha && hb)
+        return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ha || hb)
+        return false;
+    char *fa = future_name(a), *fb = future_name(b); /* two outputs still to be made */
+    bool same = fa && fb && strcmp(fa, fb) == 0;
+    free(fa);
+    free(fb);
+    return same;
 }
 
 int ptc_file_write(ptc_file_file *f, const void *p, size_t n, char *err, size_t errn)
@@ -44,7 +174,7 @@ int ptc_file_write(ptc_file_file *f, const void *p, size_t n, char *err, size_t 
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
-            ptc_fmt(err, errn, "%s: write failed: %s", f->tmp,
+            ptc_fmt(err, errn, "%s: write failed: %s", f->tmp ? f->tmp : f->path,
                     w < 0 ? strerror(errno) : "no progress");
             return -1;
         }
@@ -58,7 +188,7 @@ void ptc_file_abort(ptc_file_file *f)
 {
     if (f->fd >= 0)
         close(f->fd);
-    if (f->tmp)
+    if (f->tmp) /* a device or FIFO (no tmp) is never removed */
         unlink(f->tmp);
     io_reset(f);
 }
@@ -89,6 +219,16 @@ static int sync_dir(const char *path, char *err, size_t errn)
 
 int ptc_file_commit(ptc_file_file *f, char *err, size_t errn)
 {
+    if (!f->tmp) { /* a device or FIFO: written straight through; close reports a late error */
+        int fd = f->fd, rc = 0;
+        f->fd = -1;
+        if (close(fd) != 0) {
+            ptc_fmt(err, errn, "%s: close failed: %s", f->path, strerror(errno));
+            rc = -1;
+        }
+        io_reset(f);
+        return rc;
+    }
     const char *what = NULL;
     if (fsync(f->fd) != 0)
         what = "fsync";
@@ -118,6 +258,20 @@ int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, si
         return -1;
     }
     return ptc_file_commit(&f, err, errn);
+}
+
+int ptc_file_check_stdout(char *err, size_t errn)
+{
+    int before = errno;
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return 0;
+    int e = errno;
+    if (!e && (before == ENOSPC || before == EIO || before == EPIPE || before == EBADF ||
+               before == EFBIG || before == EDQUOT))
+        e = before; /* the write that failed inside an earlier fputs or printf */
+    ptc_fmt(err, errn, "%s", e ? strerror(e) : "write error");
+    return -1;
 }
 
 /* ---- XXH64 ---------------------------------------------------------------------------------- */
@@ -244,17 +398,40 @@ uint64_t ptc_hash64(const void *p, size_t n, uint64_t seed)
 
 int ptc_file_open_regular(const char *path, size_t *size, char *err, size_t errn)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); on a regular
+     * file the flag changes nothing */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         ptc_fmt(err, errn, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ptc_fmt(err, errn, "%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        ptc_fmt(err, errn, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ptc_fmt(err, errn, "%s: not a regular file (it is %s)", path, ptc_file_kind(st.st_mode));
         close(fd);
         return -1;
     }
     *size = (size_t)st.st_size;
     return fd;
+}
+
+char *ptc_file_read_all(const char *path, size_t max, size_t *len, char *err, size_t errn)
+{
+    char *text = ptc_read_file_max(path, max, len);
+    if (text)
+        return text;
+    struct stat st;
+    if (errno == ENODEV && stat(path, &st) == 0)
+        ptc_fmt(err, errn, "%s: cannot read %s (give a regular file or a pipe)", path,
+                ptc_file_kind(st.st_mode));
+    else if (errno == EFBIG)
+        ptc_fmt(err, errn, "%s: larger than the limit of %zu bytes", path, max);
+    else
+        ptc_fmt(err, errn, "%s: cannot read: %s", path, strerror(errno));
+    return NULL;
 }

@@ -59,6 +59,22 @@ char *ptc_fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(p
 void ptc_json_quote(const char *s, void (*put)(void *ctx, const char *p, size_t n), void *ctx);
 
 /* Reads a whole file; returns malloc'd NUL-terminated text (and its length) or NULL with errno. */
+/* Glob match where '*' matches any run of characters (none included) and every other character
+ * itself, as --place patterns are written. Time O(|pattern| + |name|), whatever the pattern: the
+ * pieces between stars are found leftmost-first (Knuth-Morris-Pratt), which is enough because a
+ * '*' can absorb whatever lies between two pieces, so no choice ever has to be undone. */
+bool ptc_glob_match(const char *pattern, const char *name);
+
+/* The closest of n names to `name` for a "did you mean": at most strlen(name)/3 edits away
+ * (Levenshtein, letter case ignored, a difference of case alone counting least), never name
+ * itself; NULL if none is that close. Names longer than 64 bytes are never suggested. */
+const char *ptc_similar(const char *name, const char *const *cands, int n);
+
+/* Reads a whole file; returns malloc'd NUL-terminated text (and its length) or NULL with errno.
+ * Only regular files and pipes are read (others: ENODEV; a directory: EISDIR), without blocking in
+ * open(), and at most max bytes (longer: EFBIG). ptc_file_read_all gives the reason in words. */
+char *ptc_read_file_max(const char *path, size_t max, size_t *len);
+/* ptc_read_file_max with no practical bound (1 TiB). */
 char *ptc_read_file(const char *path, size_t *len);
 
 #endif

@@ -115,7 +115,7 @@ static int unknown_name(ptc_lower *L, const ptc_expr *e)
     for (const ptc_decl *d = L->ast->decls; d; d = d->next)
         if (d->kind == PTC_D_CONST && d->state == 1)
             cands[n++] = d->name;
-    const char *near = ptc_lower_similar(e->name, cands, n);
+    const char *near = ptc_similar(e->name, cands, n);
     free(cands);
     if (near)
         return ptc_lower_fail(L, e->loc, "unknown name '%s'; did you mean '%s'?", e->name, near);
@@ -565,10 +565,61 @@ done:
     return rc;
 }
 
+/* What other frameworks call the ops the language spells otherwise: the hint for an unknown op
+ * that no spelling distance would find (matmul is not one typo away from `@`). */
+static const struct {
+    const char *name, *hint;
+} foreign_ops[] = {
+    {"matmul", "'a @ b'"},
+    {"mm", "'a @ b'"},
+    {"bmm", "'a @ b'"},
+    {"dot", "'a @ b'"},
+    {"linear", "'x @ w + b'"},
+    {"einsum", "'a @ b' with permute"},
+    {"add", "'a + b'"},
+    {"sub", "'a - b'"},
+    {"subtract", "'a - b'"},
+    {"mul", "'a * b'"},
+    {"multiply", "'a * b'"},
+    {"div", "'a / b'"},
+    {"divide", "'a / b'"},
+    {"neg", "'-a'"},
+    {"ln", "'log'"},
+    {"swish", "'silu'"},
+    {"gelu_new", "'gelu'"},
+    {"cat", "'concat'"},
+    {"concatenate", "'concat'"},
+    {"view", "'reshape'"},
+    {"flatten", "'reshape'"},
+    {"squeeze", "'reshape'"},
+    {"unsqueeze", "'reshape'"},
+    {"chunk", "'split'"},
+    {"swapaxes", "'permute'"},
+    {"amax", "'max'"},
+    {"reduce_sum", "'sum'"},
+    {"reduce_mean", "'mean'"},
+    {"reduce_max", "'max'"},
+    {"nll_loss", "'cross_entropy'"},
+    {"mse_loss", "'mse'"},
+    {"scaled_dot_product_attention", "'attention'"},
+    {"sdpa", "'attention'"},
+    {"rotary", "'rope'"},
+    {"rotary_embedding", "'rope'"},
+};
+
 static int unknown_callee(ptc_lower *L, const ptc_expr *e)
 {
     if (ptc_lower_find_var(L, e->name) >= 0)
         return ptc_lower_fail(L, e->loc, "'%s' is a variable, not an op or a block", e->name);
+    if (strcmp(e->name, "dropout") == 0)
+        return ptc_lower_fail(L, e->loc,
+                              "unknown op 'dropout': the language has no dropout (nothing in a "
+                              "model is random)");
+    for (size_t i = 0; i < sizeof foreign_ops / sizeof foreign_ops[0]; i++)
+        if (strcmp(e->name, foreign_ops[i].name) == 0 &&
+            !ptc_lower_find_decl(L, PTC_D_BLOCK, e->name))
+            return ptc_lower_fail(L, e->loc, "unknown op or block '%s'; did you mean %s?", e->name,
+                                  foreign_ops[i].hint);
     int n = 0, cap = PTC_NOPS;
     for (const ptc_decl *d = L->ast->decls; d; d = d->next)
         cap += d->kind == PTC_D_BLOCK;
@@ -579,7 +630,7 @@ static int unknown_callee(ptc_lower *L, const ptc_expr *e)
     for (const ptc_decl *d = L->ast->decls; d; d = d->next)
         if (d->kind == PTC_D_BLOCK)
             cands[n++] = d->name;
-    const char *near = ptc_lower_similar(e->name, cands, n);
+    const char *near = ptc_similar(e->name, cands, n);
     free(cands);
     if (near)
         return ptc_lower_fail(L, e->loc, "unknown op or block '%s'; did you mean '%s'?", e->name,
@@ -679,43 +730,4 @@ int ptc_lower_multi(ptc_lower *L, const ptc_expr *e, int *vids, int cap, int *n)
     if (*n == 1)
         vids[0] = v.vid;
     return 0;
-}
-
-/* Levenshtein distance, for "did you mean". Names longer than 64 bytes are never suggested. */
-static int distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    int row[65];
-    if (la > 64 || lb > 64)
-        return 1000;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            diag = up;
-            row[j] = best;
-        }
-    }
-    return row[lb];
-}
-
-const char *ptc_lower_similar(const char *name, const char *const *cands, int n)
-{
-    int limit = (int)(strlen(name) / 3), best = limit + 1;
-    const char *found = NULL;
-    for (int i = 0; i < n; i++) {
-        int d = distance(name, cands[i]);
-        if (d > 0 && d < best) {
-            best = d;
-            found = cands[i];
-        }
-    }
-    return found;
 }

@@ -47,20 +47,109 @@ int ptc_lower_step(ptc_lower *L, ptc_loc loc)
     return 0;
 }
 
+/* The slot of (kind, name) in L->decls: the declaration, or the empty slot where it would go.
+ * Names are interned, so the pointer is the key. */
+static ptc_decl **decl_slot(const ptc_lower *L, ptc_decl_kind kind, const char *name)
+{
+    size_t mask = L->capdecls - 1;
+    size_t h = (size_t)(((uintptr_t)name >> 3) * 0x9E3779B97F4A7C15ULL) ^ (size_t)kind;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        ptc_decl *d = L->decls[i];
+        if (!d || (d->kind == kind && d->name == name))
+            return &L->decls[i];
+    }
+}
+
 ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char *name)
 {
-    for (ptc_decl *d = L->ast->decls; d; d = d->next)
-        if (d->kind == kind && d->name == name)
-            return d;
-    return NULL;
+    return L->capdecls ? *decl_slot(L, kind, name) : NULL;
+}
+
+static size_t name_hash(const char *name)
+{
+    return (size_t)(((uintptr_t)name >> 3) * 0x9E3779B97F4A7C15ULL);
+}
+
+/* The slot of name in idx (idx->cap > 0): its own, or the empty one where it would go. */
+static size_t name_slot(const ptc_name_index *idx, const char *name)
+{
+    size_t mask = idx->cap - 1, i = name_hash(name) & mask;
+    while (idx->keys[i] && idx->keys[i] != name)
+        i = (i + 1) & mask;
+    return i;
+}
+
+int ptc_name_index_get(const ptc_name_index *idx, const char *name)
+{
+    if (!idx->cap)
+        return -1;
+    size_t i = name_slot(idx, name);
+    return idx->keys[i] ? idx->top[i] : -1;
+}
+
+/* Makes entry `top` the newest of its name; returns the one it hides (-1: none). */
+static int name_index_push(ptc_name_index *idx, const char *name, int top)
+{
+    if (2 * (idx->n + 1) > idx->cap) {
+        ptc_name_index old = *idx;
+        idx->cap = old.cap ? 2 * old.cap : 64;
+        idx->keys = ptc_xcalloc(idx->cap, sizeof *idx->keys);
+        idx->top = ptc_xmalloc(idx->cap * sizeof *idx->top);
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.keys[i]) {
+                size_t j = name_slot(idx, old.keys[i]);
+                idx->keys[j] = old.keys[i];
+                idx->top[j] = old.top[i];
+            }
+        free(old.keys);
+        free(old.top);
+    }
+    size_t i = name_slot(idx, name);
+    int prev = -1;
+    if (idx->keys[i])
+        prev = idx->top[i];
+    else
+        idx->n++;
+    idx->keys[i] = name;
+    idx->top[i] = top;
+    return prev;
+}
+
+/* Undoes name_index_push of name: prev becomes the newest again. */
+static void name_index_pop(ptc_name_index *idx, const char *name, int prev)
+{
+    idx->top[name_slot(idx, name)] = prev;
+}
+
+static void name_index_free(ptc_name_index *idx)
+{
+    free(idx->keys);
+    free(idx->top);
 }
 
 int ptc_lower_find_var(const ptc_lower *L, const char *name)
 {
-    for (int i = L->nvars - 1; i >= L->frame; i--)
-        if (L->vars[i].name == name)
-            return i;
-    return -1;
+    int i = ptc_name_index_get(&L->varidx, name);
+    return i >= L->frame ? i : -1;
+}
+
+/* Pops the variables above height; likewise the scoped names and the dead variables. */
+static void vars_truncate(ptc_lower *L, int height)
+{
+    for (; L->nvars > height; L->nvars--)
+        name_index_pop(&L->varidx, L->vars[L->nvars - 1].name, L->vars[L->nvars - 1].prev);
+}
+
+static void names_truncate(ptc_lower *L, int height)
+{
+    for (; L->nnames > height; L->nnames--)
+        name_index_pop(&L->nameidx, L->names[L->nnames - 1].name, L->names[L->nnames - 1].prev);
+}
+
+static void dead_truncate(ptc_lower *L, int height)
+{
+    for (; L->ndead > height; L->ndead--)
+        name_index_pop(&L->deadidx, L->dead[L->ndead - 1].name, L->dead[L->ndead - 1].prev);
 }
 
 /* ---- scopes and full names ---- */
@@ -121,10 +210,9 @@ static const char *scope_words(ptc_lower *L, char *buf, size_t n)
 /* Takes NAME in the current scope for a param, a block instance or a repeat. */
 static int take_name(ptc_lower *L, const char *name, const char *what, ptc_loc loc)
 {
-    for (int i = L->nsbase; i < L->nnames; i++) {
+    int i = ptc_name_index_get(&L->nameidx, name);
+    if (i >= L->nsbase) {
         const ptc_scoped *s = &L->names[i];
-        if (s->name != name)
-            continue;
         char sc[256];
         scope_words(L, sc, sizeof sc);
         if (strcmp(what, "instance") == 0 && strcmp(s->what, "instance") == 0)
@@ -136,7 +224,8 @@ static int take_name(ptc_lower *L, const char *name, const char *what, ptc_loc l
                               name, sc, s->what, s->loc.line);
     }
     PTC_GROW(L->names, L->capnames, L->nnames);
-    L->names[L->nnames++] = (ptc_scoped){name, what, loc};
+    int prev = name_index_push(&L->nameidx, name, L->nnames);
+    L->names[L->nnames++] = (ptc_scoped){name, what, loc, prev};
     return 0;
 }
 
@@ -150,20 +239,20 @@ static void bind(ptc_lower *L, const char *name, ptc_val v, ptc_loc loc)
         return;
     }
     PTC_GROW(L->vars, L->capvars, L->nvars);
-    L->vars[L->nvars++] = (ptc_binding){name, v, loc};
+    int prev = name_index_push(&L->varidx, name, L->nvars);
+    L->vars[L->nvars++] = (ptc_binding){name, v, loc, prev};
 }
 
 /* Remembers the variables local to a repeat body (above `height`) for the unknown-name hint. */
 static void remember_locals(ptc_lower *L, int height)
 {
     for (int i = height; i < L->nvars; i++) {
-        bool seen = false;
-        for (int j = L->deadbase; j < L->ndead && !seen; j++)
-            seen = L->dead[j].name == L->vars[i].name;
-        if (seen)
+        if (ptc_name_index_get(&L->deadidx, L->vars[i].name) >= L->deadbase)
             continue;
         PTC_GROW(L->dead, L->capdead, L->ndead);
-        L->dead[L->ndead++] = L->vars[i];
+        L->dead[L->ndead] = L->vars[i];
+        L->dead[L->ndead].prev = name_index_push(&L->deadidx, L->vars[i].name, L->ndead);
+        L->ndead++;
     }
 }
 
@@ -244,6 +333,13 @@ static int lower_param(ptc_lower *L, const ptc_stmt *s)
     int vid, n;
     if (ptc_lower_build(L, PTC_OP_PARAM, NULL, 0, &at, s->loc, &vid, 1, &n) < 0)
         return -1;
+    /* each tensor is below 2^46 elements (the builder checked), so the sum cannot overflow */
+    L->nparams += ptc_type_numel(&t);
+    if (L->nparams > PTC_FE_MAX_PARAMS)
+        return ptc_lower_fail(L, s->loc,
+                              "model too large: with parameter '%s' (%lld elements) the model has "
+                              "more than 2^46 parameters in all",
+                              at.name, (long long)ptc_type_numel(&t));
     bind(L, s->name, (ptc_val){.vid = vid}, s->loc);
     return 0;
 }
@@ -298,8 +394,8 @@ static int lower_repeat(ptc_lower *L, const ptc_stmt *s)
         int rc = lower_body(L, s->body, true, &r);
         if (rc == 0 && i == n - 1)
             remember_locals(L, height);
-        L->nvars = height;
-        L->nnames = L->nsbase;
+        vars_truncate(L, height);
+        names_truncate(L, L->nsbase);
         L->nsbase = nsbase;
         scope_leave(L, scope);
         if (rc < 0)
@@ -448,11 +544,11 @@ int ptc_lower_block_call(ptc_lower *L, ptc_decl *b, const ptc_expr *call, const 
         *out = (ptc_val){.vid = vid};
         b->active = false;
         L->nchain--;
-        L->ndead = L->deadbase;
+        dead_truncate(L, L->deadbase);
         L->deadbase = deadbase;
-        L->nnames = L->nsbase;
+        names_truncate(L, L->nsbase);
         L->nsbase = nsbase;
-        L->nvars = nvars;
+        vars_truncate(L, nvars);
         L->frame = frame;
         scope_leave(L, scope);
     }
@@ -472,12 +568,17 @@ static int check_decls(ptc_lower *L, ptc_decl **model)
 {
     const ptc_decl *optim = NULL;
     *model = NULL;
+    size_t n = 0;
+    for (const ptc_decl *d = L->ast->decls; d; d = d->next)
+        n++;
+    for (L->capdecls = 16; L->capdecls < 2 * n;)
+        L->capdecls *= 2;
+    L->decls = ptc_xcalloc(L->capdecls, sizeof *L->decls);
     for (ptc_decl *d = L->ast->decls; d; d = d->next) {
-        const ptc_decl *first = NULL;
-        for (const ptc_decl *e = L->ast->decls; e != d && !first; e = e->next)
-            if (e->kind == d->kind && e->name == d->name && d->kind != PTC_D_OPTIMIZER)
-                first = e;
-        if (first)
+        ptc_decl **slot = decl_slot(L, d->kind, d->name), *first = *slot;
+        if (!first)
+            *slot = d;
+        if (first && d->kind != PTC_D_OPTIMIZER)
             return ptc_lower_fail(L, d->loc, "%s '%s' is already defined at line %d",
                                   d->kind == PTC_D_CONST ? "const" : "block", d->name,
                                   first->loc.line);
@@ -513,7 +614,7 @@ static int unknown_define(ptc_lower *L, const char *name)
     for (const ptc_decl *d = L->ast->decls; d && n < 64; d = d->next)
         if (d->kind == PTC_D_CONST)
             cands[n++] = d->name;
-    const char *near = ptc_lower_similar(name, cands, n);
+    const char *near = ptc_similar(name, cands, n);
     if (near)
         return ptc_lower_fail(L, (ptc_loc){.file = L->file},
                               "-D %s: this file has no const named '%s'; did you mean '%s'?", name,
@@ -561,49 +662,23 @@ static int eval_consts(ptc_lower *L)
     return 0;
 }
 
-/* The settings of `optimizer KIND(...)`, their kinds, and the range each must be in. */
-static const struct {
-    const char *key;
-    size_t off;
-    unsigned kinds; /* 1 << ptc_optim_kind */
-    double lo, hi;  /* lo <= v < hi; lo_open: lo < v */
-    bool lo_open;
-} optim_keys[] = {
-    {"lr", offsetof(ptc_optim, lr), 3, 0, INFINITY, true},
-    {"beta1", offsetof(ptc_optim, beta1), 1, 0, 1, false},
-    {"beta2", offsetof(ptc_optim, beta2), 1, 0, 1, false},
-    {"eps", offsetof(ptc_optim, eps), 1, 0, INFINITY, false},
-    {"weight_decay", offsetof(ptc_optim, weight_decay), 3, 0, INFINITY, false},
-    {"momentum", offsetof(ptc_optim, momentum), 2, 0, 1, false},
-};
-#define NOPTIM_KEYS (sizeof optim_keys / sizeof optim_keys[0])
-
-static int optim_setting(ptc_lower *L, const ptc_decl *d, const ptc_arg *g, ptc_optim *o,
-                         unsigned *given)
+/* One setting of `optimizer KIND(...)`: the key and range checks are ptc_optim_set's (shared with
+ * ptc --optim); a setting given twice is an error here. */
+static int optim_setting(ptc_lower *L, const ptc_arg *g, ptc_optim *o, unsigned *given)
 {
     const char *key = g->key ? g->key : "lr";
-    size_t k = 0;
-    while (k < NOPTIM_KEYS &&
-           !(strcmp(optim_keys[k].key, key) == 0 && (optim_keys[k].kinds & (1u << o->kind))))
-        k++;
-    if (k == NOPTIM_KEYS)
-        return ptc_lower_fail(L, g->keyloc, "unknown setting '%s' of %s (it takes %s)", key,
-                              d->name,
-                              o->kind == PTC_OPTIM_ADAMW ? "lr, beta1, beta2, eps, weight_decay"
-                                                         : "lr, momentum, weight_decay");
+    char msg[256];
+    int k = ptc_optim_key(o->kind, key, msg, sizeof msg);
+    if (k < 0)
+        return ptc_lower_fail(L, g->keyloc, "%s", msg);
     if (*given & (1u << k))
         return ptc_lower_fail(L, g->keyloc, "setting '%s' is given twice", key);
     *given |= 1u << k;
     double v;
     if (ptc_lower_num(L, g->value, key, &v) < 0)
         return -1;
-    if (optim_keys[k].lo_open ? v <= optim_keys[k].lo : v < optim_keys[k].lo)
-        return ptc_lower_fail(L, g->value->loc, "%s must be %s, got %.15g", key,
-                              optim_keys[k].lo_open ? "positive" : "zero or more", v);
-    if (v >= optim_keys[k].hi)
-        return ptc_lower_fail(L, g->value->loc, "%s must be less than %g, got %.15g", key,
-                              optim_keys[k].hi, v);
-    *(double *)((char *)o + optim_keys[k].off) = v;
+    if (ptc_optim_set(o, key, v, msg, sizeof msg) < 0)
+        return ptc_lower_fail(L, g->value->loc, "%s", msg);
     return 0;
 }
 
@@ -630,7 +705,7 @@ static int lower_optimizer(ptc_lower *L)
                                       "the settings of %s after lr are "
                                       "keyword arguments (KEY=VALUE)",
                                       d->name);
-            if (optim_setting(L, d, g, &o, &given) < 0)
+            if (optim_setting(L, g, &o, &given) < 0)
                 return -1;
         }
         L->g->optim = o;
@@ -641,14 +716,19 @@ static int lower_optimizer(ptc_lower *L)
 /* ARG: TYPE, ... of a block or the model: names distinct, types evaluated. */
 static int eval_formals(ptc_lower *L, ptc_decl *d)
 {
-    for (ptc_formal *f = d->formals; f; f = f->next) {
-        for (const ptc_formal *e = d->formals; e != f; e = e->next)
-            if (e->name == f->name)
-                return ptc_lower_fail(L, f->loc, "argument '%s' is declared twice", f->name);
-        if (ptc_lower_type(L, f->type, true, &f->val) < 0)
-            return -1;
+    ptc_name_index seen = {0};
+    int rc = 0, i = 0;
+    for (ptc_formal *f = d->formals; f && rc == 0; f = f->next, i++) {
+        int first = ptc_name_index_get(&seen, f->name);
+        if (first >= 0)
+            rc = ptc_lower_fail(L, f->loc, "argument '%s' is declared twice", f->name);
+        else
+            name_index_push(&seen, f->name, i);
+        if (rc == 0)
+            rc = ptc_lower_type(L, f->type, true, &f->val);
     }
-    return 0;
+    name_index_free(&seen);
+    return rc;
 }
 
 static int eval_signatures(ptc_lower *L)
@@ -660,11 +740,36 @@ static int eval_signatures(ptc_lower *L)
     return 0;
 }
 
+/* With a data-parallel axis of size dp, every input's first dimension is split dp ways: when it
+ * does not divide, name the const to change where the dimension is written. */
+static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp)
+{
+    if (dp <= 1 || f->val.rank < 1 || f->val.dims[0] % dp == 0)
+        return 0;
+    int64_t size = f->val.dims[0], fix = (size / dp + 1) * dp;
+    const ptc_expr *e = f->type->dims ? f->type->dims->value : NULL;
+    ptc_loc loc = e ? e->loc : f->loc;
+    if (e && e->kind == PTC_E_NAME && ptc_lower_find_decl(L, PTC_D_CONST, e->name))
+        return ptc_lower_fail(L, loc,
+                              "mesh axis dp=%d does not divide the first dimension of input '%s' "
+                              "(%s = %lld), which data parallelism splits: make const '%s' a "
+                              "multiple of %d, e.g. -D %s=%lld",
+                              dp, f->name, e->name, (long long)size, e->name, dp, e->name,
+                              (long long)fix);
+    return ptc_lower_fail(L, loc,
+                          "mesh axis dp=%d does not divide the first dimension of input '%s' "
+                          "(%lld), which data parallelism splits: make it a multiple of %d",
+                          dp, f->name, (long long)size, dp);
+}
+
 /* model NAME(ARGS) { BODY }: one INPUT per argument, the body, and its scalar loss. */
-static int lower_model(ptc_lower *L, ptc_decl *m)
+static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
 {
     if (eval_formals(L, m) < 0)
         return -1;
+    for (const ptc_formal *f = m->formals; f; f = f->next)
+        if (check_batch_split(L, f, opts ? opts->batch_split : 0) < 0)
+            return -1;
     for (const ptc_formal *f = m->formals; f; f = f->next) {
         ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);
         at.name = f->name;
@@ -691,6 +796,14 @@ static int lower_model(ptc_lower *L, ptc_decl *m)
                               ptc_type_str(t, s, sizeof s));
     }
     L->g->loss = r.v.vid;
+    bool any = false;
+    for (int i = 0; i < L->g->nnodes && !any; i++)
+        any = L->g->nodes[i].op == PTC_OP_PARAM;
+    if (opts && opts->train && !any)
+        return ptc_lower_fail(L, m->loc,
+                              "model %s has no parameters, so there is nothing to train "
+                              "(declare one with `param NAME : [DIMS] init INIT`)",
+                              m->name);
     return 0;
 }
 
@@ -713,9 +826,13 @@ static ptc_graph *lower_file(ptc_arena *arena, const char *path, ptc_ast_file *a
         if (rc == 0)
             rc = eval_signatures(&L);
         if (rc == 0)
-            rc = lower_model(&L, model);
+            rc = lower_model(&L, model, opts);
         L.g->max_nodes = max_nodes;
     }
+    free(L.decls);
+    name_index_free(&L.varidx);
+    name_index_free(&L.nameidx);
+    name_index_free(&L.deadidx);
     free(L.vars);
     free(L.names);
     free(L.dead);

@@ -17,6 +17,7 @@
 #define PTC_FE_MAX_BLOCKS 64        /* block instances inside block instances */
 #define PTC_FE_MAX_ARGS 1024        /* arguments of one call */
 #define PTC_FE_MAX_NUMEL ((int64_t)1 << 46)
+#define PTC_FE_MAX_PARAMS ((int64_t)1 << 46) /* parameters in all (elements of every param) */
 
 /* The value of an expression: a compile-time number or a tensor (a value id of the graph). */
 typedef struct ptc_val {
@@ -29,6 +30,7 @@ typedef struct ptc_binding {
     const char *name;
     ptc_val v;
     ptc_loc loc;
+    int prev; /* the entry of the same name below this one on its stack, or -1 */
 } ptc_binding;
 
 /* A name taken in a scope: a param, a block instance or a repeat. */
@@ -36,7 +38,17 @@ typedef struct ptc_scoped {
     const char *name;
     const char *what;
     ptc_loc loc;
+    int prev; /* as in ptc_binding */
 } ptc_scoped;
+
+/* Interned name -> index of the newest entry of that name on one of the stacks below (-1: none),
+ * so that finding a name costs the same in a body of 40,000 names as in one of 4. An entry links
+ * to the one it hides (`prev`); popping an entry puts that one back. */
+typedef struct ptc_name_index {
+    const char **keys;
+    int *top;
+    size_t cap, n;
+} ptc_name_index;
 
 typedef struct ptc_lower {
     ptc_graph *g;
@@ -44,18 +56,25 @@ typedef struct ptc_lower {
     ptc_arena *arena; /* the AST's */
     const char *file;
     ptc_ast_file *ast;
+    /* the declarations by (kind, interned name): an open-addressing table, so that a file of
+     * 40,000 consts is not searched once per use */
+    ptc_decl **decls;
+    size_t capdecls;
     bool failed;
     const char *err_instance; /* the instance an error happened in, for the note */
     bool noted;
     /* variables: a stack; the current block or model frame starts at `frame` */
     ptc_binding *vars;
     int nvars, capvars, frame;
+    ptc_name_index varidx;
     /* names taken in scopes: a stack; the current scope starts at `nsbase` */
     ptc_scoped *names;
     int nnames, capnames, nsbase;
+    ptc_name_index nameidx;
     /* variables that were local to a repeat body, for the hint of "unknown name" */
     ptc_binding *dead;
     int ndead, capdead, deadbase;
+    ptc_name_index deadidx;
     /* dotted path of the current scope ("h.3.attn"), and a buffer for full names */
     char *scope;
     size_t scopelen, scopecap;
@@ -66,7 +85,8 @@ typedef struct ptc_lower {
     int nchain, capchain;
     int depth;
     long steps;
-    int numctx; /* > 0 while evaluating what must be a compile-time number */
+    int64_t nparams; /* elements of the params so far */
+    int numctx;      /* > 0 while evaluating what must be a compile-time number */
 } ptc_lower;
 
 /* Reports the first error of the compilation (later ones are dropped) and returns -1. */
@@ -79,6 +99,8 @@ int ptc_lower_step(ptc_lower *L, ptc_loc loc);
 ptc_decl *ptc_lower_find_decl(const ptc_lower *L, ptc_decl_kind kind, const char *name);
 /* Index of a variable of the current frame, or -1. */
 int ptc_lower_find_var(const ptc_lower *L, const char *name);
+/* Index of the newest entry named name on the stack that idx indexes, or -1. */
+int ptc_name_index_get(const ptc_name_index *idx, const char *name);
 /* Instantiates block b for call (an expression whose args are the block's arguments). */
 int ptc_lower_block_call(ptc_lower *L, ptc_decl *b, const ptc_expr *call, const char *inst,
                          ptc_loc instloc, ptc_val *out);
@@ -99,7 +121,5 @@ int ptc_lower_type(ptc_lower *L, const ptc_type_ast *t, bool want_dtype, ptc_typ
 /* Builds a node; fails with the builder's message at loc. */
 int ptc_lower_build(ptc_lower *L, ptc_op op, const int *in, int nin, const ptc_attrs *at,
                     ptc_loc loc, int *out, int cap, int *nout);
-/* The closest of n names to `name`, or NULL if none is close. */
-const char *ptc_lower_similar(const char *name, const char *const *cands, int n);
 
 #endif

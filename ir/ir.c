@@ -1,6 +1,7 @@
 /* ir.c - the op table instantiated from ops.def, types, and the graph builder. */
 #include "ir.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,57 @@ ptc_optim ptc_optim_default(ptc_optim_kind kind)
                        .weight_decay = 0.01};
 }
 
+/* The settings of each optimizer and the range each must be in. */
+static const struct {
+    const char *key;
+    size_t off;
+    unsigned kinds; /* 1 << ptc_optim_kind */
+    double lo, hi;  /* lo <= v < hi; lo_open: lo < v */
+    bool lo_open;
+} optim_keys[] = {
+    {"lr", offsetof(ptc_optim, lr), 3, 0, INFINITY, true},
+    {"beta1", offsetof(ptc_optim, beta1), 1, 0, 1, false},
+    {"beta2", offsetof(ptc_optim, beta2), 1, 0, 1, false},
+    {"eps", offsetof(ptc_optim, eps), 1, 0, INFINITY, false},
+    {"weight_decay", offsetof(ptc_optim, weight_decay), 3, 0, INFINITY, false},
+    {"momentum", offsetof(ptc_optim, momentum), 2, 0, 1, false},
+};
+#define NOPTIM_KEYS (int)(sizeof optim_keys / sizeof optim_keys[0])
+
+int ptc_optim_key(ptc_optim_kind kind, const char *key, char *err, size_t errn)
+{
+    for (int k = 0; k < NOPTIM_KEYS; k++)
+        if (strcmp(optim_keys[k].key, key) == 0 && (optim_keys[k].kinds & (1u << kind)))
+            return k;
+    ptc_fmt(err, errn, "unknown setting '%s' of %s (it takes %s)", key,
+            kind == PTC_OPTIM_ADAMW ? "adamw" : "sgd",
+            kind == PTC_OPTIM_ADAMW ? "lr, beta1, beta2, eps, weight_decay"
+                                    : "lr, momentum, weight_decay");
+    return -1;
+}
+
+int ptc_optim_set(ptc_optim *o, const char *key, double v, char *err, size_t errn)
+{
+    int k = ptc_optim_key(o->kind, key, err, errn);
+    if (k < 0)
+        return -1;
+    if (!isfinite(v)) {
+        ptc_fmt(err, errn, "%s must be a finite number, got %g", key, v);
+        return -1;
+    }
+    if (optim_keys[k].lo_open ? v <= optim_keys[k].lo : v < optim_keys[k].lo) {
+        ptc_fmt(err, errn, "%s must be %s, got %.15g", key,
+                optim_keys[k].lo_open ? "positive" : "zero or more", v);
+        return -1;
+    }
+    if (v >= optim_keys[k].hi) {
+        ptc_fmt(err, errn, "%s must be less than %g, got %.15g", key, optim_keys[k].hi, v);
+        return -1;
+    }
+    *(double *)((char *)o + optim_keys[k].off) = v;
+    return k;
+}
+
 ptc_graph *ptc_graph_new(const char *name)
 {
     ptc_graph *g = ptc_xcalloc(1, sizeof *g);
@@ -292,7 +344,9 @@ int64_t ptc_graph_param_count(const ptc_graph *g)
 {
     int64_t total = 0;
     for (int i = 0; i < g->nnodes; i++)
-        if (g->nodes[i].op == PTC_OP_PARAM)
-            total += ptc_type_numel(&g->values[g->nodes[i].out[0]].type);
+        if (g->nodes[i].op == PTC_OP_PARAM) {
+            int64_t n = ptc_type_numel(&g->values[g->nodes[i].out[0]].type);
+            total = n > INT64_MAX - total ? INT64_MAX : total + n;
+        }
     return total;
 }

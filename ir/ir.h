@@ -187,6 +187,14 @@ typedef struct ptc_optim {
     double lr, beta1, beta2, eps, weight_decay, momentum;
 } ptc_optim;
 ptc_optim ptc_optim_default(ptc_optim_kind kind);
+/* Sets the setting named key (lr, beta1, beta2, eps, weight_decay, momentum) of o to v, after
+ * checking that o's kind has that setting and that v is in its range: lr > 0; beta1, beta2 and
+ * momentum in [0, 1); eps and weight_decay >= 0; always finite. Returns the setting's index (0..5,
+ * distinct per key), or -1 with a message that names key (and no source location). The model's
+ * optimizer line and `ptc --optim` both go through it, so they accept the same values. */
+int ptc_optim_set(ptc_optim *o, const char *key, double v, char *err, size_t errn);
+/* The index ptc_optim_set gives key for optimizers of this kind, or -1 with its message. */
+int ptc_optim_key(ptc_optim_kind kind, const char *key, char *err, size_t errn);
 
 /* Names of the scalar inputs that the optimizer pass adds to a training step. */
 #define PTC_IN_LR "opt.lr"
@@ -258,7 +266,9 @@ double ptc_op_flops(ptc_op op, const ptc_attrs *a, const ptc_type *in, int nin,
                     const ptc_type *out, int nout);
 double ptc_op_bytes(const ptc_type *in, int nin, const ptc_type *out, int nout);
 
-/* Parameters (PARAM nodes) in graph order, and their total element count. */
+/* Parameters (PARAM nodes) in graph order, and their total element count (INT64_MAX when the
+ * sum would be larger: the front end refuses models beyond 2^46 parameters, but a parsed plan
+ * could hold 2^19 tensors of 2^46 elements). */
 int ptc_graph_params(const ptc_graph *g, int *node_ids, int cap);
 int64_t ptc_graph_param_count(const ptc_graph *g);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "data.h"
+#include "file.h"
 #include "util.h"
 
 static const char usage[] =
@@ -26,7 +27,8 @@ static const char usage[] =
     "  -h, --help            print this text and exit\n"
     "\n"
     "Files are replaced atomically: a reader sees the old file or the complete new one.\n"
-    "Exit status: 0 on success, 2 for bad options or a file that cannot be read or written.\n"
+    "Exit status: 0 on success, 2 for bad options or a file that cannot be read or written\n"
+    "(standard output included); an output that is the input is refused.\n"
     "\n"
     "Example:\n"
     "  ptc-tokenize corpus.txt -o corpus_train.bin --val-fraction 0.1 --val-output "
@@ -60,6 +62,23 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, b
         return NULL;
     }
     return argv[++*i];
+}
+
+/* The outputs can be written, and neither is the input nor the other output (a text replaced by
+ * its tokens would be lost). Returns -1 when they are fine, else 2 after a message. */
+static int check_outputs(const opts *o)
+{
+    const char *paths[2] = {o->output, o->val_output};
+    char err[1024];
+    for (int i = 0; i < 2 && paths[i]; i++) {
+        if (ptc_file_check_output(paths[i], err, sizeof err) < 0)
+            return bad_usage("%s", err);
+        if (ptc_file_same(paths[i], o->input))
+            return bad_usage("%s: is the input file; refusing to replace it", paths[i]);
+    }
+    if (o->val_output && ptc_file_same(o->output, o->val_output))
+        return bad_usage("%s: given as both -o and --val-output", o->output);
+    return -1;
 }
 
 /* Returns -1 when the command line is fine, else the exit status (0 after --help). */
@@ -101,7 +120,7 @@ static int parse_args(int argc, char **argv, opts *o)
         return bad_usage("%s", "no output file (-o OUTPUT.bin)");
     if (have_fraction != (o->val_output != NULL))
         return bad_usage("%s", "--val-fraction and --val-output go together");
-    return -1;
+    return check_outputs(o);
 }
 
 static int write_tokens(const char *path, const unsigned char *text, size_t n)
@@ -117,16 +136,30 @@ static int write_tokens(const char *path, const unsigned char *text, size_t n)
     return rc;
 }
 
+/* 0 when standard output took everything printed on it, else 2 after a message (a full disk
+ * must not pass for success). */
+static int stdout_status(void)
+{
+    char err[256];
+    if (ptc_file_check_stdout(err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, "ptc-tokenize: writing to standard output failed: %s\n", err);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     opts o = {0};
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
-        return rc;
+        return rc == 0 ? stdout_status() : rc;
     size_t n;
-    char *text = ptc_read_file(o.input, &n);
+    char err[1024];
+    /* a token file holds at most INT32_MAX tokens: reading stops one byte past that (an endless
+     * pipe is refused there, not read until memory runs out) */
+    char *text = ptc_file_read_all(o.input, INT32_MAX, &n, err, sizeof err);
     if (!text) {
-        fprintf(stderr, "ptc-tokenize: %s: cannot read: %s\n", o.input, strerror(errno));
+        fprintf(stderr, "ptc-tokenize: %s\n", err);
         return 2;
     }
     size_t cut = n;
@@ -143,12 +176,6 @@ int main(int argc, char **argv)
         free(text);
         return 2;
     }
-    if (n > INT32_MAX) {
-        fprintf(stderr, "ptc-tokenize: %s: %zu bytes; a token file holds at most %d tokens\n",
-                o.input, n, INT32_MAX);
-        free(text);
-        return 2;
-    }
     const unsigned char *t = (const unsigned char *)text;
     rc = write_tokens(o.output, t, cut);
     if (rc == 0 && o.val_output)
@@ -160,5 +187,5 @@ int main(int argc, char **argv)
         printf("\n");
     }
     free(text);
-    return rc == 0 ? 0 : 2;
+    return rc == 0 ? stdout_status() : 2;
 }

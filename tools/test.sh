@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - sets up and runs the whole test suite: the build and every ctest test (unit, golden,
 # training, PyTorch comparison), then the same suite under AddressSanitizer + UndefinedBehavior-
-# Sanitizer, then the front-end fuzzer for a short run. CI runs exactly this.
+# Sanitizer, then the fuzzers for a short run (tests/fuzz/run.sh). CI runs exactly this.
 #   tools/test.sh [--quick]     --quick skips the sanitizer build and the fuzzer
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ if [ "$quick" != --quick ]; then
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "slow|equivalence"
   python3 tests/equivalence/matrix.py build-asan/tools/ptc --quick
 
-  echo "== front-end fuzzer (short run; tests/fuzz/run.sh SECONDS for a longer one) =="
-  tests/fuzz/run.sh 60
+  echo "== fuzzers: front end, flags, checkpoints, token files, safetensors (2 minutes in all) =="
+  tests/fuzz/run.sh 120
 fi
 echo "== all tests passed =="

@@ -91,16 +91,6 @@ const ptc_graph *part_out(const part *p)
     return p->out;
 }
 
-/* Glob match with '*' only. */
-static bool glob(const char *pat, const char *s)
-{
-    if (!*pat)
-        return !*s;
-    if (*pat == '*')
-        return glob(pat + 1, s) || (*s && glob(pat, s + 1));
-    return *s == *pat && glob(pat + 1, s + 1);
-}
-
 bool part_pinned(const part *p, int v, ptc_placement *pl)
 {
     const ptc_node *n = &p->g->nodes[p->g->values[v].def];
@@ -109,7 +99,7 @@ bool part_pinned(const part *p, int v, ptc_placement *pl)
     for (int i = p->o->npins - 1; i >= 0; i--) {
         const ptc_pin *pin = &p->o->pins[i];
         if (strcmp(pin->axis, p->g->mesh.names[p->axis]) == 0 &&
-            glob(pin->pattern, n->attrs.name)) {
+            ptc_glob_match(pin->pattern, n->attrs.name)) {
             *pl = pin->pl;
             return true;
         }

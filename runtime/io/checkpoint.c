@@ -87,8 +87,11 @@ static int problems_done(problems *pr)
 
 /* ---- saving ---- */
 
+/* Creates dir and its missing parents. dir is not empty: its first byte is never a separator
+ * to split at, and the scan starts after it. */
 static int mkdir_p(const char *dir, char *err, size_t errn)
 {
+    PTC_ASSERT(*dir);
     char *p = ptc_xstrdup(dir);
     int rc = 0;
     for (char *s = p + 1;; s++) {
@@ -234,8 +237,12 @@ static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
 int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_ckpt_state *st,
                    int keep, char *path, size_t pathn, char *err, size_t errn)
 {
-    if (st->step < 0) {
+    if (st->step < 0 || st->step > PTRT_CKPT_MAX_STEP) {
         ptc_fmt(err, errn, "%s: cannot save a checkpoint for step %" PRId64, dir, st->step);
+        return -1;
+    }
+    if (!*dir) {
+        ptc_fmt(err, errn, "the checkpoint directory has an empty name");
         return -1;
     }
     if (mkdir_p(dir, err, errn) != 0)
@@ -263,12 +270,17 @@ int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_
 
 int ptrt_ckpt_latest(const char *dir, char *path, size_t pathn, char *err, size_t errn)
 {
+    if (!*dir) { /* "" would make "/latest", a file at the root */
+        ptc_fmt(err, errn, "the checkpoint directory has an empty name");
+        return -1;
+    }
     char latest[4096];
     snprintf(latest, sizeof latest, "%s/latest", dir);
     size_t len;
-    char *text = ptc_read_file(latest, &len);
+    char *text = ptc_read_file_max(latest, 4096, &len); /* one file name; never a stream */
     if (!text && errno != ENOENT) {
-        ptc_fmt(err, errn, "%s: cannot read: %s", latest, strerror(errno));
+        ptc_fmt(err, errn, "%s: cannot read: %s", latest,
+                errno == EFBIG ? "longer than a file name" : strerror(errno));
         return -1;
     }
     if (text) {
@@ -435,8 +447,9 @@ static int read_state(const ptrt_st_file *f, const char *path, uint64_t config_h
         meta_u64(f, path, "ptc.seed", 10, &st->seed, err, errn) != 0 ||
         meta_u64(f, path, "ptc.config_hash", 16, &st->config_hash, err, errn) != 0)
         return -1;
-    if (step > INT64_MAX) {
-        ptc_fmt(err, errn, "%s: step %" PRIu64 " out of range", path, step);
+    if (step > (uint64_t)PTRT_CKPT_MAX_STEP) {
+        ptc_fmt(err, errn, "%s: step %" PRIu64 " out of range (at most %" PRId64 ")", path, step,
+                PTRT_CKPT_MAX_STEP);
         return -1;
     }
     st->step = (int64_t)step;

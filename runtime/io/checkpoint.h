@@ -35,9 +35,14 @@ typedef struct ptrt_ckpt_param {
     float *m, *v; /* Adam moments (numel floats each), or NULL when the optimizer keeps none */
 } ptrt_ckpt_param;
 
+/* The largest step a checkpoint may record, and so the most steps a run may ask for: 2^62 leaves
+ * room for the step arithmetic of a run (step + 1, step + warm-up) never to overflow int64, even
+ * with a forged checkpoint. */
+#define PTRT_CKPT_MAX_STEP ((int64_t)1 << 62)
+
 /* The scalar state of a run. */
 typedef struct ptrt_ckpt_state {
-    int64_t step;           /* optimizer steps completed */
+    int64_t step;           /* optimizer steps completed, 0..PTRT_CKPT_MAX_STEP */
     uint64_t data_position; /* ptrt_data_position of the training loader */
     uint64_t seed;          /* the run's seed */
     uint64_t config_hash;   /* ptrt_ckpt_config_hash of the model and training setup */

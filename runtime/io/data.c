@@ -95,6 +95,29 @@ static int check_vocab(const ptrt_data *d, int vocab, char *err, size_t errn)
     return 0;
 }
 
+int ptrt_data_check_ids(const ptrt_data *d, int64_t input_bound, int64_t target_bound, char *err,
+                        size_t errn)
+{
+    for (size_t i = 0; i < d->ntok; i++) {
+        uint16_t t = ptrt_data_token(d, i);
+        if (input_bound > 0 && i + 1 < d->ntok && t >= input_bound) {
+            ptc_fmt(err, errn,
+                    "%s: token %u at position %zu is not below %lld, the rows of the embedding "
+                    "that reads it",
+                    d->path, (unsigned)t, i, (long long)input_bound);
+            return -1;
+        }
+        if (target_bound > 0 && i > 0 && t >= target_bound) {
+            ptc_fmt(err, errn,
+                    "%s: token %u at position %zu is not below %lld, the classes of the "
+                    "cross_entropy it is a target of",
+                    d->path, (unsigned)t, i, (long long)target_bound);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 ptrt_data *ptrt_data_open(const char *path, int vocab, char *err, size_t errn)
 {
     size_t size;

@@ -36,6 +36,14 @@ typedef struct ptrt_data ptrt_data;
 ptrt_data *ptrt_data_open(const char *path, int vocab, char *err, size_t errn);
 void ptrt_data_close(ptrt_data *d);
 
+/* Checks the tokens against the model that reads them. A token is a model input (every token but
+ * the last) and a target (every token but the first): as an input it must be below input_bound
+ * (the rows of the embedding that reads it), as a target below target_bound (the classes of the
+ * cross_entropy that reads it); a bound <= 0 is not checked. Returns 0, or -1 with a message that
+ * names the file, the position and value of the first bad token, and the bound and its op. */
+int ptrt_data_check_ids(const ptrt_data *d, int64_t input_bound, int64_t target_bound, char *err,
+                        size_t errn);
+
 size_t ptrt_data_ntokens(const ptrt_data *d);
 /* Token i (i < ntokens). */
 uint16_t ptrt_data_token(const ptrt_data *d, size_t i);

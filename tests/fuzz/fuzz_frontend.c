@@ -1,7 +1,9 @@
 /* fuzz_frontend.c - libFuzzer harness for the front end.
  *
  * Any bytes must give either a graph that passes the IR verifier or diagnostics, and never a
- * crash, a hang, undefined behaviour or a leak (the build adds ASan and UBSan). Diagnostics are
+ * crash, a hang, undefined behaviour or a leak (the build adds ASan and UBSan). The input's size
+ * picks the front end's options (training asked for, a data-parallel degree of 0 to 4), so that
+ * their checks are fuzzed too. Diagnostics are
  * printed to /dev/null rather than dropped, so that the code printing source lines and carets is
  * fuzzed too.
  */
@@ -22,7 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *src = (const char *)data;
     ptc_diag diag;
     ptc_diag_init(&diag, devnull, "fuzz.ptm", src, size);
-    ptc_graph *g = ptc_frontend_compile("fuzz.ptm", src, size, NULL, &diag);
+    /* the checks that depend on the use (training, a data-parallel split) on half the inputs */
+    ptc_frontend_opts fo = {.train = size & 1, .batch_split = (int)(size % 5)};
+    ptc_graph *g = ptc_frontend_compile("fuzz.ptm", src, size, &fo, &diag);
     if (g) {
         char err[512];
         if (ptc_verify(g, err, sizeof err) != 0) {

@@ -354,3 +354,57 @@ Test(checkpoint, save_into_an_unwritable_place)
     cr_assert_eq(ptrt_ckpt_save(sub, a.p, NP, &st, 0, NULL, 0, err, sizeof err), -1);
     cr_assert(strstr(err, "cannot create directory"), "%s", err);
 }
+
+/* A checkpoint whose metadata claims a step the run could not count past (as a forged or damaged
+ * file might: the checksum covers the metadata, so the file is written with a valid one). */
+static void write_with_step(const char *p, const model *m, const char *step)
+{
+    ptrt_st_writer *w = ptrt_st_writer_new();
+    ptrt_st_add_meta(w, "ptc.format", "1");
+    ptrt_st_add_meta(w, "ptc.step", step);
+    ptrt_st_add_meta(w, "ptc.data_position", "0");
+    ptrt_st_add_meta(w, "ptc.seed", "1");
+    ptrt_st_add_meta(w, "ptc.config_hash", "000000000000004d");
+    for (int i = 0; i < NP; i++)
+        ptrt_st_add(w, m->p[i].name, PTRT_ST_F32, m->p[i].ndim, m->p[i].shape, m->p[i].value);
+    char err[512];
+    cr_assert_eq(ptrt_st_save(w, p, err, sizeof err), 0, "%s", err);
+    ptrt_st_writer_free(w);
+}
+
+Test(checkpoint, steps_beyond_the_limit_are_refused)
+{
+    model a, b;
+    model_init(&a, 1, false);
+    model_init(&b, -5, false);
+    char p[256], err[512], step[32];
+    snprintf(p, sizeof p, "%s/forged.safetensors", dir);
+    ptrt_ckpt_state st = {0};
+    const char *bad[] = {"9223372036854775807", "9223372036854775806", "4611686018427387905"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_with_step(p, &a, bad[i]);
+        cr_assert_eq(ptrt_ckpt_load(p, b.p, NP, 77, &st, err, sizeof err), -1, "%s", bad[i]);
+        cr_assert(strstr(err, "out of range (at most 4611686018427387904)"), "%s", err);
+        cr_assert(!same(&a, &b, 0), "nothing is loaded");
+    }
+    snprintf(step, sizeof step, "%lld", (long long)PTRT_CKPT_MAX_STEP);
+    write_with_step(p, &a, step);
+    cr_assert_eq(ptrt_ckpt_load(p, b.p, NP, 77, &st, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(st.step, PTRT_CKPT_MAX_STEP);
+    /* and a save never writes one */
+    st = state_at(PTRT_CKPT_MAX_STEP + 1, 77);
+    cr_assert_eq(ptrt_ckpt_save(ckdir, a.p, NP, &st, 0, NULL, 0, err, sizeof err), -1);
+}
+
+/* An empty directory name is refused, not read as "/latest" or scanned past its end. */
+Test(checkpoint, empty_directory_name)
+{
+    model a;
+    model_init(&a, 1, false);
+    ptrt_ckpt_state st = state_at(1, 1);
+    char err[512], path[256];
+    cr_assert_eq(ptrt_ckpt_save("", a.p, NP, &st, 0, NULL, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "empty name"), "%s", err);
+    cr_assert_eq(ptrt_ckpt_latest("", path, sizeof path, err, sizeof err), -1);
+    cr_assert(strstr(err, "empty name"), "%s", err);
+}

@@ -137,6 +137,45 @@ Test(data, token_above_vocab)
     ptrt_data_close(d);
 }
 
+/* Inputs are checked against the embedding's rows, targets against cross_entropy's classes: a
+ * model may embed 256 ids and predict only 100 classes (or the other way round). */
+Test(data, ids_checked_by_their_role)
+{
+    uint16_t t[40];
+    for (int i = 0; i < 40; i++)
+        t[i] = (uint16_t)(i % 50);
+    t[17] = 150;
+    write_raw(20240520, 1, 40, t, 40);
+    char err[256] = "";
+    ptrt_data *d = ptrt_data_open(path, 0, err, sizeof err);
+    cr_assert(d, "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 256, 256, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 256, 100, err, sizeof err), -1);
+    cr_assert(strstr(err, "token 150 at position 17 is not below 100, the classes of the "
+                          "cross_entropy it is a target of"),
+              "%s", err);
+    cr_assert(strstr(err, path), "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 100, 256, err, sizeof err), -1);
+    cr_assert(strstr(err, "token 150 at position 17 is not below 100, the rows of the embedding"),
+              "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 0, 0, err, sizeof err), 0, "0: not checked");
+    ptrt_data_close(d);
+
+    /* the first token is never a target, the last never an input */
+    t[17] = 5;
+    t[0] = 150;
+    t[39] = 160;
+    write_raw(20240520, 1, 40, t, 40);
+    d = ptrt_data_open(path, 0, err, sizeof err);
+    cr_assert(d, "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 151, 100, err, sizeof err), -1);
+    cr_assert(strstr(err, "token 160 at position 39 is not below 100, the classes"), "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 100, 161, err, sizeof err), -1);
+    cr_assert(strstr(err, "token 150 at position 0 is not below 100, the rows"), "%s", err);
+    cr_assert_eq(ptrt_data_check_ids(d, 151, 161, err, sizeof err), 0, "%s", err);
+    ptrt_data_close(d);
+}
+
 Test(data, too_small_for_a_batch)
 {
     write_counting(16);

@@ -476,20 +476,26 @@ Test(safetensors, atomic_write_keeps_the_old_file)
     cr_assert_neq(access(tmp, F_OK), 0, "abort removes the temporary file");
     cr_assert(file_equals(path, old, n));
 
-    /* a rename that fails: the target is a non-empty directory */
+    /* a rename that fails: the target became a non-empty directory while it was written (a
+     * directory given as the target is refused by ptc_file_create, before any writing) */
     char blocked[256], inner[300];
     snprintf(blocked, sizeof blocked, "%s/blocked", dir);
     snprintf(inner, sizeof inner, "%s/keep", blocked);
+    cr_assert_eq(ptc_file_create(&f, blocked, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptc_file_write(&f, "new", 3, err, sizeof err), 0, "%s", err);
     cr_assert_eq(mkdir(blocked, 0755), 0);
     write_bytes(inner, "x", 1);
-    cr_assert_eq(ptc_file_write_file(blocked, "new", 3, err, sizeof err), -1);
+    cr_assert_eq(ptc_file_commit(&f, err, sizeof err), -1);
     cr_assert(strstr(err, "rename of") && strstr(err, blocked), "%s", err);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", blocked, (long)getpid());
     cr_assert_neq(access(tmp, F_OK), 0, "a failed commit removes the temporary file");
     cr_assert(file_equals(inner, "x", 1));
+    cr_assert_eq(ptc_file_write_file(blocked, "new", 3, err, sizeof err), -1);
+    cr_assert(strstr(err, "blocked: is a directory"), "%s", err);
 
     /* a directory that does not exist: nothing is created, the message names the path */
-    cr_assert_eq(ptc_file_write_file("/nonexistent-ptc/x.safetensors", "a", 1, err, sizeof err), -1);
+    cr_assert_eq(ptc_file_write_file("/nonexistent-ptc/x.safetensors", "a", 1, err, sizeof err),
+                 -1);
     cr_assert(strstr(err, "/nonexistent-ptc/x.safetensors: cannot create temporary file"), "%s",
               err);
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# small.sh PTC PTC_TOKENIZE SOURCE_DIR - the smaller faults of issue 9, item 11, each refused with
+# what to change: a --place that names a dimension the parameter lacks (it was an internal
+# error) or matches nothing (it was ignored), a model without parameters given to training, --lr 0
+# (the language says lr > 0), a batch that dp does not divide (name the const), a mesh axis over
+# its limit (say the limit), an unknown op written as another framework writes it (did you mean).
+source "$(dirname "$0")/lib.sh"
+m=$src/examples/gpt2_tiny.ptm
+check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
+check "--place matching no parameter" 2 "--place 'wtf=tp:R': no parameter matches 'wtf'; did you mean 'wte'\?" "$ptc" --mesh tp=2 --place wtf=tp:R "$m"
+check "--place glob matching no parameter" 2 "--place 'h\.\*\.mlp\.w_gate=tp:R': no parameter matches" "$ptc" --mesh tp=2 --place 'h.*.mlp.w_gate=tp:R' "$m"
+check "--place on an axis the mesh lacks" 2 "--place 'wte=dp:R': the mesh has no axis dp" "$ptc" --mesh tp=2 --place wte=dp:R "$m"
+check "--place without --mesh" 2 "--place needs --mesh" "$ptc" --place wte=tp:R "$m"
+check "--place that matches (fine)" 0 "" "$ptc" --mesh tp=2 --place 'h.*.mlp.w_fc=tp:R' --emit plan "$m"
+grep -Eq "h\.0\.mlp\.w_fc .*R" out.txt && ok "--place: the pin is in the plan" "" || bad "--place: the pin is in the plan" "$(grep 'h.0.mlp.w_fc' out.txt | head -2)"
+
+cat > noparams.ptm << 'EOF2'
+model m(x: f32[4, 8], y: f32[4, 8]) {
+    return mse(x, y)
+}
+EOF2
+check "a model without parameters, -o" 1 "^noparams\.ptm:1:7: error: model m has no parameters, so there is nothing to train" "$ptc" noparams.ptm -o np
+[ -e np ] && bad "no executable for a model without parameters" "np was written" || ok "no executable for a model without parameters" ""
+check "a model without parameters, --train" 1 "noparams\.ptm:1:7: error: model m has no parameters" "$ptc" --train noparams.ptm
+check "a model without parameters, only checked (fine)" 0 "" "$ptc" noparams.ptm
+
+"$ptc" "$m" -o exe > /dev/null 2>&1 || bad "setup" "cannot compile $m"
+check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
+check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
+check "--min-lr above the peak" 2 "--min-lr 0\.01 is above the peak learning rate 0\.001 \(--lr\)" ./exe --quiet --steps 1 --lr 1e-3 --min-lr 0.01
+
+check "batch that dp does not divide" 1 "gpt2_tiny\.ptm:[0-9]+:[0-9]+: error: mesh axis dp=3 does not divide .* make const 'batch' a multiple of 3, e\.g\. -D batch=6" "$ptc" --mesh dp=3 "$m"
+check "... and -D batch=6 then compiles" 0 "" "$ptc" --mesh dp=3 -D batch=6 "$m"
+check "--mesh dp=8192,tp=8" 2 "--mesh: dp=8192 is more than 1024, the most ranks one mesh axis may have" "$ptc" --mesh dp=8192,tp=8 "$m"
+check "--mesh tp=0" 2 "--mesh: tp=0: an axis has at least 1 rank" "$ptc" --mesh tp=0 "$m"
+check "--mesh pp=2" 2 "--mesh: unknown axis 'pp' in 'pp=2' \(the axes are dp and tp\)" "$ptc" --mesh pp=2 "$m"
+check "--mesh dp=2,dp=2" 2 "--mesh: axis dp is given twice" "$ptc" --mesh dp=2,dp=2 "$m"
+
+for pair in "matmul(x, w):'a @ b'" "linear(x, w):'x @ w \+ b'" "layer_norm(x):'layernorm'" "RMSNorm(x):'rmsnorm'" "ln(x):'log'"; do
+  call=${pair%%:*} hint=${pair#*:}
+  printf 'model m(x: f32[4, 8]) {\n    param w : [8, 8] init normal(0.02)\n    y = %s\n    return mean(mean(y @ w, axis=0), axis=0)\n}\n' "$call" > op.ptm
+  check "unknown op ${call%%(*}" 1 "op\.ptm:3:9: error: unknown op or block '${call%%(*}'; did you mean $hint\?" "$ptc" op.ptm
+done
+printf 'model m(x: f32[4, 8]) {\n    param w : [8, 8] init normal(0.02)\n    y = dropout(x)\n    return mean(mean(y @ w, axis=0), axis=0)\n}\n' > op.ptm
+check "unknown op dropout" 1 "op\.ptm:3:9: error: unknown op 'dropout': the language has no dropout" "$ptc" op.ptm
+finish

@@ -1,0 +1,352 @@
+/* runner_flags.c - the command line of the executables ptc writes (see runner_flags.h). */
+#include "runner_flags.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "file.h"
+#include "util.h"
+
+const char ptrt_runner_usage[] =
+    "usage: %s [options]\n"
+    "\n"
+    "Trains the model compiled into this executable (model '%s', %s parameters%s).\n"
+    "\n"
+    "run:\n"
+    "  --steps N              optimizer steps to run (default 20)\n"
+    "  --seed N               seed for initial weights, shuffling and random data (default 1)\n"
+    "data:\n"
+    "  --data FILE.bin        training tokens, llm.c format (256 x int32 header, magic 20240520,\n"
+    "                         then uint16 tokens); without it every batch is random tokens\n"
+    "  --shuffle              visit the training windows in a seeded random order per epoch\n"
+    "                         (default: in order, as llm.c)\n"
+    "  --val-data FILE.bin    validation tokens; with --val-every N, the mean loss over\n"
+    "  --val-every N          --val-batches N (default 4) batches is printed every N steps\n"
+    "  --val-batches N\n"
+    "optimizer (the model's optimizer line gives the kind and its other settings):\n"
+    "  --lr X                 peak learning rate, > 0 (default: the model's)\n"
+    "  --schedule KIND        cosine (default) or constant, after the warm-up\n"
+    "  --warmup N             linear warm-up over N steps (default 0)\n"
+    "  --min-lr X             floor of the cosine decay, at most the peak (default lr/10)\n"
+    "  --grad-clip X          clip gradients to global norm X; 0 turns it off (default 1.0)\n"
+    "checkpoints:\n"
+    "  --checkpoint-dir DIR   write DIR/step_NNNNNNNN.safetensors (atomically) at the end and\n"
+    "  --checkpoint-every N   every N steps; DIR/latest names the newest\n"
+    "  --keep N               keep the newest N checkpoints (default 3; 0 keeps all)\n"
+    "  --resume               continue from the newest checkpoint in --checkpoint-dir:\n"
+    "                         weights, optimizer state, step and data position\n"
+    "  --init-from FILE       start from weights in a safetensors file (e.g. saved from PyTorch)\n"
+    "  --save FILE            write the final weights to FILE (safetensors); a device such as\n"
+    "                         /dev/null is written in place, a file the run reads is refused\n"
+    "output:\n"
+    "  --log FILE             one JSON object per step (step, loss, lr, grad_norm,\n"
+    "                         tokens_per_s, step_ms; val_loss lines too); appended on --resume\n"
+    "  --quiet                no progress lines\n"
+    "  --dump-grads DIR       write every parameter's gradient (before clipping) of each step\n"
+    "                         to DIR/grads_step_NNNNNNNN.safetensors, for checking\n"
+    "  --print-plan           print the embedded plan (every rank program: buffers with their\n"
+    "                         arena offsets, instructions) and exit\n"
+    "backend:\n"
+    "  --backend KIND         cpu (OpenBLAS GEMMs, default) or ref (plain reference kernels)\n"
+    "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
+    "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
+    "  --profile              after the run, print the time spent per op kind (per step, the\n"
+    "                         first step left out: it warms up)\n"
+    "  --check-memory         fill every arena with a canary at start and, after the run,\n"
+    "                         compare each rank's measured high-water mark per arena with the\n"
+    "                         plan (printed, and in --log); a difference fails the run\n"
+    "  -h, --help             this help\n"
+    "test hooks:\n"
+    "  --debug-drop-collective R:K  rank R leaves out its K-th collective of every step\n"
+    "  --debug-no-check       skip the pre-launch check that the ranks' collectives match\n"
+    "\n"
+    "Exit status: 0 success; 1 a failure during the run (diverged loss, a checkpoint that cannot\n"
+    "be written, a collective that times out, standard output that cannot be written); 2 a bad\n"
+    "flag or a bad file, found before the first step.\n";
+
+__attribute__((format(printf, 3, 4))) static int bad(FILE *errf, const char *prog, const char *fmt,
+                                                     ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(errf, "%s: error: ", prog);
+    vfprintf(errf, fmt, ap);
+    fprintf(errf, "\n(see %s --help)\n", prog);
+    va_end(ap);
+    return 2;
+}
+
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* A finite number >= 0, or > 0 when positive. */
+static int parse_num(const char *s, bool positive, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < 0 || (positive && v == 0))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* A directory the run will create (with its parents when `parents`): it exists as a directory
+ * this process may write, or its nearest existing ancestor is one (the parent itself when not
+ * `parents`). */
+static int check_dir(FILE *errf, const char *prog, const char *flag, const char *dir, bool parents)
+{
+    char *p = ptc_xstrdup(dir);
+    for (size_t n = strlen(p); n > 1 && p[n - 1] == '/'; n--) /* "a/b/" -> "a/b" */
+        p[n - 1] = 0;
+    int rc = 0;
+    struct stat st;
+    bool self = true;
+    for (;;) {
+        if (stat(p, &st) == 0)
+            break;
+        if (errno != ENOENT && errno != ENOTDIR) {
+            rc = bad(errf, prog, "%s %s: cannot use %s: %s", flag, dir, p, strerror(errno));
+            break;
+        }
+        if (!self && !parents && errno == ENOENT) {
+            rc = bad(errf, prog, "%s %s: directory %s does not exist", flag, dir, p);
+            break;
+        }
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            strcpy(p, "."); /* p has at least 2 bytes: dir is not empty */
+        else
+            slash[slash == p] = 0; /* "a/b" -> "a", "/x" -> "/" */
+        self = false;
+    }
+    if (rc == 0 && !S_ISDIR(st.st_mode))
+        rc = self ? bad(errf, prog, "%s %s: is %s, not a directory", flag, dir,
+                        ptc_file_kind(st.st_mode))
+                  : bad(errf, prog, "%s %s: cannot be created: %s is %s, not a directory", flag,
+                        dir, p, ptc_file_kind(st.st_mode));
+    else if (rc == 0 && access(p, W_OK | X_OK) != 0)
+        rc = bad(errf, prog, "%s %s: cannot write in %s: %s", flag, dir, p, strerror(errno));
+    free(p);
+    return rc;
+}
+
+/* An output (--save, --log) must not be a file the run reads, nor the other output. */
+static int check_not_input(FILE *errf, const char *prog, const char *flag, const char *path,
+                           const ptrt_train_opts *o)
+{
+    const struct {
+        const char *path, *what;
+    } inputs[] = {
+        {o->data, "the --data file"},
+        {o->val_data, "the --val-data file"},
+        {o->init_from, "the --init-from file"},
+        {"/proc/self/exe", "this executable"},
+        {strcmp(flag, "--save") == 0 ? o->log : o->save,
+         strcmp(flag, "--save") == 0 ? "the --log file" : "the --save file"},
+    };
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+        if (ptc_file_same(path, inputs[i].path))
+            return bad(errf, prog, "%s %s: is %s; refusing to write over it", flag, path,
+                       inputs[i].what);
+    return 0;
+}
+
+/* Paths and combinations, once every flag is read. */
+static int check_all(FILE *errf, const char *prog, double model_lr, const ptrt_train_opts *o)
+{
+    char err[1024];
+    if (o->val_every && !o->val_data)
+        return bad(errf, prog, "--val-every needs --val-data");
+    if (o->resume && !o->ckpt_dir)
+        return bad(errf, prog, "--resume needs --checkpoint-dir");
+    double peak = o->lr >= 0 ? o->lr : model_lr;
+    if (o->min_lr > peak)
+        return bad(errf, prog, "--min-lr %g is above the peak learning rate %g (%s)", o->min_lr,
+                   peak, o->lr >= 0 ? "--lr" : "the model's optimizer line");
+    if (o->ckpt_dir && check_dir(errf, prog, "--checkpoint-dir", o->ckpt_dir, true))
+        return 2;
+    if (o->dump_grads && check_dir(errf, prog, "--dump-grads", o->dump_grads, false))
+        return 2;
+    if (o->save && ptc_file_check_output(o->save, err, sizeof err) < 0)
+        return bad(errf, prog, "--save %s", err);
+    if (o->save && check_not_input(errf, prog, "--save", o->save, o))
+        return 2;
+    if (o->log && check_not_input(errf, prog, "--log", o->log, o))
+        return 2;
+    return 0;
+}
+
+static bool takes_value(const char *a)
+{
+    static const char *const with_value[] = {"--steps",
+                                             "--seed",
+                                             "--data",
+                                             "--val-data",
+                                             "--val-every",
+                                             "--val-batches",
+                                             "--lr",
+                                             "--schedule",
+                                             "--warmup",
+                                             "--min-lr",
+                                             "--grad-clip",
+                                             "--checkpoint-dir",
+                                             "--checkpoint-every",
+                                             "--keep",
+                                             "--init-from",
+                                             "--save",
+                                             "--log",
+                                             "--backend",
+                                             "--dump-grads",
+                                             "--comm-timeout",
+                                             "--debug-drop-collective",
+                                             "--threads",
+                                             NULL};
+    for (int k = 0; with_value[k]; k++)
+        if (strcmp(a, with_value[k]) == 0)
+            return true;
+    return false;
+}
+
+/* The flags that take a number: the field each sets and its range. */
+typedef struct int_flag {
+    const char *flag;
+    int64_t lo, hi;
+} int_flag;
+
+static int parse_value(FILE *errf, const char *prog, const char *a, const char *v,
+                       ptrt_train_opts *o)
+{
+    static const int_flag ints[] = {
+        {"--steps", 1, PTRT_CKPT_MAX_STEP},
+        {"--seed", 0, INT64_MAX},
+        {"--val-every", 0, INT64_MAX},
+        {"--val-batches", 1, 1000000},
+        {"--warmup", 0, INT64_MAX},
+        {"--checkpoint-every", 0, INT64_MAX},
+        {"--keep", 0, INT_MAX},
+        {"--threads", 0, 1024},
+    };
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        if (strcmp(a, ints[k].flag) != 0)
+            continue;
+        int64_t n;
+        if (parse_int(v, ints[k].lo, ints[k].hi, &n) < 0)
+            return bad(errf, prog, "%s expects an integer from %lld to %lld, got '%s'", a,
+                       (long long)ints[k].lo, (long long)ints[k].hi, v);
+        switch (k) {
+        case 0: o->steps = n; break;
+        case 1: o->seed = (uint64_t)n; break;
+        case 2: o->val_every = n; break;
+        case 3: o->val_batches = n; break;
+        case 4: o->warmup = n; break;
+        case 5: o->ckpt_every = n; break;
+        case 6: o->keep = (int)n; break;
+        default: o->threads = (int)n; break;
+        }
+        return 0;
+    }
+    bool positive = strcmp(a, "--lr") == 0 || strcmp(a, "--comm-timeout") == 0;
+    double *num = strcmp(a, "--lr") == 0             ? &o->lr
+                  : strcmp(a, "--min-lr") == 0       ? &o->min_lr
+                  : strcmp(a, "--grad-clip") == 0    ? &o->max_norm
+                  : strcmp(a, "--comm-timeout") == 0 ? &o->timeout_s
+                                                     : NULL;
+    if (num) {
+        if (parse_num(v, positive, num) < 0)
+            return bad(errf, prog, "%s expects a %s number, got '%s'", a,
+                       positive ? "positive" : "non-negative", v);
+        return 0;
+    }
+    const char **str = strcmp(a, "--data") == 0             ? &o->data
+                       : strcmp(a, "--val-data") == 0       ? &o->val_data
+                       : strcmp(a, "--checkpoint-dir") == 0 ? &o->ckpt_dir
+                       : strcmp(a, "--init-from") == 0      ? &o->init_from
+                       : strcmp(a, "--save") == 0           ? &o->save
+                       : strcmp(a, "--log") == 0            ? &o->log
+                       : strcmp(a, "--dump-grads") == 0     ? &o->dump_grads
+                                                            : NULL;
+    if (str) {
+        if (!*v)
+            return bad(errf, prog, "%s expects a %s name, got ''", a,
+                       strcmp(a, "--checkpoint-dir") == 0 || strcmp(a, "--dump-grads") == 0
+                           ? "directory"
+                           : "file");
+        *str = v;
+        return 0;
+    }
+    if (strcmp(a, "--schedule") == 0) {
+        if (strcmp(v, "cosine") == 0)
+            o->schedule = PTRT_SCHED_COSINE;
+        else if (strcmp(v, "constant") == 0)
+            o->schedule = PTRT_SCHED_CONSTANT;
+        else
+            return bad(errf, prog, "--schedule expects cosine or constant, got '%s'", v);
+    } else if (strcmp(a, "--backend") == 0) {
+        if (strcmp(v, "cpu") == 0)
+            o->backend = PTRT_BACKEND_CPU;
+        else if (strcmp(v, "ref") == 0)
+            o->backend = PTRT_BACKEND_REF;
+        else
+            return bad(errf, prog, "--backend expects cpu or ref, got '%s'", v);
+    } else { /* --debug-drop-collective */
+        char tail;
+        if (sscanf(v, "%d:%d%c", &o->drop_rank, &o->drop_index, &tail) != 2 || o->drop_rank < 0 ||
+            o->drop_index < 0)
+            return bad(errf, prog, "--debug-drop-collective expects RANK:INDEX, got '%s'", v);
+    }
+    return 0;
+}
+
+int ptrt_runner_parse(int argc, char **argv, double model_lr, ptrt_train_opts *o, bool *print_plan,
+                      bool *help, FILE *errf)
+{
+    const char *prog = argc > 0 && argv[0] ? argv[0] : "ptc-runner";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (takes_value(a)) {
+            if (i + 1 >= argc)
+                return bad(errf, prog, "option '%s' needs a value", a);
+            int rc = parse_value(errf, prog, a, argv[++i], o);
+            if (rc)
+                return rc;
+        } else if (strcmp(a, "--debug-no-check") == 0) {
+            o->no_check = true;
+        } else if (strcmp(a, "--shuffle") == 0) {
+            o->shuffle = true;
+        } else if (strcmp(a, "--resume") == 0) {
+            o->resume = true;
+        } else if (strcmp(a, "--profile") == 0) {
+            o->profile = true;
+        } else if (strcmp(a, "--check-memory") == 0) {
+            o->check_memory = true;
+        } else if (strcmp(a, "--quiet") == 0) {
+            o->quiet = true;
+        } else if (strcmp(a, "--print-plan") == 0) {
+            *print_plan = true;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            *help = true;
+        } else {
+            return bad(errf, prog, "unknown option '%s'", a);
+        }
+    }
+    if (*help || *print_plan)
+        return 0;
+    return check_all(errf, prog, model_lr, o);
+}
