@@ -25,9 +25,11 @@ typedef struct ptc_frontend_opts {
     /* Checks that depend on how the model will be used, reported at the line that must change:
      * train - training is asked for: a model without parameters is an error;
      * batch_split - the data-parallel degree (dp of the mesh; 0 or 1: none): dp splits every
-     *   model input along its first dimension, which must then divide by it. */
+     *   model input along its first dimension, which must then divide by it;
+     * microbatches - the step's batch is also split in time into this many (0 or 1: none). */
     bool train;
     int batch_split;
+    int microbatches;
 } ptc_frontend_opts;
 
 /* Compiles the .ptm source `src` (srclen bytes, need not be NUL-terminated; `path` is the name used

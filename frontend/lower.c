@@ -740,26 +740,37 @@ static int eval_signatures(ptc_lower *L)
     return 0;
 }
 
-/* With a data-parallel axis of size dp, every input's first dimension is split dp ways: when it
- * does not divide, name the const to change where the dimension is written. */
-static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp)
+/* With a data-parallel axis of size dp and M microbatches, every input's first dimension is
+ * split dp x M ways: when it does not divide, name the const to change where the dimension is
+ * written. */
+static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp, int mb)
 {
-    if (dp <= 1 || f->val.rank < 1 || f->val.dims[0] % dp == 0)
+    dp = dp > 1 ? dp : 1;
+    mb = mb > 1 ? mb : 1;
+    int split = dp * mb;
+    if (split <= 1 || f->val.rank < 1 || f->val.dims[0] % split == 0)
         return 0;
-    int64_t size = f->val.dims[0], fix = (size / dp + 1) * dp;
+    int64_t size = f->val.dims[0], fix = (size / split + 1) * split;
+    char by[96];
+    if (mb == 1)
+        snprintf(by, sizeof by, "mesh axis dp=%d", dp);
+    else if (dp == 1)
+        snprintf(by, sizeof by, "--microbatches %d", mb);
+    else
+        snprintf(by, sizeof by, "mesh axis dp=%d x --microbatches %d (%d)", dp, mb, split);
+    const char *what = mb == 1 ? "data parallelism splits" : "the batch split splits";
     const ptc_expr *e = f->type->dims ? f->type->dims->value : NULL;
     ptc_loc loc = e ? e->loc : f->loc;
     if (e && e->kind == PTC_E_NAME && ptc_lower_find_decl(L, PTC_D_CONST, e->name))
         return ptc_lower_fail(L, loc,
-                              "mesh axis dp=%d does not divide the first dimension of input '%s' "
-                              "(%s = %lld), which data parallelism splits: make const '%s' a "
-                              "multiple of %d, e.g. -D %s=%lld",
-                              dp, f->name, e->name, (long long)size, e->name, dp, e->name,
-                              (long long)fix);
+                              "%s does not divide the first dimension of input '%s' (%s = %lld), "
+                              "which %s: make const '%s' a multiple of %d, e.g. -D %s=%lld",
+                              by, f->name, e->name, (long long)size, what, e->name, split,
+                              e->name, (long long)fix);
     return ptc_lower_fail(L, loc,
-                          "mesh axis dp=%d does not divide the first dimension of input '%s' "
-                          "(%lld), which data parallelism splits: make it a multiple of %d",
-                          dp, f->name, (long long)size, dp);
+                          "%s does not divide the first dimension of input '%s' (%lld), which "
+                          "%s: make it a multiple of %d",
+                          by, f->name, (long long)size, what, split);
 }
 
 /* model NAME(ARGS) { BODY }: one INPUT per argument, the body, and its scalar loss. */
@@ -768,7 +779,7 @@ static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
     if (eval_formals(L, m) < 0)
         return -1;
     for (const ptc_formal *f = m->formals; f; f = f->next)
-        if (check_batch_split(L, f, opts ? opts->batch_split : 0) < 0)
+        if (check_batch_split(L, f, opts ? opts->batch_split : 0, opts ? opts->microbatches : 0) < 0)
             return -1;
     for (const ptc_formal *f = m->formals; f; f = f->next) {
         ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);

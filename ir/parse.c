@@ -200,7 +200,7 @@ ptc_graph *ptc_parse_ir(const char *text, char *err, size_t errn)
             if (!lx->failed)
                 ptc_graph_add_update(ps.g, st, to);
         } else {
-            ptc_lex_fail(lx, "expected a node, 'loss', 'output' or 'update', got '%s'", lx->text);
+            ptc_lex_fail(lx, "expected a node, 'loss', 'output' or 'update', got '%.200s'", lx->text);
         }
     }
     free(ps.map);

@@ -161,7 +161,7 @@ double ptc_lex_number(ptc_lexer *lx)
     bool special = lx->kind == PTC_T_IDENT &&
                    (strcmp(lx->text, "inf") == 0 || strcmp(lx->text, "nan") == 0);
     if (lx->kind != PTC_T_NUM && !special) {
-        ptc_lex_fail(lx, "expected a number, got '%s'", lx->text);
+        ptc_lex_fail(lx, "expected a number, got '%.200s'", lx->text);
         return 0;
     }
     double v = strtod(lx->text, NULL);
@@ -197,7 +197,7 @@ int ptc_lex_list(ptc_lexer *lx, int64_t *out)
 const char *ptc_lex_string(ptc_lexer *lx, ptc_arena *a)
 {
     if (lx->kind != PTC_T_STR) {
-        ptc_lex_fail(lx, "expected a string, got '%s'", lx->text);
+        ptc_lex_fail(lx, "expected a string, got '%.200s'", lx->text);
         return "";
     }
     const char *s = ptc_arena_strdup(a, lx->text);
@@ -219,7 +219,7 @@ static void lex_placement(ptc_lexer *lx, ptc_placement *pl)
         pl->groups = x ? (uint8_t)atoi(x + 1) : 0;
         pl->rem = r ? (uint16_t)atoi(r + 1) : 0;
     } else {
-        ptc_lex_fail(lx, "bad placement '%s'", lx->text);
+        ptc_lex_fail(lx, "bad placement '%.200s'", lx->text);
         return;
     }
     ptc_lex_next(lx);
@@ -230,7 +230,7 @@ void ptc_lex_type(ptc_lexer *lx, ptc_type *t, ptc_placement *place)
     memset(t, 0, sizeof *t);
     memset(place, 0, sizeof(ptc_placement) * PTC_MAX_MESH_AXES);
     if (lx->kind != PTC_T_IDENT || ptc_dtype_parse(lx->text, &t->dtype) < 0) {
-        ptc_lex_fail(lx, "expected a type, got '%s'", lx->text);
+        ptc_lex_fail(lx, "expected a type, got '%.200s'", lx->text);
         return;
     }
     ptc_lex_next(lx);
@@ -259,7 +259,7 @@ static void lex_init(ptc_lexer *lx, ptc_init *in)
         if (ptc_lex_ident(lx, init_names[i]))
             k = i;
     if (k < 0) {
-        ptc_lex_fail(lx, "unknown init '%s'", lx->text);
+        ptc_lex_fail(lx, "unknown init '%.200s'", lx->text);
         return;
     }
     in->kind = (ptc_init_kind)k;
@@ -299,7 +299,7 @@ void ptc_lex_attr_value(ptc_lexer *lx, unsigned bit, ptc_attrs *attrs, ptc_arena
     case PTC_AK_REDUCE: *(int *)f = lex_choice(lx, "sum", "max"); break;
     case PTC_AK_DTYPE:
         if (lx->kind != PTC_T_IDENT || ptc_dtype_parse(lx->text, (ptc_dtype *)f) < 0)
-            ptc_lex_fail(lx, "unknown dtype '%s'", lx->text);
+            ptc_lex_fail(lx, "unknown dtype '%.200s'", lx->text);
         ptc_lex_next(lx);
         break;
     case PTC_AK_LIST: attrs->nshape = ptc_lex_list(lx, attrs->shape); break;
@@ -316,7 +316,7 @@ void ptc_lex_attrs(ptc_lexer *lx, ptc_op op, ptc_attrs *attrs, ptc_arena *a,
         char key[sizeof lx->text];
         snprintf(key, sizeof key, "%s", lx->text);
         if (lx->kind != PTC_T_IDENT) {
-            ptc_lex_fail(lx, "expected an attribute name, got '%s'", lx->text);
+            ptc_lex_fail(lx, "expected an attribute name, got '%.200s'", lx->text);
             return;
         }
         ptc_lex_next(lx);
@@ -325,7 +325,7 @@ void ptc_lex_attrs(ptc_lexer *lx, ptc_op op, ptc_attrs *attrs, ptc_arena *a,
         if (bit && (ptc_ops[op].kw & bit))
             ptc_lex_attr_value(lx, bit, attrs, a);
         else if (!other || !other(ctx, lx, key))
-            ptc_lex_fail(lx, "op has no attribute '%s'", key);
+            ptc_lex_fail(lx, "op has no attribute '%.200s'", key);
         if (!ptc_lex_punct(lx, '}'))
             ptc_lex_expect(lx, ',');
     }
@@ -337,7 +337,7 @@ void ptc_lex_mesh(ptc_lexer *lx, ptc_mesh *m)
     memset(m, 0, sizeof *m);
     while (!lx->failed && lx->kind == PTC_T_IDENT) {
         if (m->naxes == PTC_MAX_MESH_AXES || strlen(lx->text) >= PTC_MAX_AXIS_NAME) {
-            ptc_lex_fail(lx, "bad mesh axis '%s'", lx->text);
+            ptc_lex_fail(lx, "bad mesh axis '%.200s'", lx->text);
             return;
         }
         memcpy(m->names[m->naxes], lx->text, strlen(lx->text) + 1);
@@ -361,7 +361,7 @@ void ptc_lex_optim(ptc_lexer *lx, ptc_optim *out)
     else if (ptc_lex_ident(lx, "adamw"))
         o = ptc_optim_default(PTC_OPTIM_ADAMW);
     else {
-        ptc_lex_fail(lx, "unknown optimizer '%s'", lx->text);
+        ptc_lex_fail(lx, "unknown optimizer '%.200s'", lx->text);
         return;
     }
     ptc_lex_next(lx);
@@ -380,7 +380,7 @@ void ptc_lex_optim(ptc_lexer *lx, ptc_optim *out)
                        : strcmp(key, "momentum") == 0     ? &o.momentum
                                                           : NULL;
         if (!slot)
-            ptc_lex_fail(lx, "unknown optimizer setting '%s'", key);
+            ptc_lex_fail(lx, "unknown optimizer setting '%.200s'", key);
         else
             *slot = v;
         if (!ptc_lex_punct(lx, ')'))

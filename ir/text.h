@@ -23,7 +23,7 @@ typedef struct ptc_lexer {
     int line, col;   /* start of the current token */
     int pline, pcol; /* position of p */
     ptc_tok kind;
-    char text[256]; /* identifier / number text / string contents / punctuation */
+    char text[2048]; /* identifier / number text / string contents / punctuation */
     char *err;
     size_t errn;
     bool failed;

@@ -68,8 +68,10 @@ static int check_node(const ptc_graph *g, int i, const bool *defined, char *err,
         for (int m = 0; m < PTC_MAX_MESH_AXES; m++)
             if (val->place[m].kind == PTC_PLACE_SHARD &&
                 (val->place[m].dim < 0 || val->place[m].dim >= val->type.rank)) {
-                ptc_fmt(err, errn, "node %d (%s): result %d sharded on dim %d of a rank-%d value",
-                        i, name, k, val->place[m].dim, val->type.rank);
+                ptc_fmt(err, errn,
+                        "node %d (%s): result %d sharded on dim %d of a rank-%d value (mesh axis "
+                        "%d)",
+                        i, name, k, val->place[m].dim, val->type.rank, m);
                 return -1;
             } else if (val->place[m].kind == PTC_PLACE_SHARD && val->place[m].rem &&
                        (val->place[m].groups > 1 || m >= g->mesh.naxes ||

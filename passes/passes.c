@@ -10,6 +10,8 @@ const ptc_pass ptc_passes[] = {
      true},
     {"partition", "SPMD partition over the mesh: placements, collectives, rank-local shapes",
      ptc_pass_partition, false},
+    {"pipeline", "pipeline stages cut by balance, activation recompute marks",
+     ptc_pass_pipeline, true},
 };
 const int ptc_npasses = (int)(sizeof ptc_passes / sizeof ptc_passes[0]);
 

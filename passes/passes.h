@@ -28,12 +28,35 @@ typedef struct ptc_pin {
  * memory/traffic trade-off (passes/partition/partition.c, sp_choose). */
 typedef enum { PTC_SP_STASH_AUTO, PTC_SP_STASH_GATHERED, PTC_SP_STASH_SHARD } ptc_sp_stash;
 
+/* Activation recompute of a layer (passes/pipeline.c). */
+typedef enum { PTC_RECOMPUTE_NONE, PTC_RECOMPUTE_SELECTIVE, PTC_RECOMPUTE_FULL } ptc_recompute;
+const char *ptc_recompute_name(int r);
+int ptc_recompute_parse(const char *s); /* -1: unknown */
+
+/* --recompute-layer GLOB=POLICY: the layers (h.3) the glob matches get the policy. */
+typedef struct ptc_recompute_pin {
+    const char *pattern;
+    ptc_recompute policy;
+} ptc_recompute_pin;
+
 typedef struct ptc_compile_opts {
     bool train;        /* build the whole training step (autodiff + optimizer), not just forward */
     ptc_mesh mesh;     /* naxes 0: single device */
     bool seq_parallel; /* Megatron sequence parallelism on the tp axis */
     ptc_sp_stash sp_stash;
     int zero; /* ZeRO stage 0..3 on the dp axis */
+    /* the step's batch in this many microbatches (1: none): partitioned as a data-parallel axis
+     * "mb" (placed right inside dp) that the lowering runs in time, one microbatch after the
+     * other, accumulating the gradients; a "pp" axis of the mesh is left to the lowering too */
+    int microbatches;
+    /* pipeline: the mesh's "pp" axis cut into pp x virtual_stages stages (virtual stages > 1:
+     * the interleaved schedule's model chunks); --stages: layers per (virtual) stage */
+    int virtual_stages;
+    const int *stage_layers;
+    int nstage_layers;
+    ptc_recompute recompute;
+    const ptc_recompute_pin *recompute_pins;
+    int nrecompute_pins;
     const ptc_pin *pins;
     int npins;
     bool verify_each;       /* run the verifier after every pass */
@@ -50,7 +73,7 @@ typedef struct ptc_pass_ctx {
     char *err;
     size_t errn;
     /* set by partition: decisions a plan should show, one line each ("" when none) */
-    char notes[1024];
+    char notes[2048];
 } ptc_pass_ctx;
 
 typedef struct ptc_pass {
@@ -66,6 +89,7 @@ extern const int ptc_npasses;
 int ptc_pass_autodiff(ptc_pass_ctx *ctx);
 int ptc_pass_optimizer(ptc_pass_ctx *ctx);
 int ptc_pass_partition(ptc_pass_ctx *ctx);
+int ptc_pass_pipeline(ptc_pass_ctx *ctx);
 
 /* The graph builder as passes use it: ptc_build, except that a failure (a bug in the pass: its
  * nodes must be valid) becomes the pass's internal error in err, *failed is set, and every later

@@ -26,6 +26,10 @@ typedef struct ptc_lower_opts {
      * dumps); otherwise they are freed like any temporary */
     bool keep_grad_outputs;
     const char *notes; /* the passes' notes on their choices, carried into the plan */
+    /* the compile mesh, with its pipeline axis "pp" (naxes 0: the graph's mesh without "mb") */
+    ptc_mesh mesh;
+    int pp_schedule;    /* ptc_pp_schedule (schedule.h): the order of microbatches and stages */
+    int virtual_stages; /* model chunks per pipeline rank (interleaved) */
 } ptc_lower_opts;
 
 /* Lowers g (every rank runs the same program: g is an SPMD program or single-device). Returns the

@@ -27,6 +27,13 @@ const char *ptc_phase_name(int p)
     return p >= 0 && p <= PTC_PHASE_UPDATE ? phase_names[p] : "?";
 }
 
+static const char *const work_names[PTC_NWORK] = {"step", "F", "B", "W"};
+
+const char *ptc_work_name(int w)
+{
+    return w >= 0 && w < PTC_NWORK ? work_names[w] : "?";
+}
+
 const char *ptc_coll_name(int k)
 {
     return k >= 0 && k < PTC_NCOLLS ? coll_names[k] : "?";
@@ -40,6 +47,9 @@ ptc_plan *ptc_plan_new(void)
     p->model = "";
     p->notes = "";
     p->nranks = 1;
+    p->microbatches = 1;
+    p->pp_schedule = 1; /* 1f1b */
+    p->virtual_stages = 1;
     return p;
 }
 

@@ -76,6 +76,8 @@ typedef struct ptc_buffer {
     int view_axis;  /* a view of this rank's shard: -1, or the mesh axis whose coordinate c puts
                        the view c * view_step bytes into its root */
     int64_t view_step;
+    int64_t view_offset; /* a view: bytes into its root (and its shard) where it starts: a
+                            microbatch's slice of a batch input */
     int64_t offset; /* bytes from the start of the region's arena (a view: its root's) */
     int64_t bytes;  /* numel x dtype size */
     int64_t bound;  /* i32 inputs: ids are below this (embedding rows, classes); 0 = none */
@@ -95,6 +97,13 @@ typedef enum {
 
 typedef enum { PTC_PHASE_FORWARD, PTC_PHASE_BACKWARD, PTC_PHASE_UPDATE } ptc_phase;
 const char *ptc_phase_name(int p);
+
+/* The pipeline work an instruction belongs to (the unit a schedule orders): the forward or
+ * backward of one microbatch on one virtual stage, the weight-gradient part of a backward split
+ * for zb-h1, or the step's own work (before the microbatches and after them: gradient
+ * reductions, the norm, the update). */
+typedef enum { PTC_WORK_STEP, PTC_WORK_F, PTC_WORK_B, PTC_WORK_W, PTC_NWORK } ptc_work;
+const char *ptc_work_name(int w);
 
 /* C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch, row-major, f32; op = transpose when
  * ta/tb. A[b] starts at b * sa elements (0: the same matrix for every b), likewise B and C. */
@@ -137,7 +146,16 @@ typedef struct ptc_instr {
     ptc_gemm gemm;
     ptc_coll coll;
     int peer_axis, peer_delta; /* send/recv: the peer is this rank moved by delta on the axis */
+    int tag;                   /* send/recv: what the message is (the pre-launch check matches a
+                                  send with its receive by order and proves their tags equal) */
     int64_t bytes;             /* copy */
+    bool has_coord;            /* a kernel of a rank-dependent op computes for coordinate
+                                  `coord` on its mesh axis (a microbatch), not the rank's own */
+    int coord;
+    uint8_t work;              /* ptc_work; STEP: mb and vstage mean nothing */
+    int16_t mb;                /* the microbatch it works on */
+    int16_t vstage;            /* the virtual pipeline stage (model chunk x stages + stage) */
+    bool recompute;            /* a forward op run again in the backward (activation recompute) */
     ptc_loc loc;               /* where in the model it came from */
 } ptc_instr;
 
@@ -155,6 +173,7 @@ typedef struct ptc_program {
     int noutputs;
     int *eval; /* the instructions that compute the loss alone, ascending */
     int neval;
+    int stage; /* its pipeline stage (the pp coordinate of its ranks); 0 without pp */
 } ptc_program;
 
 typedef struct ptc_plan {
@@ -167,6 +186,9 @@ typedef struct ptc_plan {
     bool seq_parallel;
     int64_t logical_params;
     const char *notes; /* what the compiler chose and why, one line each (may be empty) */
+    int microbatches;   /* the step's batch in this many, run one after the other (1: none) */
+    int pp_schedule;    /* ptc_pp_schedule (schedule.h) ordering microbatches and stages */
+    int virtual_stages; /* model chunks per pipeline rank (1 unless interleaved) */
     ptc_program *programs;
     int nprograms;
     int *rank_program; /* [nranks] */

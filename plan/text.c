@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "program.h"
+#include "schedule.h"
 #include "text.h"
 
 static const char *const kind_names[] = {"temp", "input", "param", "state"};
@@ -47,6 +48,8 @@ static void put_buffer(FILE *f, const ptc_plan *p, const ptc_program *pg, int b)
         fprintf(f, "view b%d ", bf->view);
         if (bf->view_axis >= 0)
             fprintf(f, "+%s*%lld ", p->mesh.names[bf->view_axis], (long long)bf->view_step);
+        if (bf->view_offset)
+            fprintf(f, "at %lld ", (long long)bf->view_offset);
         ptc_put_type(f, &bf->type, bf->place);
         fputc('\n', f);
         return;
@@ -135,6 +138,22 @@ static void put_instr(FILE *f, const ptc_plan *p, const ptc_instr *in, int i)
         fprintf(f, " {peer=%s%+d}", p->mesh.names[in->peer_axis], in->peer_delta);
     }
     fprintf(f, " %s", ptc_phase_name(in->phase));
+    /* [F mb=2 vs=1 rc coord=3 tag=12]: what pipeline work it belongs to */
+    int w = 0;
+    if (in->work != PTC_WORK_STEP) {
+        fprintf(f, " [%s mb=%d", ptc_work_name(in->work), in->mb);
+        w++;
+        if (in->vstage)
+            fprintf(f, " vs=%d", in->vstage);
+    }
+    if (in->recompute)
+        fprintf(f, "%src", w++ ? " " : " [");
+    if (in->has_coord)
+        fprintf(f, "%scoord=%d", w++ ? " " : " [", in->coord);
+    if (in->kind == PTC_INSTR_SEND || in->kind == PTC_INSTR_RECV)
+        fprintf(f, "%stag=%d", w++ ? " " : " [", in->tag);
+    if (w)
+        fputc(']', f);
     if (in->loc.line)
         fprintf(f, " @%d:%d", in->loc.line, in->loc.col);
     if (in->loc.scope && *in->loc.scope) {
@@ -165,7 +184,10 @@ void ptc_plan_print_program(const ptc_plan *p, int k, FILE *f)
     fputc('[', f);
     for (int r = 0; r < pg->nranks; r++)
         fprintf(f, "%s%d", r ? "," : "", pg->ranks[r]);
-    fputs("]\nregions", f);
+    fputs("]\n", f);
+    if (pg->stage)
+        fprintf(f, "stage %d\n", pg->stage);
+    fputs("regions", f);
     for (int r = 0; r < PTC_NREGIONS; r++)
         fprintf(f, " %s=%lld", ptc_region_name(r), (long long)pg->region_bytes[r]);
     fputc('\n', f);
@@ -213,6 +235,12 @@ void ptc_plan_print(const ptc_plan *p, FILE *f)
     ptc_put_optim(f, &p->optim);
     fprintf(f, "\nzero %d\nseq_parallel %s\nparameters %lld\n", p->zero,
             p->seq_parallel ? "true" : "false", (long long)p->logical_params);
+    bool pipelined = p->microbatches > 1;
+    for (int a = 0; a < p->mesh.naxes; a++)
+        pipelined |= strcmp(p->mesh.names[a], "pp") == 0;
+    if (pipelined)
+        fprintf(f, "schedule \"%s\" microbatches %d virtual_stages %d\n",
+                ptc_pp_schedule_name(p->pp_schedule), p->microbatches, p->virtual_stages);
     if (p->notes && *p->notes) {
         fputs("notes ", f);
         ptc_put_string(f, p->notes);
@@ -298,7 +326,7 @@ static int lex_axis(ptc_lexer *lx, const ptc_mesh *m)
             ptc_lex_next(lx);
             return a;
         }
-    ptc_lex_fail(lx, "no mesh axis named '%s'", lx->text);
+    ptc_lex_fail(lx, "no mesh axis named '%.200s'", lx->text);
     return -1;
 }
 
@@ -321,6 +349,10 @@ static void load_buffer(loader *ld)
             b.view_axis = lex_axis(lx, &ld->p->mesh);
             ptc_lex_expect(lx, '*');
             b.view_step = lex_count(ld, 0, INT64_MAX / 2, "view step");
+        }
+        if (ptc_lex_ident(lx, "at")) { /* at BYTES into the root */
+            ptc_lex_next(lx);
+            b.view_offset = lex_count(ld, 1, INT64_MAX / 2, "view offset");
         }
         ptc_lex_type(lx, &b.type, b.place);
     } else {
@@ -374,7 +406,7 @@ static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
     if (strcmp(key, "ta") == 0 || strcmp(key, "tb") == 0) {
         bool v = ptc_lex_ident(lx, "true");
         if (!v && !ptc_lex_ident(lx, "false"))
-            ptc_lex_fail(lx, "expected true or false, got '%s'", lx->text);
+            ptc_lex_fail(lx, "expected true or false, got '%.200s'", lx->text);
         ptc_lex_next(lx);
         *(key[1] == 'a' ? &g->ta : &g->tb) = v;
         return true;
@@ -410,7 +442,7 @@ static bool coll_attr(void *ctx, ptc_lexer *lx, const char *key)
     if (strcmp(key, "reduce") == 0) {
         c->reduce = ptc_lex_ident(lx, "max");
         if (!c->reduce && !ptc_lex_ident(lx, "sum"))
-            ptc_lex_fail(lx, "expected sum or max, got '%s'", lx->text);
+            ptc_lex_fail(lx, "expected sum or max, got '%.200s'", lx->text);
         ptc_lex_next(lx);
         return true;
     }
@@ -475,11 +507,60 @@ static void lex_instr_head(loader *ld, ptc_instr *in)
         return;
     in->op = lx->kind == PTC_T_IDENT ? ptc_op_lookup(lx->text) : PTC_NOPS;
     if (in->op == PTC_NOPS) {
-        ptc_lex_fail(lx, "unknown op '%s'", lx->text);
+        ptc_lex_fail(lx, "unknown op '%.200s'", lx->text);
         return;
     }
     in->attrs = ptc_attrs_default(in->op);
     ptc_lex_next(lx);
+}
+
+/* [F mb=2 vs=1 rc coord=3 tag=12] */
+static void load_work(loader *ld, ptc_instr *in)
+{
+    ptc_lexer *lx = &ld->lx;
+    ptc_lex_next(lx);
+    while (!lx->failed && !ptc_lex_punct(lx, ']')) {
+        if (lx->kind != PTC_T_IDENT) {
+            ptc_lex_fail(lx, "expected ']' or a work annotation, got '%.200s'", lx->text);
+            return;
+        }
+        bool done = false;
+        for (int w = PTC_WORK_F; w < PTC_NWORK && !done; w++)
+            if (ptc_lex_ident(lx, ptc_work_name(w))) {
+                in->work = (uint8_t)w;
+                ptc_lex_next(lx);
+                done = true;
+            }
+        if (done)
+            continue;
+        if (ptc_lex_ident(lx, "rc")) {
+            in->recompute = true;
+            ptc_lex_next(lx);
+            continue;
+        }
+        static const char *const keys[] = {"mb", "vs", "coord", "tag"};
+        int k = 0;
+        while (k < 4 && !ptc_lex_ident(lx, keys[k]))
+            k++;
+        if (k == 4) {
+            ptc_lex_fail(lx, "unknown work annotation '%.200s'", lx->text);
+            return;
+        }
+        ptc_lex_next(lx);
+        ptc_lex_expect(lx, '=');
+        int64_t v = lex_count(ld, 0, k == 3 ? INT32_MAX : INT16_MAX, keys[k]);
+        if (k == 0)
+            in->mb = (int16_t)v;
+        else if (k == 1)
+            in->vstage = (int16_t)v;
+        else if (k == 2) {
+            in->coord = (int)v;
+            in->has_coord = true;
+        }
+        else
+            in->tag = (int)v;
+    }
+    ptc_lex_expect(lx, ']');
 }
 
 static void load_instr(loader *ld)
@@ -514,6 +595,8 @@ static void load_instr(loader *ld)
     }
     static const char *const phases[] = {"forward", "backward", "update"};
     in.phase = (uint8_t)lex_word(ld, phases, 3, "expected a phase, got '%s'");
+    if (ptc_lex_punct(lx, '['))
+        load_work(ld, &in);
     if (ptc_lex_punct(lx, '@')) {
         ptc_lex_next(lx);
         in.loc.line = (int)lex_count(ld, 0, INT32_MAX, "line");
@@ -603,6 +686,10 @@ static void load_program(loader *ld, int k)
             ptc_lex_expect(lx, ',');
     }
     ptc_lex_expect(lx, ']');
+    if (ptc_lex_ident(lx, "stage")) {
+        ptc_lex_next(lx);
+        pg->stage = (int)lex_count(ld, 1, 1 << 20, "stage");
+    }
     ptc_lex_keyword(lx, "regions");
     for (int r = 0; r < PTC_NREGIONS && !lx->failed; r++) {
         ptc_lex_keyword(lx, ptc_region_name(r));
@@ -646,6 +733,18 @@ static void load_header(loader *ld)
     ptc_lex_next(lx);
     ptc_lex_keyword(lx, "parameters");
     p->logical_params = lex_count(ld, 0, INT64_MAX, "parameter count");
+    if (ptc_lex_ident(lx, "schedule")) {
+        ptc_lex_next(lx);
+        const char *name = lx->kind == PTC_T_STR ? ptc_lex_string(lx, p->arena) : NULL;
+        int k = name ? ptc_pp_schedule_parse(name) : -1;
+        if (k < 0 && !lx->failed)
+            ptc_lex_fail(lx, "unknown pipeline schedule%s", name ? "" : " (a string expected)");
+        p->pp_schedule = k < 0 ? 0 : k;
+        ptc_lex_keyword(lx, "microbatches");
+        p->microbatches = (int)lex_count(ld, 1, 1 << 16, "microbatches");
+        ptc_lex_keyword(lx, "virtual_stages");
+        p->virtual_stages = (int)lex_count(ld, 1, 64, "virtual stages");
+    }
     if (ptc_lex_ident(lx, "notes")) {
         ptc_lex_next(lx);
         p->notes = ptc_lex_string(lx, p->arena);

@@ -56,7 +56,10 @@ static int check_buffer(vctx *v, int b)
         const ptc_buffer *r = &v->pg->bufs[bf->view];
         if (bf->view >= v->pg->nbufs || bf->view == b || r->view >= 0)
             return bad(v, "buffer b%d views b%d, which is not a root buffer", b, bf->view);
-        int64_t reach = bf->bytes; /* the farthest byte of the root any rank's view touches */
+        if (bf->view_offset < 0)
+            return bad(v, "view b%d has a negative offset", b);
+        /* the farthest byte of the root any rank's view touches */
+        int64_t reach = bf->bytes + bf->view_offset;
         if (bf->view_axis >= 0) {
             if (bf->view_axis >= v->p->mesh.naxes || bf->view_step < 0)
                 return bad(v, "view b%d has a bad shard step", b);
@@ -134,8 +137,12 @@ static int check_kernel(vctx *v, int i, const ptc_instr *in)
 static int check_gemm(vctx *v, int i, const ptc_instr *in)
 {
     const ptc_gemm *g = &in->gemm;
-    if (in->nin != 2 || in->nout != 1)
-        return bad(v, "i%d: a gemm has two operands and one result", i);
+    /* beta != 0 reads C too: a third operand, the result itself (an accumulated gradient) */
+    int nin = g->beta != 0 ? 3 : 2;
+    if (in->nin != nin || in->nout != 1 || (nin == 3 && in->in[2] != in->out[0]))
+        return bad(v, "i%d: a gemm has two operands (three, the last its result, when beta is "
+                      "not 0) and one result",
+                   i);
     for (int k = 0; k < 3; k++) {
         int b = k < 2 ? in->in[k] : in->out[0];
         if (dtype(v, b) != PTC_F32)

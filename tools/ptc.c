@@ -19,6 +19,7 @@
 #include "ir.h"
 #include "passes.h"
 #include "plan.h"
+#include "schedule.h"
 #include "planner.h"
 #include "ptc_flags.h"
 
@@ -155,7 +156,16 @@ static int compile_step(ptc_graph **gp, const ptc_options *o, ptc_diag *diag, ch
                            .zero = o->zero,
                            .seq_parallel = o->seq_parallel,
                            .pins = o->pins,
-                           .npins = o->npins};
+                           .npins = o->npins,
+                           .microbatches = o->microbatches,
+                           .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
+                                                 ? (o->virtual_stages ? o->virtual_stages : 2)
+                                                 : 1,
+                           .stage_layers = o->stage_layers,
+                           .nstage_layers = o->nstage_layers,
+                           .recompute = o->recompute,
+                           .recompute_pins = o->recompute_pins,
+                           .nrecompute_pins = o->nrecompute_pins};
     ptc_pass_ctx ctx = {.g = *gp, .opts = &co, .err = err, .errn = sizeof err};
     int rc = ptc_run_passes(&ctx) < 0 ? 1 : 0;
     *gp = ctx.g;
@@ -232,7 +242,12 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
                          .seq_parallel = o->seq_parallel,
                          .logical_params = logical_params,
                          .keep_grad_outputs = g->mesh.naxes == 0,
-                         .notes = notes};
+                         .notes = notes,
+                         .mesh = o->mesh,
+                         .pp_schedule = o->pp_schedule,
+                         .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
+                                               ? (o->virtual_stages ? o->virtual_stages : 2)
+                                               : 1};
     ptc_plan *plan = ptc_lower(g, &lo, err, sizeof err);
     if (!plan) {
         fprintf(stderr, "ptc: %s\n", err);
@@ -321,7 +336,7 @@ int main(int argc, char **argv)
         return 1;
     }
     int64_t logical_params = ptc_graph_param_count(g);
-    char notes[1024] = "";
+    char notes[2048] = "";
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;

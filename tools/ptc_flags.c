@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "file.h"
+#include "schedule.h"
 #include "util.h"
 
 static const char usage[] =
@@ -80,16 +81,34 @@ __attribute__((format(printf, 2, 3))) static int usage_error(FILE *errf, const c
     return 2;
 }
 
-/* One AXIS=N of --mesh: the axis is dp or tp, given once, N in 1..PTC_FLAGS_MAX_AXIS. */
+/* The mesh axes, outermost first: the order ranks are numbered in whatever order --mesh gives
+ * them (pipeline stages farthest apart, tensor-parallel ranks adjacent). */
+static const char *const mesh_axes[] = {"pp", "dp", "tp"};
+#define NMESH_AXES 3
+
+static int axis_rank(const char *name)
+{
+    for (int i = 0; i < NMESH_AXES; i++)
+        if (strcmp(name, mesh_axes[i]) == 0)
+            return i;
+    return NMESH_AXES;
+}
+
+/* One AXIS=N of --mesh: the axis is pp, dp or tp, given once, N in 1..PTC_FLAGS_MAX_AXIS. */
 static int mesh_axis(const char *spec, const char *s, size_t len, ptc_mesh *m, FILE *errf)
 {
     const char *eq = memchr(s, '=', len);
     if (!eq || eq == s)
-        return usage_error(errf, "--mesh: '%.*s' is not AXIS=N (in '%s'; the axes are dp and tp)",
+        return usage_error(errf,
+                           "--mesh: '%.*s' is not AXIS=N (in '%s'; the axes are pp, dp and tp)",
                            (int)len, s, spec);
     size_t nlen = (size_t)(eq - s);
-    if (!((nlen == 2 && strncmp(s, "dp", 2) == 0) || (nlen == 2 && strncmp(s, "tp", 2) == 0)))
-        return usage_error(errf, "--mesh: unknown axis '%.*s' in '%s' (the axes are dp and tp)",
+    bool known = false;
+    for (int i = 0; i < NMESH_AXES; i++)
+        known |= nlen == 2 && strncmp(s, mesh_axes[i], 2) == 0;
+    if (!known)
+        return usage_error(errf,
+                           "--mesh: unknown axis '%.*s' in '%s' (the axes are pp, dp and tp)",
                            (int)nlen, s, spec);
     for (int i = 0; i < m->naxes; i++)
         if (strncmp(m->names[i], s, 2) == 0)
@@ -118,12 +137,13 @@ static int mesh_axis(const char *spec, const char *s, size_t len, ptc_mesh *m, F
     return 0;
 }
 
-/* "dp=2,tp=4" -> mesh in canonical order: dp outermost, tp innermost (fastest-changing rank). */
+/* "dp=2,tp=4" -> mesh in canonical order: pp outermost, then dp, tp innermost (the
+ * fastest-changing rank). */
 static int parse_mesh(const char *spec, ptc_mesh *m, FILE *errf)
 {
     memset(m, 0, sizeof *m);
     if (!*spec)
-        return usage_error(errf, "--mesh expects AXIS=N,... with axes dp and tp, got ''");
+        return usage_error(errf, "--mesh expects AXIS=N,... with axes pp, dp and tp, got ''");
     for (const char *s = spec;;) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
@@ -134,13 +154,16 @@ static int parse_mesh(const char *spec, ptc_mesh *m, FILE *errf)
             break;
         s = comma + 1;
     }
-    if (m->naxes == 2 && strcmp(m->names[0], "tp") == 0) {
-        ptc_mesh t = *m;
-        memcpy(m->names[0], t.names[1], PTC_MAX_AXIS_NAME);
-        memcpy(m->names[1], t.names[0], PTC_MAX_AXIS_NAME);
-        m->sizes[0] = t.sizes[1];
-        m->sizes[1] = t.sizes[0];
-    }
+    for (int i = 1; i < m->naxes; i++) /* insertion sort into the canonical order */
+        for (int j = i; j > 0 && axis_rank(m->names[j - 1]) > axis_rank(m->names[j]); j--) {
+            char name[PTC_MAX_AXIS_NAME];
+            memcpy(name, m->names[j], PTC_MAX_AXIS_NAME);
+            memcpy(m->names[j], m->names[j - 1], PTC_MAX_AXIS_NAME);
+            memcpy(m->names[j - 1], name, PTC_MAX_AXIS_NAME);
+            int sz = m->sizes[j];
+            m->sizes[j] = m->sizes[j - 1];
+            m->sizes[j - 1] = sz;
+        }
     return 0;
 }
 
@@ -237,6 +260,21 @@ static int check_combinations(const ptc_options *o, FILE *errf)
             return usage_error(errf, "--place '%s': the mesh has no axis %s",
                                pin_str(&o->pins[i], buf, sizeof buf), o->pins[i].axis);
     }
+    int pp = 1;
+    for (int a = 0; a < o->mesh.naxes; a++)
+        if (strcmp(o->mesh.names[a], "pp") == 0)
+            pp = o->mesh.sizes[a];
+    if (o->pp_schedule_set && pp == 1)
+        return usage_error(errf, "--pp-schedule needs a pipeline (--mesh pp=N with N > 1)");
+    if (o->nstage_layers && pp == 1)
+        return usage_error(errf, "--stages needs a pipeline (--mesh pp=N with N > 1)");
+    if (o->virtual_stages > 1 && o->pp_schedule != PTC_PP_INTERLEAVED)
+        return usage_error(errf, "--virtual-stages needs --pp-schedule interleaved");
+    if (o->pp_schedule == PTC_PP_INTERLEAVED && o->microbatches % pp)
+        return usage_error(errf,
+                           "--pp-schedule interleaved needs --microbatches divisible by the %d "
+                           "pipeline stages (got %d)",
+                           pp, o->microbatches);
     return o->output ? check_output(o, errf) : 0;
 }
 
@@ -245,11 +283,29 @@ static bool takes_value(const char *a)
     static const char *const with_value[] = {
         "--emit",   "-D",     "--seed", "--input", "-o",      "--dump-after",
         "--runner", "--mesh", "--zero", "--place", "--optim", "--debug-drop-collective",
-        NULL};
+        "--microbatches", "--pp-schedule", "--virtual-stages", "--stages", "--recompute",
+        "--recompute-layer", NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
             return true;
     return false;
+}
+
+/* A decimal integer in [lo, hi]: 0, or -1. */
+static int parse_count(const char *s, int lo, int hi, int *out)
+{
+    if (!*s || strlen(s) > 9)
+        return -1;
+    long v = 0;
+    for (const char *c = s; *c; c++) {
+        if (*c < '0' || *c > '9')
+            return -1;
+        v = v * 10 + (*c - '0');
+    }
+    if (v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
 }
 
 /* One flag a with its value val (NULL for flags without one). */
@@ -311,6 +367,58 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
         if (parse_mesh(val, &o->mesh, errf))
             return 2;
         o->train = true;
+    } else if (strcmp(a, "--microbatches") == 0) {
+        if (parse_count(val, 1, 1 << 16, &o->microbatches))
+            return usage_error(errf, "--microbatches expects an integer from 1 to %d, got '%s'",
+                               1 << 16, val);
+        o->train = true;
+    } else if (strcmp(a, "--pp-schedule") == 0) {
+        o->pp_schedule = ptc_pp_schedule_parse(val);
+        if (o->pp_schedule < 0)
+            return usage_error(errf,
+                               "unknown --pp-schedule '%s' (gpipe, 1f1b, interleaved, zb-h1)", val);
+        o->pp_schedule_set = true;
+        o->train = true;
+    } else if (strcmp(a, "--virtual-stages") == 0) {
+        if (parse_count(val, 2, 64, &o->virtual_stages))
+            return usage_error(errf, "--virtual-stages expects an integer from 2 to 64, got '%s'",
+                               val);
+        o->train = true;
+    } else if (strcmp(a, "--stages") == 0) {
+        o->nstage_layers = 0;
+        for (char *s = val;;) {
+            char *comma = strchr(s, ',');
+            if (comma)
+                *comma = 0;
+            if (o->nstage_layers == PTC_FLAGS_MAX_STAGES ||
+                parse_count(s, 0, 1 << 20, &o->stage_layers[o->nstage_layers]))
+                return usage_error(errf,
+                                   "--stages expects the layers of every stage, e.g. 4,4,3,1 (at "
+                                   "most %d stages), got '%s'",
+                                   PTC_FLAGS_MAX_STAGES, s);
+            o->nstage_layers++;
+            if (!comma)
+                break;
+            s = comma + 1;
+        }
+        o->train = true;
+    } else if (strcmp(a, "--recompute") == 0) {
+        int r = ptc_recompute_parse(val);
+        if (r < 0)
+            return usage_error(errf, "unknown --recompute '%s' (none, selective, full)", val);
+        o->recompute = (ptc_recompute)r;
+        o->train = true;
+    } else if (strcmp(a, "--recompute-layer") == 0) {
+        char *eq = strrchr(val, '=');
+        int r = eq ? ptc_recompute_parse(eq + 1) : -1;
+        if (!eq || eq == val || r < 0 || o->nrecompute_pins == PTC_FLAGS_MAX_PINS)
+            return usage_error(errf,
+                               "--recompute-layer expects LAYERS=POLICY with POLICY none, "
+                               "selective or full, e.g. 'h.1*=full', got '%s'",
+                               val);
+        *eq = 0;
+        o->recompute_pins[o->nrecompute_pins++] = (ptc_recompute_pin){val, (ptc_recompute)r};
+        o->train = true;
     } else if (strcmp(a, "--zero") == 0) {
         if (strlen(val) != 1 || val[0] < '0' || val[0] > '3')
             return usage_error(errf, "--zero expects 0, 1, 2 or 3, got '%s'", val);
@@ -355,6 +463,8 @@ int ptc_flags_parse(int argc, char **argv, ptc_options *o, FILE *out, FILE *errf
 {
     memset(o, 0, sizeof *o);
     o->seed = 1;
+    o->microbatches = 1;
+    o->pp_schedule = PTC_PP_1F1B;
     o->drop_rank = o->drop_index = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -377,9 +487,11 @@ int ptc_flags_parse(int argc, char **argv, ptc_options *o, FILE *out, FILE *errf
 ptc_frontend_opts ptc_flags_frontend_opts(const ptc_options *o)
 {
     ptc_frontend_opts fo = {.defines = o->defines, .ndefines = o->ndefines, .train = o->train};
+    fo.batch_split = 1;
     for (int a = 0; a < o->mesh.naxes; a++)
         if (strcmp(o->mesh.names[a], "dp") == 0)
             fo.batch_split = o->mesh.sizes[a];
+    fo.microbatches = o->microbatches;
     return fo;
 }
 

@@ -22,6 +22,7 @@
 #define PTC_FLAGS_MAX_OPTIM 16
 #define PTC_FLAGS_MAX_DEFINES 64
 #define PTC_FLAGS_MAX_INPUTS 64
+#define PTC_FLAGS_MAX_STAGES 256
 
 typedef struct ptc_options {
     const char *file;
@@ -41,6 +42,15 @@ typedef struct ptc_options {
     int ndefines;
     const char *inputs[PTC_FLAGS_MAX_INPUTS];
     int ninputs;
+    int microbatches;   /* 1: none */
+    int pp_schedule;    /* ptc_pp_schedule */
+    bool pp_schedule_set;
+    int virtual_stages; /* 0: not given (interleaved: 2) */
+    int stage_layers[PTC_FLAGS_MAX_STAGES];
+    int nstage_layers;
+    ptc_recompute recompute;
+    ptc_recompute_pin recompute_pins[PTC_FLAGS_MAX_PINS];
+    int nrecompute_pins;
 } ptc_options;
 
 /* Parses argv (argv[0] is the program) into o. The strings of argv must outlive o; -D and --place

@@ -28,6 +28,7 @@ struct part {
     ptc_graph *out;
     int axis, T;
     part_kind kind;
+    int zero; /* the ZeRO stage on this axis (only dp has one) */
     const ptc_compile_opts *o;
     int *vmap;         /* old value -> new value, -1 while deferred */
     ptc_placement *pl; /* old value -> placement of vmap[v] on this axis */
@@ -64,7 +65,7 @@ bool part_seq_parallel(const part *p)
 }
 int part_zero(const part *p)
 {
-    return p->kind == PART_DATA ? p->o->zero : 0;
+    return p->zero;
 }
 
 int part_error(part *p, int ni, const char *fmt, ...)
@@ -241,7 +242,7 @@ static bool is_param(const part *p, int v)
 /* ZeRO-3 releases gathered parameters after use: each use gathers its own copy. */
 static bool cacheable(const part *p, int v)
 {
-    return !(p->kind == PART_DATA && p->o->zero >= 3 && is_param(p, v));
+    return !(p->zero >= 3 && is_param(p, v));
 }
 
 /* A local slice [start, start + len) of dim d of new value nv, placed like `pl` on this axis. */
@@ -399,7 +400,7 @@ int part_redist(part *p, int v, ptc_placement to)
     /* a gather the forward made too: mark it as rebuilt in the backward */
     bool rebuilt = again && cache_find(p, v, to, false) >= 0;
     /* ZeRO-1 reduces gradients with an allreduce and keeps this rank's part */
-    if (p->kind == PART_DATA && p->o->zero == 1 && p->pl[v].kind == PTC_PLACE_PARTIAL &&
+    if (p->zero == 1 && p->pl[v].kind == PTC_PLACE_PARTIAL &&
         to.kind == PTC_PLACE_SHARD) {
         int r = part_redist(p, v, pl_r());
         nv = r < 0 ? -1 : convert(p, v, r, pl_r(), to);
@@ -428,7 +429,7 @@ static ptc_placement storage(part *p, int v, ptc_placement want)
     if (p->kind == PART_DATA) {
         ptc_op op = p->g->nodes[p->g->values[v].def].op;
         int level = op == PTC_OP_PARAM ? 3 : 1; /* ZeRO stage that shards it */
-        return p->o->zero >= level ? part_zero_placement(p, &p->g->values[v].type) : pl_r();
+        return p->zero >= level ? part_zero_placement(p, &p->g->values[v].type) : pl_r();
     }
     return want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_PARTIAL ? pl_r() : want;
 }
@@ -783,6 +784,7 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
               .axis = axis,
               .T = g->mesh.sizes[axis],
               .kind = kind,
+              .zero = kind == PART_DATA && strcmp(g->mesh.names[axis], "dp") == 0 ? o->zero : 0,
               .o = o,
               .err = err,
               .errn = errn,
@@ -904,9 +906,37 @@ static ptc_graph *partition_tp(ptc_pass_ctx *ctx, int axis)
     return partition_axis(ctx->g, axis, PART_TENSOR, o, true, ctx->err, ctx->errn);
 }
 
+/* The mesh the step is partitioned over: the compile mesh without its pipeline axis (stages are
+ * the lowering's), with the microbatch axis "mb" right inside dp when the batch is split in time.
+ * mb inside dp means a microbatch is a contiguous slice of the global batch, split over dp, and
+ * the data-parallel reductions act on gradients already accumulated over the microbatches. */
+static void partition_mesh(const ptc_compile_opts *o, ptc_mesh *m)
+{
+    memset(m, 0, sizeof *m);
+    bool placed = o->microbatches <= 1;
+    for (int a = 0; a < o->mesh.naxes; a++) {
+        if (strcmp(o->mesh.names[a], "pp") == 0)
+            continue;
+        bool inner = strcmp(o->mesh.names[a], "dp") != 0;
+        if (!placed && inner) {
+            strcpy(m->names[m->naxes], "mb");
+            m->sizes[m->naxes++] = o->microbatches;
+            placed = true;
+        }
+        memcpy(m->names[m->naxes], o->mesh.names[a], PTC_MAX_AXIS_NAME);
+        m->sizes[m->naxes++] = o->mesh.sizes[a];
+    }
+    if (!placed) {
+        strcpy(m->names[m->naxes], "mb");
+        m->sizes[m->naxes++] = o->microbatches;
+    }
+}
+
 int ptc_pass_partition(ptc_pass_ctx *ctx)
 {
-    const ptc_mesh *m = &ctx->opts->mesh;
+    ptc_mesh mesh;
+    partition_mesh(ctx->opts, &mesh);
+    const ptc_mesh *m = &mesh;
     if (m->naxes == 0 || ptc_mesh_nranks(m) == 1)
         return 0;
     ctx->g->mesh = *m;
@@ -917,7 +947,7 @@ int ptc_pass_partition(ptc_pass_ctx *ctx)
         part_kind kind;
         if (strcmp(m->names[a], "tp") == 0)
             kind = PART_TENSOR;
-        else if (strcmp(m->names[a], "dp") == 0)
+        else if (strcmp(m->names[a], "dp") == 0 || strcmp(m->names[a], "mb") == 0)
             kind = PART_DATA;
         else {
             ptc_fmt(ctx->err, ctx->errn, "error: mesh axis '%s' is not supported (dp, tp)",

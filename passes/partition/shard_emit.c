@@ -174,6 +174,9 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
             break;
         }
         r = part_emit(p, copy.op, ins, copy.nin, &copy.attrs, copy.loc, NULL);
+        /* a scalar: not the operands' placements on the axes partitioned before (an inner data
+         * axis has it partial too) */
+        part_set_place(p, r, copy.out[0], pl_p());
         r = r < 0 ? -1 : scaled(p, r, 1.0 / T, copy.loc);
         break;
     case PTC_OP_CROSS_ENTROPY_GRAD: {

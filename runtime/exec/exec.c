@@ -135,7 +135,9 @@ static void prepare(ptrt_exec *x, int i)
     }
     p->kc = (ptrt_kcall){.op = in->op, .nin = in->nin, .nout = in->nout, .attrs = in->attrs};
     const ptc_mesh *m = &x->plan->mesh;
-    if (in->kind == PTC_INSTR_KERNEL && (ptc_ops[in->op].kw & PTC_A_MESH_AXIS) && m->naxes)
+    if (in->kind == PTC_INSTR_KERNEL && in->has_coord)
+        p->kc.coord = in->coord; /* a microbatch's part of the rank's batch */
+    else if (in->kind == PTC_INSTR_KERNEL && (ptc_ops[in->op].kw & PTC_A_MESH_AXIS) && m->naxes)
         p->kc.coord = x->coords[in->attrs.mesh_axis];
     if (in->kind == PTC_INSTR_COLL) {
         p->members = ptc_xmalloc(sizeof(int) * (size_t)x->plan->nranks);
@@ -173,6 +175,8 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
         x->ptr[b] = x->arena[bf->region] ? x->arena[bf->region] + bf->offset : NULL;
         if (x->ptr[b] && bf->view >= 0 && bf->view_axis >= 0) /* this rank's shard of the root */
             x->ptr[b] = (char *)x->ptr[b] + (int64_t)x->coords[bf->view_axis] * bf->view_step;
+        if (x->ptr[b] && bf->view >= 0)
+            x->ptr[b] = (char *)x->ptr[b] + bf->view_offset;
     }
     x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
     for (int i = 0; i < pg->ninstrs; i++)

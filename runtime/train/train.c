@@ -152,7 +152,10 @@ static int find_roles(shared *sh, char *err, size_t errn)
         r->lr = input_of(pg, PTC_ROLE_LR);
         r->step = input_of(pg, PTC_ROLE_STEP);
         r->max_norm = input_of(pg, PTC_ROLE_MAX_NORM);
-        if (r->lr < 0 || r->step < 0 || r->max_norm < 0 || pg->loss < 0 || pg->grad_norm < 0) {
+        /* (a pipeline stage reads only the optimizer inputs its own work needs: the step's
+         * loss and gradient norm reach every stage) */
+        bool some = r->lr >= 0 || r->step >= 0 || r->max_norm >= 0 || sh->plan->nprograms > 1;
+        if (!some || pg->loss < 0 || pg->grad_norm < 0) {
             ptc_fmt(err, errn, "the embedded plan is not a training step");
             return -1;
         }
@@ -308,6 +311,8 @@ static void next_batch(run *r, ptrt_data *d)
 
 static void set_scalar(run *r, int b, double x)
 {
+    if (b < 0)
+        return;
     *(float *)ptrt_exec_data(r->x, b) = (float)x;
 }
 

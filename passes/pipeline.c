@@ -1,0 +1,533 @@
+/* pipeline.c - pipeline stages and activation recompute, as annotations of the step graph.
+ *
+ * Assumes: the partitioned step graph (forward, backward, optimizer; placements and collectives
+ *          over dp/tp/mb). Nodes carry their source location and block instance scope.
+ * Guarantees: with S = pp x virtual-stages > 1, every node the lowering runs on one stage has
+ *          node.stage in [0, S) (the virtual stage: model chunk c of pp rank r is c * pp + r); a
+ *          node whose operands are all sources (or such nodes) may run anywhere and keeps stage
+ *          0. Forward nodes marked recompute are rebuilt by the lowering before the backward that
+ *          reads them, instead of kept. ctx->notes tells what was chosen and why.
+ *
+ * Layers are the natural cut points: the forward nodes of one iteration of a `repeat` (scope
+ * "h.3..." is layer h.3). Forward nodes of the model body before the first layer (embedding) form
+ * the unit "pre", those after the last layer (final norm, head, loss) "post"; body nodes between
+ * layers go with the layer before them. Backward nodes carry the location of the forward node they
+ * differentiate, and take its stage; optimizer nodes follow their largest operand. Stages are
+ * contiguous runs of units: the first holds pre, the last post. Without --stages the cut
+ * minimises the largest stage's compute (forward + backward flops and bytes, from ir/cost.c), and
+ * among cuts within 2% of that, the largest stage's model states (parameters, gradients and Adam
+ * moments: 16 bytes a parameter) - so the embedding and the head weigh in with their compute and
+ * their memory.
+ *
+ * Recompute (Korthikanti et al. 2022): full marks every forward node of a layer except those whose
+ * result leaves the layer (the next layer's input is kept); selective marks the attention core.
+ * Our attention op never stores its s x s scores (its backward recomputes them), so what selective
+ * saves here is the attention output (s b h per layer), rebuilt from the kept q, k, v.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+const char *ptc_recompute_name(int r)
+{
+    static const char *const names[] = {"none", "selective", "full"};
+    return r >= 0 && r <= PTC_RECOMPUTE_FULL ? names[r] : "?";
+}
+
+int ptc_recompute_parse(const char *s)
+{
+    for (int r = 0; r <= PTC_RECOMPUTE_FULL; r++)
+        if (strcmp(s, ptc_recompute_name(r)) == 0)
+            return r;
+    return -1;
+}
+
+/* The layer a scope belongs to: the length of its prefix through the first all-digit component
+ * ("h.3.attn" -> 3, "h.3"), or 0 when it has none. */
+static size_t layer_prefix(const char *scope)
+{
+    if (!scope)
+        return 0;
+    const char *c = scope;
+    while (*c) {
+        const char *e = c;
+        bool digits = true;
+        while (*e && *e != '.')
+            digits &= *e >= '0' && *e <= '9', e++;
+        if (digits && e > c)
+            return (size_t)(e - scope);
+        c = *e ? e + 1 : e;
+    }
+    return 0;
+}
+
+typedef struct unit {
+    const char *scope; /* a scope of the layer (its first node's), NULL for pre and post */
+    size_t len;        /* the layer prefix's length */
+    double cost;       /* forward + backward work (flops + bytes / 4) */
+    double mem;        /* model state bytes */
+} unit;
+
+typedef struct pl {
+    ptc_graph *g;
+    const ptc_compile_opts *o;
+    bool *fwd;     /* node is in the loss's forward cone */
+    bool *free_;   /* node runs anywhere: no operand other than parameters, states, the
+                      optimizer's inputs and free nodes (not the data) */
+    int *unit;     /* node -> unit, -1 none */
+    unit *units;
+    int nunits;
+} pl;
+
+static bool is_source(const ptc_node *n)
+{
+    return n->op == PTC_OP_INPUT || n->op == PTC_OP_PARAM || n->op == PTC_OP_STATE;
+}
+
+static void find_forward(pl *P)
+{
+    ptc_graph *g = P->g;
+    if (g->loss < 0)
+        return;
+    int *stack = ptc_xmalloc(sizeof(int) * (size_t)(g->nnodes + 1) * 8);
+    int cap = (g->nnodes + 1) * 8, sp = 0;
+    stack[sp++] = g->values[g->loss].def;
+    while (sp) {
+        int ni = stack[--sp];
+        if (P->fwd[ni])
+            continue;
+        P->fwd[ni] = true;
+        for (int k = 0; k < g->nodes[ni].nin; k++) {
+            if (sp == cap)
+                stack = ptc_xrealloc(stack, sizeof(int) * (size_t)(cap *= 2));
+            stack[sp++] = g->values[g->nodes[ni].in[k]].def;
+        }
+    }
+    free(stack);
+}
+
+static bool same_scope(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+/* The unit of forward node scope s (a layer), adding it when new. */
+static int layer_unit(pl *P, const char *scope)
+{
+    size_t len = layer_prefix(scope);
+    for (int u = P->nunits - 1; u >= 1; u--)
+        if (P->units[u].len == len && strncmp(P->units[u].scope, scope, len) == 0)
+            return u;
+    P->units = ptc_xrealloc(P->units, sizeof(unit) * (size_t)(P->nunits + 1));
+    P->units[P->nunits] = (unit){.scope = scope, .len = len};
+    return P->nunits++;
+}
+
+/* Location key of a node, for finding the forward node a backward node differentiates. */
+static uint64_t loc_hash(const ptc_loc *l)
+{
+    uint64_t h = (uint64_t)l->line * 1000003u ^ (uint64_t)l->col * 7919u;
+    for (const char *c = l->scope; c && *c; c++)
+        h = h * 31u + (unsigned char)*c;
+    return h;
+}
+
+static void find_units(pl *P)
+{
+    ptc_graph *g = P->g;
+    P->units = ptc_xmalloc(sizeof(unit));
+    P->units[0] = (unit){0}; /* pre */
+    P->nunits = 1;
+    int last_layer_node = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        if (P->fwd[i] && !is_source(&g->nodes[i]) && layer_prefix(g->nodes[i].loc.scope))
+            last_layer_node = i;
+    int cur = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        P->unit[i] = -1;
+        if (!P->fwd[i] || is_source(n) || P->free_[i])
+            continue;
+        if (layer_prefix(n->loc.scope))
+            cur = layer_unit(P, n->loc.scope);
+        P->unit[i] = cur;
+    }
+    int post = P->nunits;
+    P->units = ptc_xrealloc(P->units, sizeof(unit) * (size_t)(post + 1));
+    P->units[post] = (unit){0};
+    P->nunits++;
+    for (int i = last_layer_node + 1; i < g->nnodes; i++)
+        if (P->unit[i] >= 0 && !layer_prefix(g->nodes[i].loc.scope))
+            P->unit[i] = post;
+    if (last_layer_node < 0) /* no layers: everything is pre */
+        for (int i = 0; i < g->nnodes; i++)
+            if (P->unit[i] == post)
+                P->unit[i] = 0;
+
+    /* the other nodes: the unit of the forward node at their location, else of their largest
+     * operand that has one */
+    int nh = 1;
+    while (nh < 2 * g->nnodes + 2)
+        nh *= 2;
+    int *table = ptc_xmalloc(sizeof(int) * (size_t)nh);
+    for (int h = 0; h < nh; h++)
+        table[h] = -1;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (P->unit[i] < 0 || !P->fwd[i])
+            continue;
+        uint64_t h = loc_hash(&g->nodes[i].loc) & (uint64_t)(nh - 1);
+        while (table[h] >= 0) {
+            const ptc_loc *a = &g->nodes[table[h]].loc, *b = &g->nodes[i].loc;
+            if (a->line == b->line && a->col == b->col && same_scope(a->scope, b->scope))
+                break;
+            h = (h + 1) & (uint64_t)(nh - 1);
+        }
+        if (table[h] < 0)
+            table[h] = i;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (P->fwd[i] || is_source(n) || P->free_[i])
+            continue;
+        int found = -1;
+        if (n->loc.line) {
+            uint64_t h = loc_hash(&n->loc) & (uint64_t)(nh - 1);
+            for (; table[h] >= 0; h = (h + 1) & (uint64_t)(nh - 1)) {
+                const ptc_loc *a = &g->nodes[table[h]].loc;
+                if (a->line == n->loc.line && a->col == n->loc.col &&
+                    same_scope(a->scope, n->loc.scope)) {
+                    found = P->unit[table[h]];
+                    break;
+                }
+            }
+        }
+        if (found < 0) {
+            int64_t best = -1;
+            for (int k = 0; k < n->nin; k++) {
+                int d = g->values[n->in[k]].def;
+                const ptc_type *t = &g->values[n->in[k]].type;
+                int64_t bytes = ptc_type_numel(t) * ptc_dtype_size(t->dtype);
+                if (P->unit[d] >= 0 && bytes >= best) { /* ties: the last (a sum's new term) */
+                    best = bytes;
+                    found = P->unit[d];
+                }
+            }
+        }
+        P->unit[i] = found;
+    }
+    free(table);
+}
+
+static void find_free(pl *P)
+{
+    ptc_graph *g = P->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        bool f = !is_source(n);
+        for (int k = 0; k < n->nin && f; k++) {
+            const ptc_node *d = &g->nodes[g->values[n->in[k]].def];
+            bool data = d->op == PTC_OP_INPUT && strncmp(d->attrs.name, "opt.", 4) != 0;
+            f = (is_source(d) && !data) || P->free_[g->values[n->in[k]].def];
+        }
+        P->free_[i] = f;
+    }
+}
+
+static void unit_costs(pl *P)
+{
+    ptc_graph *g = P->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        int u = P->unit[i];
+        if (u < 0)
+            continue;
+        ptc_type it[PTC_MAX_RESULTS * 2], ot[PTC_MAX_RESULTS];
+        for (int k = 0; k < n->nin; k++)
+            it[k] = g->values[n->in[k]].type;
+        for (int k = 0; k < n->nout; k++)
+            ot[k] = g->values[n->out[k]].type;
+        P->units[u].cost += ptc_op_flops(n->op, &n->attrs, it, n->nin, ot, n->nout) +
+                            ptc_op_bytes(it, n->nin, ot, n->nout) / 4;
+    }
+    /* a parameter's states sit with its first forward reader */
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (!P->fwd[i] || P->unit[i] < 0)
+            continue;
+        for (int k = 0; k < n->nin; k++) {
+            ptc_node *d = &g->nodes[g->values[n->in[k]].def];
+            if (d->op != PTC_OP_PARAM || d->stage == -1)
+                continue;
+            const ptc_type *t = &g->values[n->in[k]].type;
+            P->units[P->unit[i]].mem += (double)ptc_type_numel(t) * 16;
+            d->stage = -1; /* counted (reset below) */
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].op == PTC_OP_PARAM)
+            g->nodes[i].stage = 0;
+}
+
+/* Contiguous cut of the units into S stages: first[s] is stage s's first unit. Minimises the
+ * largest stage cost, then (within 2%) the largest stage memory. Every stage gets at least one
+ * unit. */
+static void balance(const pl *P, int S, int *first)
+{
+    int U = P->nunits;
+    double *pc = ptc_xcalloc((size_t)U + 1, sizeof(double)),
+           *pm = ptc_xcalloc((size_t)U + 1, sizeof(double));
+    for (int u = 0; u < U; u++) {
+        pc[u + 1] = pc[u] + P->units[u].cost;
+        pm[u + 1] = pm[u] + P->units[u].mem;
+    }
+    /* best[s][u]: the smallest largest-cost of cutting units [0, u) into s stages */
+    size_t W = (size_t)U + 1;
+    double *best = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
+    for (size_t i = 0; i < W * (size_t)(S + 1); i++)
+        best[i] = 1e300;
+    best[0] = 0;
+    for (int s = 1; s <= S; s++)
+        for (int u = s; u <= U; u++)
+            for (int v = s - 1; v < u; v++) {
+                double c = best[(size_t)(s - 1) * W + (size_t)v], here = pc[u] - pc[v];
+                double m = c > here ? c : here;
+                if (m < best[(size_t)s * W + (size_t)u])
+                    best[(size_t)s * W + (size_t)u] = m;
+            }
+    double bound = best[(size_t)S * W + (size_t)U] * 1.02 + 1e-9;
+    /* then the smallest largest-memory among cuts whose stages all cost at most bound */
+    double *mm = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
+    int *from = ptc_xmalloc(sizeof(int) * W * (size_t)(S + 1));
+    for (size_t i = 0; i < W * (size_t)(S + 1); i++)
+        mm[i] = 1e300, from[i] = -1;
+    mm[0] = 0;
+    for (int s = 1; s <= S; s++)
+        for (int u = s; u <= U; u++)
+            for (int v = s - 1; v < u; v++) {
+                double c = mm[(size_t)(s - 1) * W + (size_t)v];
+                if (c >= 1e300 || pc[u] - pc[v] > bound)
+                    continue;
+                double here = pm[u] - pm[v], m = c > here ? c : here;
+                if (m < mm[(size_t)s * W + (size_t)u]) {
+                    mm[(size_t)s * W + (size_t)u] = m;
+                    from[(size_t)s * W + (size_t)u] = v;
+                }
+            }
+    int u = U;
+    for (int s = S; s >= 1; s--) {
+        int v = from[(size_t)s * W + (size_t)u];
+        PTC_ASSERT(v >= 0);
+        first[s - 1] = v;
+        u = v;
+    }
+    free(pc);
+    free(pm);
+    free(best);
+    free(mm);
+    free(from);
+}
+
+/* "h.3" of a unit, or "pre"/"post". */
+static void unit_name(const pl *P, int u, char *buf, size_t n)
+{
+    if (u == 0)
+        ptc_fmt(buf, n, "pre");
+    else if (u == P->nunits - 1)
+        ptc_fmt(buf, n, "post");
+    else
+        ptc_fmt(buf, n, "%.*s", (int)P->units[u].len, P->units[u].scope);
+}
+
+static void note(ptc_pass_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(ptc_pass_ctx *ctx, const char *fmt, ...)
+{
+    size_t len = strlen(ctx->notes);
+    if (len + 2 >= sizeof ctx->notes)
+        return;
+    if (len)
+        ctx->notes[len++] = '\n';
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->notes + len, sizeof ctx->notes - len, fmt, ap);
+    va_end(ap);
+}
+
+static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
+{
+    const ptc_compile_opts *o = P->o;
+    int nlayers = P->nunits - 2;
+    int *first = ptc_xmalloc(sizeof(int) * (size_t)(S + 1));
+    if (o->nstage_layers) {
+        if (o->nstage_layers != S) {
+            ptc_fmt(ctx->err, ctx->errn,
+                    "error: --stages gives %d stages; the plan has %d (pp x virtual stages)",
+                    o->nstage_layers, S);
+            free(first);
+            return -1;
+        }
+        int sum = 0;
+        for (int s = 0; s < S; s++) {
+            if (o->stage_layers[s] == 0 && s > 0 && s < S - 1) {
+                ptc_fmt(ctx->err, ctx->errn,
+                        "error: --stages: stage %d has no layers (only the first and the last "
+                        "stage may have none: they hold the embedding and the head)",
+                        s);
+                free(first);
+                return -1;
+            }
+            first[s] = s == 0 ? 0 : 1 + sum;
+            sum += o->stage_layers[s];
+        }
+        if (sum != nlayers) {
+            ptc_fmt(ctx->err, ctx->errn,
+                    "error: --stages gives %d layers; the model has %d (one per iteration of its "
+                    "repeat)",
+                    sum, nlayers);
+            free(first);
+            return -1;
+        }
+    } else {
+        if (P->nunits < S) {
+            ptc_fmt(ctx->err, ctx->errn,
+                    "error: %d pipeline stages need at least %d layers (the model has %d, plus "
+                    "its embedding and head)",
+                    S, S - 2 > 0 ? S - 2 : 0, nlayers);
+            free(first);
+            return -1;
+        }
+        balance(P, S, first);
+    }
+    first[S] = P->nunits;
+    int *stage_of = ptc_xmalloc(sizeof(int) * (size_t)P->nunits);
+    for (int s = 0; s < S; s++)
+        for (int u = first[s]; u < first[s + 1]; u++)
+            stage_of[u] = s;
+    for (int i = 0; i < P->g->nnodes; i++)
+        P->g->nodes[i].stage = P->unit[i] >= 0 ? stage_of[P->unit[i]] : 0;
+
+    double total = 0;
+    for (int u = 0; u < P->nunits; u++)
+        total += P->units[u].cost;
+    char line[1024];
+    size_t len = 0;
+    len += (size_t)snprintf(line, sizeof line, "pipeline: %d %sstages %s:", S,
+                            o->virtual_stages > 1 ? "virtual " : "",
+                            o->nstage_layers ? "as --stages asks" : "cut to balance compute");
+    for (int s = 0; s < S; s++) {
+        double c = 0;
+        for (int u = first[s]; u < first[s + 1]; u++)
+            c += P->units[u].cost;
+        char a[64], b[64];
+        int lo = first[s], hi = first[s + 1] - 1;
+        unit_name(P, lo, a, sizeof a);
+        unit_name(P, hi, b, sizeof b);
+        if (len >= sizeof line)
+            break;
+        len += (size_t)snprintf(line + len, sizeof line - len, " %d [%s%s%s] %.0f%%%s", s, a,
+                                lo == hi ? "" : "..", lo == hi ? "" : b,
+                                100.0 * c / (total > 0 ? total : 1), s + 1 < S ? "," : "");
+    }
+    free(first);
+    free(stage_of);
+    note(ctx, "%s", line);
+    return 0;
+}
+
+/* The recompute policy of layer unit u: the global one, then the last --recompute-layer pin
+ * matching its name. */
+static int policy_of(const pl *P, int u)
+{
+    int pol = P->o->recompute;
+    char name[256];
+    unit_name(P, u, name, sizeof name);
+    for (int i = 0; i < P->o->nrecompute_pins; i++)
+        if (ptc_glob_match(P->o->recompute_pins[i].pattern, name))
+            pol = P->o->recompute_pins[i].policy;
+    return pol;
+}
+
+static void mark_recompute(pl *P, ptc_pass_ctx *ctx)
+{
+    ptc_graph *g = P->g;
+    int *pol = ptc_xmalloc(sizeof(int) * (size_t)P->nunits);
+    int counts[3] = {0, 0, 0};
+    for (int u = 0; u < P->nunits; u++) {
+        pol[u] = u == 0 || u == P->nunits - 1 ? PTC_RECOMPUTE_NONE : policy_of(P, u);
+        if (u > 0 && u < P->nunits - 1)
+            counts[pol[u]]++;
+    }
+    /* a forward result read outside its layer (or the loss) is kept */
+    bool *leaves = ptc_xcalloc((size_t)(g->nvalues ? g->nvalues : 1), 1);
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            int d = g->values[n->in[k]].def;
+            if (P->fwd[d] && P->unit[d] >= 0 && P->fwd[i] && P->unit[i] != P->unit[d])
+                leaves[n->in[k]] = true;
+        }
+    }
+    if (g->loss >= 0)
+        leaves[g->loss] = true;
+    for (int i = 0; i < g->nnodes; i++) {
+        ptc_node *n = &g->nodes[i];
+        if (!P->fwd[i] || P->unit[i] < 0 || P->free_[i])
+            continue;
+        int p = pol[P->unit[i]];
+        bool leaving = false;
+        for (int k = 0; k < n->nout; k++)
+            leaving |= leaves[n->out[k]];
+        if (p == PTC_RECOMPUTE_FULL && !leaving)
+            n->recompute = true;
+        else if (p == PTC_RECOMPUTE_SELECTIVE &&
+                 (n->op == PTC_OP_ATTENTION || n->op == PTC_OP_ATTENTION_SHARD) && !leaving)
+            n->recompute = true;
+    }
+    if (counts[PTC_RECOMPUTE_FULL] || counts[PTC_RECOMPUTE_SELECTIVE])
+        note(ctx,
+             "recompute: %d layer%s full (only the layer input kept), %d selective (the "
+             "attention output rebuilt from q, k, v), %d none",
+             counts[2], counts[2] == 1 ? "" : "s", counts[1], counts[0]);
+    free(leaves);
+    free(pol);
+}
+
+int ptc_pass_pipeline(ptc_pass_ctx *ctx)
+{
+    const ptc_compile_opts *o = ctx->opts;
+    int pp = 1;
+    for (int a = 0; a < o->mesh.naxes; a++)
+        if (strcmp(o->mesh.names[a], "pp") == 0)
+            pp = o->mesh.sizes[a];
+    int V = o->virtual_stages > 1 ? o->virtual_stages : 1;
+    int S = pp * V;
+    bool recompute = o->recompute != PTC_RECOMPUTE_NONE || o->nrecompute_pins;
+    if (S <= 1 && !recompute && !o->nstage_layers)
+        return 0;
+    if (o->nstage_layers && S <= 1) {
+        ptc_fmt(ctx->err, ctx->errn, "error: --stages needs a pipeline (--mesh pp=N)");
+        return -1;
+    }
+    ptc_graph *g = ctx->g;
+    size_t nn = (size_t)(g->nnodes ? g->nnodes : 1);
+    pl P = {.g = g, .o = o};
+    P.fwd = ptc_xcalloc(nn, 1);
+    P.free_ = ptc_xcalloc(nn, 1);
+    P.unit = ptc_xmalloc(sizeof(int) * nn);
+    find_forward(&P);
+    find_free(&P);
+    find_units(&P);
+    unit_costs(&P);
+    int rc = 0;
+    if (S > 1)
+        rc = cut_stages(&P, ctx, S);
+    if (rc == 0 && recompute)
+        mark_recompute(&P, ctx);
+    free(P.fwd);
+    free(P.free_);
+    free(P.unit);
+    free(P.units);
+    return rc;
+}
