@@ -5,7 +5,10 @@
  *   - a collective of a group completes when every member has it next, with the same kind,
  *     size, reduction and group;
  *   - a send completes at once (sends are buffered) and leaves a message for its peer;
- *   - a receive completes when the next message from its peer is there, of the same size.
+ *   - a receive completes when the next message from its peer is there, of the same size and
+ *     with the same tag (what the message is: the compiler numbers them, so a receive that
+ *     would take another message of the same size is caught too);
+ *   - a message never received is an error too, naming both ranks.
  * A disagreement (kind, size, reduction, a message of the wrong size) would fail at run time; no
  * progress while ranks still have communication left would hang. Both are reported before
  * anything runs, naming the ranks, the group and the instructions involved.
@@ -27,9 +30,9 @@ typedef struct rank_seq {
     int n, pos;
 } rank_seq;
 
-/* Pending messages from one rank to another, in order: their element counts. */
+/* Pending messages from one rank to another, in order. */
 typedef struct channel {
-    int64_t *counts;
+    const comm_op **msgs;
     int n, cap, head;
 } channel;
 
@@ -82,9 +85,9 @@ static void describe(const checker *c, const comm_op *o, char *buf, size_t n)
                 ptc_coll_name(in->coll.kind), group, (long long)o->count, o->index, o->instr,
                 in->loc.line);
     } else {
-        ptc_fmt(buf, n, "%s of %lld elements (instruction %d, line %d)",
-                in->kind == PTC_INSTR_SEND ? "send" : "recv", (long long)o->count, o->instr,
-                in->loc.line);
+        ptc_fmt(buf, n, "%s of %lld elements over %s (instruction %d, line %d)",
+                in->kind == PTC_INSTR_SEND ? "send" : "recv", (long long)o->count,
+                c->p->mesh.names[in->peer_axis], o->instr, in->loc.line);
     }
 }
 
@@ -111,8 +114,8 @@ static int step_rank(checker *c, int r)
     if (o->in->kind == PTC_INSTR_SEND) {
         int q = ptc_plan_peer(m, r, o->in->peer_axis, o->in->peer_delta);
         channel *ch = chan(c, r, q);
-        PTC_GROW(ch->counts, ch->cap, ch->n);
-        ch->counts[ch->n++] = o->count;
+        PTC_GROW(ch->msgs, ch->cap, ch->n);
+        ch->msgs[ch->n++] = o;
         c->seq[r].pos++;
         return 1;
     }
@@ -121,12 +124,15 @@ static int step_rank(checker *c, int r)
         channel *ch = chan(c, q, r);
         if (ch->head == ch->n)
             return 0;
-        if (ch->counts[ch->head] != o->count) {
-            char a[256];
+        const comm_op *s = ch->msgs[ch->head];
+        if (s->count != o->count || s->in->tag != o->in->tag) {
+            char a[256], b[256];
             describe(c, o, a, sizeof a);
+            describe(c, s, b, sizeof b);
             ptc_fmt(c->err, c->errn,
-                    "plan check: rank %d receives from rank %d a message of %lld elements in %s",
-                    r, q, (long long)ch->counts[ch->head], a);
+                    "plan check: rank %d receives from rank %d in %s (message %d), but the "
+                    "message there is rank %d's %s (message %d)",
+                    r, q, a, o->in->tag, q, b, s->in->tag);
             return -1;
         }
         ch->head++;
@@ -215,10 +221,20 @@ int ptc_plan_check(const ptc_plan *p, int drop_rank, int drop_index, char *err, 
             report_hang(&c);
             rc = -1;
         }
+    for (size_t i = 0; c.chan && !rc && i < (size_t)c.R * (size_t)c.R; i++)
+        if (c.chan[i].head < c.chan[i].n) { /* a send without its receive */
+            char a[256];
+            describe(&c, c.chan[i].msgs[c.chan[i].head], a, sizeof a);
+            ptc_fmt(err, errn,
+                    "plan check: rank %d's %s is never received: rank %d has no receive left "
+                    "for it",
+                    (int)(i / (size_t)c.R), a, (int)(i % (size_t)c.R));
+            rc = -1;
+        }
     for (int r = 0; r < c.R; r++)
         free(c.seq[r].ops);
     for (size_t i = 0; c.chan && i < (size_t)c.R * (size_t)c.R; i++)
-        free(c.chan[i].counts);
+        free(c.chan[i].msgs);
     free(c.seq);
     free(c.chan);
     free(c.members);

@@ -353,8 +353,9 @@ static void ensure(build *B, int s, const item *it, int v)
     size_t key = lw_key(L, v, inst, ver);
     if (*produced(B, s, key) != -1)
         return;
-    if (L->cls[d] == CLS_FREE) {
-        add_node(B, s, d, -1, 0, PTC_WORK_STEP, 0);
+    if (L->cls[d] == CLS_FREE) { /* shown as part of the work that first needs it */
+        add_node(B, s, d, -1, 0, it->work, it->vstage);
+        B->stage[s].it[B->stage[s].n - 1].label_mb = it->inst;
         return;
     }
     if (ver) {
@@ -387,7 +388,8 @@ static void add_node(build *B, int s, int ni, int inst, int ver, int work, int v
                .ni = ni,
                .inst = inst,
                .v = -1,
-               .into = -1};
+               .into = -1,
+               .label_mb = inst};
     int w[PTC_MAX_RESULTS], nw = node_writes(L, ni, w);
     if (L->cls[ni] == CLS_FREE && nw && *produced(B, s, lw_out_key(L, &it, w[0])) != -1)
         return; /* a free node already run on this stage */
@@ -552,7 +554,7 @@ static void place_messages(build *B)
             for (; j < n && B->msgs[order[2 * j + 1]].send_pos == i; j++) {
                 msg *x = &B->msgs[order[2 * j + 1]];
                 item it = {.kind = IT_SEND,
-                           .work = l->it[i].work,
+                           .work = x->inst >= 0 ? l->it[i].work : PTC_WORK_STEP,
                            .vstage = l->it[i].vstage,
                            .ni = -1,
                            .inst = x->inst,
@@ -610,7 +612,7 @@ static void place_messages(build *B)
                 msg *x = &B->msgs[order[2 * j + 1]];
                 const item *next = i < l->n ? &l->it[i] : NULL;
                 item it = {.kind = IT_RECV,
-                           .work = next ? next->work : PTC_WORK_STEP,
+                           .work = next && x->inst >= 0 ? next->work : PTC_WORK_STEP,
                            .vstage = next ? next->vstage : 0,
                            .ni = -1,
                            .inst = x->inst,

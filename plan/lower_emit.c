@@ -132,7 +132,7 @@ static int emit(lw *L, const item *it, ptc_instr *in)
     const ptc_node *n = &L->g->nodes[ni];
     in->phase = it->ver ? PTC_PHASE_BACKWARD : L->phase[ni];
     in->work = it->work;
-    in->mb = (int16_t)(it->inst < 0 ? 0 : it->inst);
+    in->mb = (int16_t)(it->inst >= 0 ? it->inst : it->label_mb >= 0 ? it->label_mb : 0);
     in->vstage = it->vstage;
     in->recompute = it->ver != 0;
     in->loc = n->loc;

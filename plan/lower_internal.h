@@ -38,6 +38,7 @@ typedef struct item {
     int tag;       /* send/recv: the message */
     int into;      /* recv: the state value whose buffer it lands in (a tied parameter's update),
                       or -1 */
+    int label_mb;  /* the microbatch shown for it (a free node: of the work that first needs it) */
 } item;
 
 typedef struct lw {

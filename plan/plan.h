@@ -43,6 +43,30 @@ int64_t ptc_plan_comm_bytes(const ptc_plan *p, const ptc_program *pg, const ptc_
  * of "h.3.attn"), or the first component, or "(model)". */
 void ptc_plan_layer(const char *scope, char *buf, size_t bufn);
 
+/* The pipeline of a plan (microbatches and pp stages): what the schedule promises and what the
+ * programs do. */
+typedef struct ptc_stage_info {
+    int program;     /* the stage's program (stage s runs program s) */
+    char layers[256]; /* the layers its forward work runs, in order: "(model) h.0..h.2" */
+    int inflight;    /* most microbatches (x chunks) whose forward has begun and whose last
+                        backward work has not ended, counted in the program */
+    char *order;     /* its work in order: "F0 F1 B0 ...", chunk c of interleaved as F0.c, W
+                        the weight-gradient part of zb-h1 (malloc'd) */
+} ptc_stage_info;
+
+typedef struct ptc_pipeline_info {
+    int P, M, V, schedule;
+    int bubble_num, bubble_den;  /* the published bubble fraction of the schedule */
+    double bubble_simulated;     /* of its task order with equal stages (schedule.c) */
+    int *inflight_schedule;      /* [P]: the same count in the simulated schedule */
+    ptc_stage_info *stages;      /* [P] */
+} ptc_pipeline_info;
+
+/* 0 and pi filled (free with ptc_pipeline_info_free), or -1 when the plan has neither
+ * microbatches nor pipeline stages. */
+int ptc_plan_pipeline(const ptc_plan *p, ptc_pipeline_info *pi);
+void ptc_pipeline_info_free(ptc_pipeline_info *pi);
+
 typedef struct ptc_plan_print_opts {
     bool summary_only; /* --summary: the one-screen summary of every program, nothing else */
 } ptc_plan_print_opts;

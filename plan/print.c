@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "plan.h"
+#include "schedule.h"
 #include "text.h"
 
 /* ---- numbers ---- */
@@ -17,6 +18,23 @@ static void put_count(FILE *f, int64_t n)
             fputc(',', f);
         fputc(d[i], f);
     }
+}
+
+/* "1.84 MiB", "512 B" */
+static void human_bytes(int64_t b, char *buf, size_t n)
+{
+    double x = (double)b;
+    const char *u = "B";
+    if (x >= 1 << 30)
+        x /= 1 << 30, u = "GiB";
+    else if (x >= 1 << 20)
+        x /= 1 << 20, u = "MiB";
+    else if (x >= 1 << 10)
+        x /= 1 << 10, u = "KiB";
+    if (b < 1024)
+        snprintf(buf, n, "%lld B", (long long)b);
+    else
+        snprintf(buf, n, "%.2f %s", x, u);
 }
 
 static void put_bytes(FILE *f, int64_t b)
@@ -302,9 +320,55 @@ static void put_header(FILE *f, const ptc_plan *p)
             p->nprograms > 1 ? "s" : "");
 }
 
+/* The schedule: stages, the bubble, what each stage holds and runs, in what order. */
+static void pipeline_section(FILE *f, const ptc_plan *p)
+{
+    ptc_pipeline_info pi;
+    if (ptc_plan_pipeline(p, &pi) < 0)
+        return;
+    fprintf(f, "pipeline: %d stage%s", pi.P, pi.P == 1 ? "" : "s");
+    if (pi.V > 1)
+        fprintf(f, " x %d model chunks", pi.V);
+    fprintf(f, ", %s schedule, %d microbatch%s", ptc_pp_schedule_name(pi.schedule), pi.M,
+            pi.M == 1 ? "" : "es");
+    if (pi.P > 1)
+        fprintf(f, ": bubble %d/%d = %.1f%% (the schedule simulated with equal stages: %.1f%%)",
+                pi.bubble_num, pi.bubble_den, 100.0 * pi.bubble_num / pi.bubble_den,
+                100.0 * pi.bubble_simulated);
+    fputs("\n  stage  ranks          in flight  model states  peak activations  layers\n", f);
+    for (int s = 0; s < pi.P; s++) {
+        const ptc_stage_info *si = &pi.stages[s];
+        const ptc_program *pg = &p->programs[si->program];
+        ptc_plan_stats st;
+        ptc_plan_stats_of(p, si->program, &st);
+        char ranks[64];
+        int n = 0;
+        for (int r = 0; r < pg->nranks && n < (int)sizeof ranks - 12; r++)
+            n += snprintf(ranks + n, sizeof ranks - (size_t)n, "%s%d", r ? "," : "", pg->ranks[r]);
+        char inflight[32];
+        snprintf(inflight, sizeof inflight, "%d (%d)", si->inflight, pi.inflight_schedule[s]);
+        fprintf(f, "  %-6d %-14s %-10s ", s, ranks, inflight);
+        char b1[32], b2[32];
+        human_bytes(st.param_bytes + st.grad_bytes + st.optim_bytes, b1, sizeof b1);
+        human_bytes(st.peak_act_bytes, b2, sizeof b2);
+        fprintf(f, "%13s %17s  %s\n", b1, b2, si->layers);
+    }
+    fputs("  (in flight: microbatches whose forward has begun and whose backward has not ended, in"
+          "\n   the program and, in parentheses, in the schedule; bytes per rank)\n",
+          f);
+    fputs("  work order per stage (F forward, B backward, W weight gradient; microbatch"
+          "[.chunk]):\n",
+          f);
+    for (int s = 0; s < pi.P; s++)
+        fprintf(f, "    %d: %s\n", s, pi.stages[s].order);
+    fputc('\n', f);
+    ptc_pipeline_info_free(&pi);
+}
+
 void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f)
 {
     put_header(f, p);
+    pipeline_section(f, p);
     for (int k = 0; k < p->nprograms; k++)
         summary(f, p, k);
     if (o && o->summary_only)

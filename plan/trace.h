@@ -4,20 +4,22 @@
  * the two lie side by side.
  *
  * One row (thread) per rank. Every instruction is a slice named by its op or collective, with its
- * phase as the category and its instruction number, source scope, layer and bytes in args; the
- * instructions of one phase (forward, backward, update) that run back to back are grouped under a
- * slice of that phase.
+ * phase as the category and its instruction number, microbatch, stage, layer and bytes in args;
+ * the instructions of one unit of pipeline work (the forward or backward of one microbatch on one
+ * stage, or the step's own work) that run back to back are grouped under a slice named by it
+ * ("F3", "B3", "W3", "update").
  */
 #ifndef PTC_TRACE_H
 #define PTC_TRACE_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "program.h"
 
 typedef struct ptc_trace_event {
-    int rank;
-    int instr;       /* in the rank's program */
+    int rank;          /* or, in a planned trace, the program */
+    int instr;         /* in the rank's program */
     double start, dur; /* seconds */
     long long step;
 } ptc_trace_event;
@@ -29,18 +31,21 @@ typedef struct ptc_cost_model {
 } ptc_cost_model;
 ptc_cost_model ptc_cost_model_default(void);
 
-/* How long instruction i of program pg takes under model m (seconds). */
+/* How long instruction i of program pg takes under model m (seconds): the larger of its flops
+ * and its memory traffic at the model's rates; communication its bytes per link plus latency. */
 double ptc_instr_seconds(const ptc_plan *p, const ptc_program *pg, int i, const ptc_cost_model *m);
 
-/* Runs every rank's program in simulation: each instruction starts when its rank is free and, for
- * a collective, when every member of its group has reached it (for a receive, when its message
- * was sent). Returns the events of every rank (malloc'd, *n of them) and the makespan, or NULL
- * if the plan would hang (ptc_plan_check says why). */
+/* Runs every program (one rank stands for the ranks that run it: their collectives are
+ * symmetric) in simulation: each instruction starts when its rank is free and, for a receive,
+ * when its message has been sent. Returns the events (rank = the program; malloc'd, *n of them)
+ * and the makespan, or NULL with a message if the programs would wait on each other forever. */
 ptc_trace_event *ptc_plan_simulate(const ptc_plan *p, const ptc_cost_model *m, int *n,
-                                   double *makespan);
+                                   double *makespan, char *err, size_t errn);
 
-/* Writes the events as a trace-event JSON object; title names the trace (metadata). */
-void ptc_trace_write(FILE *f, const ptc_plan *p, const ptc_trace_event *ev, int n,
+/* Writes events as a trace-event JSON object. by_program: events name programs (a planned
+ * trace) and every rank of a program gets its row (one row per program beyond 64 ranks);
+ * otherwise they name ranks (a measured trace). title names the trace. */
+void ptc_trace_write(FILE *f, const ptc_plan *p, const ptc_trace_event *ev, int n, bool by_program,
                      const char *title);
 
 #endif

@@ -20,6 +20,7 @@
 #include "passes.h"
 #include "plan.h"
 #include "schedule.h"
+#include "trace.h"
 #include "planner.h"
 #include "ptc_flags.h"
 
@@ -261,6 +262,29 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
     return plan;
 }
 
+/* --emit trace: the planned timeline of one step, simulated with the default cost model. */
+static int emit_trace(const ptc_plan *plan)
+{
+    ptc_cost_model m = ptc_cost_model_default();
+    int n;
+    double makespan;
+    char err[512];
+    ptc_trace_event *ev = ptc_plan_simulate(plan, &m, &n, &makespan, err, sizeof err);
+    if (!ev) {
+        fprintf(stderr, "ptc: error: --emit trace: %s\n", err);
+        return 1;
+    }
+    char title[256];
+    ptc_fmt(title, sizeof title,
+            "planned step of '%s' (simulated: %.0f GFLOP/s, %.0f GB/s memory, %.0f GB/s links, "
+            "%.0f us latency): %.3f ms",
+            plan->model, m.flops_per_s / 1e9, m.bytes_per_s / 1e9, m.link_bytes_per_s / 1e9,
+            m.latency_s * 1e6, makespan * 1e3);
+    ptc_trace_write(stdout, plan, ev, n, true, title);
+    free(ev);
+    return 0;
+}
+
 /* Prints or writes what the options ask for. */
 static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params, const char *notes,
                 ptc_diag *diag)
@@ -294,6 +318,8 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
         ptc_plan_print(plan, stdout);
     else if (o->emit && strcmp(o->emit, "memory") == 0)
         ptc_print_memory(plan, stdout);
+    else if (o->emit && strcmp(o->emit, "trace") == 0)
+        rc = emit_trace(plan);
     else if (o->output)
         rc = write_executable(plan, o);
     ptc_plan_free(plan);

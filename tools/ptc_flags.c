@@ -33,6 +33,8 @@ static const char usage[] =
     "                                 offsets and instructions (what an executable carries)\n"
     "                         memory  per rank program the live bytes after every\n"
     "                                 instruction, the peak and where it happens, the arenas\n"
+    "                         trace   the planned timeline of a step (Chrome trace-event\n"
+    "                                 JSON for Perfetto), simulated with a cost model\n"
     "  --summary            with --emit plan: only the summary of every rank program\n"
     "  -D NAME=VALUE        override the const NAME (repeatable)\n"
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
@@ -45,15 +47,33 @@ static const char usage[] =
     "  --optim KEY=VALUE    override a setting of the model's optimizer line (lr, beta1, beta2,\n"
     "                       eps, weight_decay, momentum), e.g. --optim eps=1e-6 (repeatable;\n"
     "                       the same ranges as in the model: lr > 0, betas in [0, 1), ...)\n"
-    "\n"
+    "\n";
+
+/* (two strings: C limits the length of one) */
+static const char usage_parallel[] =
     "parallelism (implies --train):\n"
-    "  --mesh AXES          device mesh, e.g. dp=2,tp=4 (axes left out are 1, at most 1024 ranks\n"
-    "                       each). Ranks number the mesh row-major: tp is the fastest-changing "
-    "axis\n"
+    "  --mesh AXES          device mesh, e.g. pp=2,dp=2,tp=4 (axes left out are 1, at most 1024\n"
+    "                       ranks each). Ranks number the mesh row-major in the order pp, dp,\n"
+    "                       tp: tp is the fastest-changing axis\n"
     "  --zero N             ZeRO stage on dp: 0 replicate, 1 shard optimizer state, 2 also\n"
     "                       gradients, 3 also parameters (default 0)\n"
     "  --seq-parallel       Megatron sequence parallelism: norms and residuals sharded over the\n"
     "                       sequence on tp, all-gather/reduce-scatter instead of all-reduce\n"
+    "  --microbatches M     split the step's batch into M microbatches run one after the\n"
+    "                       other, gradients accumulated, one update (default 1)\n"
+    "  --pp-schedule KIND   pipeline schedule with pp > 1: gpipe, 1f1b (default), interleaved\n"
+    "                       (model chunks: --virtual-stages V, default 2), zb-h1 (zero bubble:\n"
+    "                       backward split into input and weight gradients)\n"
+    "  --virtual-stages V   model chunks per pipeline rank for the interleaved schedule\n"
+    "  --stages L0,L1,...   layers of the model's repeat per (virtual) stage, e.g. 4,4,3,1\n"
+    "                       (default: cut to balance compute, then memory); the first stage\n"
+    "                       also holds what comes before the layers (embedding), the last what\n"
+    "                       comes after (head, loss); only they may have 0 layers\n"
+    "  --recompute POLICY   activation recompute of every layer: none (default), selective\n"
+    "                       (the attention output), full (keep only the layer input)\n"
+    "  --recompute-layer LAYERS=POLICY\n"
+    "                       the policy of the layers LAYERS names (glob: 'h.1*', 'h.3'),\n"
+    "                       after --recompute (repeatable; the last match wins)\n"
     "  --place NAME=AXIS:PL pin parameter NAME (glob, * matches anything) to placement PL on a\n"
     "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. "
     "'h.*.attn.w_o=tp:R';\n"
@@ -313,6 +333,7 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
 {
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
         fputs(usage, out);
+        fputs(usage_parallel, out);
         return -1;
     } else if (strcmp(a, "--version") == 0) {
         fprintf(out, "ptc %s\n", PTC_VERSION);
@@ -320,10 +341,10 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
     } else if (strcmp(a, "--emit") == 0) {
         if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params") &&
             strcmp(val, "plan") && strcmp(val, "plan-json") && strcmp(val, "program") &&
-            strcmp(val, "memory"))
+            strcmp(val, "memory") && strcmp(val, "trace"))
             return usage_error(errf,
                                "unknown --emit kind '%s' (ir, dot, params, plan, plan-json, "
-                               "program, memory)",
+                               "program, memory, trace)",
                                val);
         o->emit = val;
         /* a plan is of a training step */

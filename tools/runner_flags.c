@@ -58,6 +58,9 @@ const char ptrt_runner_usage[] =
     "  --backend KIND         cpu (OpenBLAS GEMMs, default) or ref (plain reference kernels)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
+    "  --trace FILE           write the measured timeline of up to 3 steps after the first\n"
+    "                         (Chrome trace-event JSON, one row per rank: open it in\n"
+    "                         Perfetto beside ptc --emit trace of the same plan)\n"
     "  --profile              after the run, print the time spent per op kind (per step, the\n"
     "                         first step left out: it warms up)\n"
     "  --check-memory         fill every arena with a canary at start and, after the run,\n"
@@ -190,6 +193,13 @@ static int check_all(FILE *errf, const char *prog, double model_lr, const ptrt_t
         return 2;
     if (o->log && check_not_input(errf, prog, "--log", o->log, o))
         return 2;
+    if (o->trace && ptc_file_check_output(o->trace, err, sizeof err) < 0)
+        return bad(errf, prog, "--trace %s", err);
+    if (o->trace && check_not_input(errf, prog, "--trace", o->trace, o))
+        return 2;
+    if (o->trace && (ptc_file_same(o->trace, o->save) || ptc_file_same(o->trace, o->log)))
+        return bad(errf, prog, "--trace %s: is the %s file too", o->trace,
+                   ptc_file_same(o->trace, o->save) ? "--save" : "--log");
     return 0;
 }
 
@@ -212,6 +222,7 @@ static bool takes_value(const char *a)
                                              "--init-from",
                                              "--save",
                                              "--log",
+                                             "--trace",
                                              "--backend",
                                              "--dump-grads",
                                              "--comm-timeout",
@@ -280,6 +291,7 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
                        : strcmp(a, "--init-from") == 0      ? &o->init_from
                        : strcmp(a, "--save") == 0           ? &o->save
                        : strcmp(a, "--log") == 0            ? &o->log
+                       : strcmp(a, "--trace") == 0          ? &o->trace
                        : strcmp(a, "--dump-grads") == 0     ? &o->dump_grads
                                                             : NULL;
     if (str) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "ref.h"
+#include "trace.h"
 
 #define CANARY 0x7fa5u
 
@@ -39,6 +40,10 @@ struct ptrt_exec {
     int64_t step;
     int coll_index, drop;
     bool profile;
+    bool tracing;
+    double trace_t0;
+    ptc_trace_event *trace;
+    int ntrace, captrace, maxtrace;
     double prof_s[PTC_NOPS];
     int64_t prof_calls[PTC_NOPS];
 };
@@ -200,6 +205,7 @@ void ptrt_exec_free(ptrt_exec *x)
             x->be->free(x->arena[r], x->arena_bytes[r]);
     free(x->prep);
     free(x->ptr);
+    free(x->trace);
     free(x);
 }
 
@@ -374,11 +380,19 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
         const ptc_instr *in = &pg->instrs[i];
         char msg[1536];
         msg[0] = 0;
-        double t0 = x->profile ? seconds() : 0;
+        double t0 = x->profile || x->tracing ? seconds() : 0;
         int rc = run_instr(x, i, msg, sizeof msg);
         if (x->profile) {
             x->prof_s[in->op] += seconds() - t0;
             x->prof_calls[in->op]++;
+        }
+        if (x->tracing && x->ntrace < x->maxtrace) {
+            PTC_GROW(x->trace, x->captrace, x->ntrace);
+            x->trace[x->ntrace++] = (ptc_trace_event){.rank = x->rank,
+                                                      .instr = i,
+                                                      .start = t0 - x->trace_t0,
+                                                      .dur = seconds() - t0,
+                                                      .step = (long long)step};
         }
         if (rc < 0) {
             const char *what = in->kind == PTC_INSTR_COLL ? ptc_coll_name(in->coll.kind)
@@ -403,6 +417,21 @@ int64_t ptrt_exec_high_water(const ptrt_exec *x, int region)
     while (n > 0 && u[n - 1] == CANARY)
         n--;
     return 2 * n;
+}
+
+/* ---- trace ---- */
+
+void ptrt_exec_set_trace(ptrt_exec *x, bool on, double t0, int max)
+{
+    x->tracing = on;
+    x->trace_t0 = t0;
+    x->maxtrace = max;
+}
+
+const ptc_trace_event *ptrt_exec_trace(const ptrt_exec *x, int *n)
+{
+    *n = x->ntrace;
+    return x->trace;
 }
 
 /* ---- profile ---- */

@@ -68,6 +68,12 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
  * executor was made (the canary scan), or -1 without the canary. */
 int64_t ptrt_exec_high_water(const ptrt_exec *x, int region);
 
+/* Tracing: with it on, every instruction run is recorded (start and duration in seconds since
+ * t0 on CLOCK_MONOTONIC, its step), up to max events. */
+void ptrt_exec_set_trace(ptrt_exec *x, bool on, double t0, int max);
+/* The events recorded (rank = this rank), *n of them. */
+const struct ptc_trace_event *ptrt_exec_trace(const ptrt_exec *x, int *n);
+
 /* Profiling: with it on, the time of every instruction is added up by op kind. Switching it on
  * (again) clears the sums. */
 void ptrt_exec_set_profile(ptrt_exec *x, bool on);

@@ -23,6 +23,7 @@
 #include "exec.h"
 #include "inproc.h"
 #include "plan.h"
+#include "trace.h"
 
 void ptrt_train_opts_default(ptrt_train_opts *o)
 {
@@ -88,6 +89,7 @@ struct shared {
     uint64_t config_hash;
     FILE *log;
     pthread_mutex_t lock;
+    double t_base; /* CLOCK_MONOTONIC at the start: the origin of --trace's times */
     int rc;
     char err[2048];
     int64_t first; /* first step to run */
@@ -540,6 +542,8 @@ static void loop(run *r)
         done++;
         if (lead && o->profile && done == 1) /* the first step (allocation, warm-up) left out */
             ptrt_exec_set_profile(r->x, true);
+        if (o->trace && (done == 1 || done == 4)) /* steps 2 to 4 */
+            ptrt_exec_set_trace(r->x, done == 1, sh->t_base, 4 << 20);
         if (isnan(first_loss))
             first_loss = loss;
         last_loss = loss;
@@ -604,6 +608,43 @@ static int save_weights(shared *sh, char *err, size_t errn)
                     sh->full[i].value);
     int rc = ptrt_st_save(w, sh->o->save, err, errn) < 0 ? 1 : 0;
     ptrt_st_writer_free(w);
+    return rc;
+}
+
+/* --trace: every rank's recorded instructions, as trace events beside the planned ones. */
+static int write_trace(shared *sh, char *err, size_t errn)
+{
+    int total = 0;
+    for (int k = 0; k < sh->nranks; k++) {
+        int n;
+        ptrt_exec_trace(sh->runs[k].x, &n);
+        total += n;
+    }
+    ptc_trace_event *ev = ptc_xmalloc(sizeof *ev * (size_t)(total ? total : 1));
+    int n = 0;
+    for (int k = 0; k < sh->nranks; k++) {
+        int m;
+        const ptc_trace_event *e = ptrt_exec_trace(sh->runs[k].x, &m);
+        memcpy(ev + n, e, sizeof *ev * (size_t)m);
+        n += m;
+    }
+    char title[256];
+    ptc_fmt(title, sizeof title, "measured steps of '%s' (%d ranks, backend %s)", sh->plan->model,
+            sh->nranks, sh->o->backend == PTRT_BACKEND_CPU ? "cpu" : "ref");
+    FILE *f = fopen(sh->o->trace, "w");
+    int rc = 0;
+    if (!f) {
+        ptc_fmt(err, errn, "--trace: cannot write '%s': %s", sh->o->trace, strerror(errno));
+        rc = 2;
+    } else {
+        ptc_trace_write(f, sh->plan, ev, n, false, title);
+        if (ferror(f) | (fclose(f) != 0)) {
+            ptc_fmt(err, errn, "--trace: writing '%s' failed: %s", sh->o->trace,
+                    strerror(errno));
+            rc = 2;
+        }
+    }
+    free(ev);
     return rc;
 }
 
@@ -708,7 +749,7 @@ static void teardown(shared *sh)
 
 int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t errn)
 {
-    shared sh = {.plan = plan, .o = o};
+    shared sh = {.plan = plan, .o = o, .t_base = now()};
     pthread_mutex_init(&sh.lock, NULL);
     int rc = setup(&sh, err, errn);
     if (!rc && o->resume && !o->ckpt_dir) {
@@ -739,6 +780,8 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
         rc = check_memory(&sh, err, errn);
     if (!rc && o->save)
         rc = save_weights(&sh, err, errn);
+    if (!rc && o->trace)
+        rc = write_trace(&sh, err, errn);
     teardown(&sh);
     return rc;
 }

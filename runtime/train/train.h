@@ -36,6 +36,7 @@ typedef struct ptrt_train_opts {
     const char *init_from;
     const char *save;          /* final weights as safetensors, or NULL */
     const char *log;           /* JSON lines, or NULL */
+    const char *trace;         /* the measured timeline (Chrome trace events), or NULL */
     const char *dump_grads;    /* directory: grads_step_NNNNNNNN.safetensors per step, or NULL */
     int drop_rank, drop_index; /* test hook: rank drop_rank skips its drop_index-th collective */
     bool no_check;             /* test hook: skip the pre-launch plan check */

@@ -392,8 +392,31 @@ Test(plan_check, sends_meet_their_receives)
 
     p = p2p_plan(true, 8);
     cr_expect_eq(ptc_plan_check(p, -1, -1, err, sizeof err), -1);
-    cr_expect(strstr(err, "rank 1 receives from rank 0 a message of 16 elements") != NULL, "%s",
+    cr_expect(strstr(err, "rank 1 receives from rank 0 in recv of 8 elements") != NULL &&
+                  strstr(err, "rank 0's send of 16 elements") != NULL,
+              "%s", err);
+    ptc_plan_free(p);
+}
+
+Test(plan_check, a_receive_of_another_message_of_the_same_size_is_caught)
+{
+    char err[1024];
+    ptc_plan *p = p2p_plan(true, 16);
+    p->programs[1].instrs[0].tag = 7; /* rank 0 sends message 0 */
+    cr_expect_eq(ptc_plan_check(p, -1, -1, err, sizeof err), -1);
+    cr_expect(strstr(err, "(message 7)") != NULL && strstr(err, "(message 0)") != NULL, "%s",
               err);
+    ptc_plan_free(p);
+}
+
+Test(plan_check, a_send_without_its_receive_is_caught)
+{
+    char err[1024];
+    ptc_plan *p = p2p_plan(false, 16);
+    cr_expect_eq(ptc_plan_check(p, -1, -1, err, sizeof err), -1);
+    cr_expect(strstr(err, "rank 0's send of 16 elements") != NULL &&
+                  strstr(err, "rank 1 has no receive left") != NULL,
+              "%s", err);
     ptc_plan_free(p);
 }
 
