@@ -184,7 +184,10 @@ static int find_classes(lw *L)
         for (int k = 0; k < n->nin; k++) {
             int d = g->values[n->in[k]].def;
             int cd = L->cls[d];
-            free_ &= cd == CLS_SOURCE || cd == CLS_FREE;
+            /* the data is no free node's operand: what reads it runs once per microbatch */
+            bool data = g->nodes[d].op == PTC_OP_INPUT &&
+                        strncmp(g->nodes[d].attrs.name, "opt.", 4) != 0;
+            free_ &= (cd == CLS_SOURCE && !data) || cd == CLS_FREE;
             mb |= L->val_mb[n->in[k]];
             post |= cd == CLS_POST || (cd == CLS_MB && !L->val_mb[n->in[k]]);
         }

@@ -43,6 +43,18 @@ int64_t ptc_plan_comm_bytes(const ptc_plan *p, const ptc_program *pg, const ptc_
  * of "h.3.attn"), or the first component, or "(model)". */
 void ptc_plan_layer(const char *scope, char *buf, size_t bufn);
 
+/* Activations a layer keeps for the backward: the bytes of the activation buffers its forward
+ * instructions (of microbatch 0) write that are still live when that microbatch's backward
+ * begins, per layer ("h.3", "(model)" for the embedding and head), in the order the forward
+ * runs. What activation recompute changes, and what Korthikanti et al. count per layer
+ * (docs/pipeline.md derives the figures for our kernels). Returns the number of layers (at most
+ * cap). */
+typedef struct ptc_layer_act {
+    char layer[64];
+    int64_t bytes;
+} ptc_layer_act;
+int ptc_plan_layer_activations(const ptc_plan *p, int program, ptc_layer_act *out, int cap);
+
 /* The pipeline of a plan (microbatches and pp stages): what the schedule promises and what the
  * programs do. */
 typedef struct ptc_stage_info {

@@ -379,6 +379,16 @@ void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f)
         put_ranks(f, pg);
         fputs(" ==\n", f);
         parameters(f, p, pg);
+        ptc_layer_act la[512];
+        int na = ptc_plan_layer_activations(p, k, la, 512);
+        if (na)
+            fputs("activations kept for the backward by layer (microbatch 0; bytes per rank):\n",
+                  f);
+        for (int i = 0; i < na; i++) {
+            fprintf(f, "  %-20s ", la[i].layer);
+            put_bytes(f, la[i].bytes);
+            fputc('\n', f);
+        }
         layer_sum ls[512];
         int nl = layers_of(p, pg, ls, 512);
         if (nl)
@@ -536,6 +546,50 @@ static void json_timeline(FILE *f, const ptc_program *pg)
     free(t.live);
 }
 
+static void json_pipeline(FILE *f, const ptc_plan *p)
+{
+    ptc_pipeline_info pi;
+    if (ptc_plan_pipeline(p, &pi) < 0)
+        return;
+    fprintf(f,
+            "  \"pipeline\": {\"stages\": %d, \"schedule\": \"%s\", \"microbatches\": %d, "
+            "\"virtual_stages\": %d,\n    \"bubble\": {\"formula\": \"%d/%d\", \"value\": %.6f, "
+            "\"simulated\": %.6f},\n    \"per_stage\": [",
+            pi.P, ptc_pp_schedule_name(pi.schedule), pi.M, pi.V, pi.bubble_num, pi.bubble_den,
+            (double)pi.bubble_num / pi.bubble_den, pi.bubble_simulated);
+    for (int s = 0; s < pi.P; s++) {
+        const ptc_stage_info *si = &pi.stages[s];
+        ptc_plan_stats st;
+        ptc_plan_stats_of(p, si->program, &st);
+        fprintf(f,
+                "%s\n      {\"stage\": %d, \"program\": %d, \"in_flight\": %d, "
+                "\"in_flight_schedule\": %d, \"model_state_bytes\": %lld, "
+                "\"peak_activation_bytes\": %lld, \"layers\": ",
+                s ? "," : "", s, si->program, si->inflight, pi.inflight_schedule[s],
+                (long long)(st.param_bytes + st.grad_bytes + st.optim_bytes),
+                (long long)st.peak_act_bytes);
+        json_string(f, si->layers);
+        fputs(", \"order\": ", f);
+        json_string(f, si->order);
+        fputc('}', f);
+    }
+    fputs("]},\n", f);
+    ptc_pipeline_info_free(&pi);
+}
+
+static void json_layer_activations(FILE *f, const ptc_plan *p, int k)
+{
+    ptc_layer_act la[512];
+    int n = ptc_plan_layer_activations(p, k, la, 512);
+    fputs("      \"activations_by_layer\": {", f);
+    for (int i = 0; i < n; i++) {
+        fputs(i ? ", " : "", f);
+        json_string(f, la[i].layer);
+        fprintf(f, ": %lld", (long long)la[i].bytes);
+    }
+    fputs("},\n", f);
+}
+
 void ptc_print_plan_json(const ptc_plan *p, FILE *f)
 {
     fputs("{\n  \"schema\": \"ptc-plan/2\",\n  \"model\": ", f);
@@ -549,6 +603,7 @@ void ptc_print_plan_json(const ptc_plan *p, FILE *f)
     json_string(f, p->notes);
     fputs(",\n", f);
     json_parameters(f, p);
+    json_pipeline(f, p);
     fputs("  \"programs\": [", f);
     for (int k = 0; k < p->nprograms; k++) {
         const ptc_program *pg = &p->programs[k];
@@ -557,11 +612,13 @@ void ptc_print_plan_json(const ptc_plan *p, FILE *f)
         fprintf(f, "%s\n    {\n      \"ranks\": [", k ? "," : "");
         for (int r = 0; r < pg->nranks; r++)
             fprintf(f, "%s%d", r ? ", " : "", pg->ranks[r]);
-        fprintf(f, "],\n      \"instructions\": %d,\n", pg->ninstrs);
+        fprintf(f, "],\n      \"stage\": %d,\n      \"instructions\": %d,\n", pg->stage,
+                pg->ninstrs);
         json_memory(f, pg, &s);
         json_communication(f, p, pg, &s);
         json_collectives(f, p, pg);
         json_timeline(f, pg);
+        json_layer_activations(f, p, k);
         fputs("      \"program\": ", f);
         char *text = NULL;
         size_t len = 0;

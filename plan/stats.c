@@ -91,16 +91,6 @@ static int pp_size(const ptc_plan *p)
     return 1;
 }
 
-static int gcd(int a, int b)
-{
-    while (b) {
-        int t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* The number ending a layer name ("h.12" -> 12, prefix length 2), or -1. */
 static int layer_number(const char *name, size_t *prefix)
 {
@@ -211,9 +201,8 @@ int ptc_plan_pipeline(const ptc_plan *p, ptc_pipeline_info *pi)
     int num = P - 1, den = (p->pp_schedule == PTC_PP_INTERLEAVED ? pi->V : 1) * pi->M + P - 1;
     if (p->pp_schedule == PTC_PP_ZB_H1)
         den = 3 * pi->M + P - 1;
-    int g = num ? gcd(num, den) : 1;
-    pi->bubble_num = num / (g ? g : 1);
-    pi->bubble_den = den / (g ? g : 1);
+    pi->bubble_num = num; /* as the formula reads: 3/27, not 1/9 */
+    pi->bubble_den = den;
     ptc_pp_plan pp;
     char err[256];
     pi->inflight_schedule = ptc_xcalloc((size_t)P, sizeof(int));
@@ -236,4 +225,66 @@ void ptc_pipeline_info_free(ptc_pipeline_info *pi)
     free(pi->stages);
     free(pi->inflight_schedule);
     memset(pi, 0, sizeof *pi);
+}
+
+/* ---- activations kept per layer ---- */
+
+int ptc_plan_layer_activations(const ptc_plan *p, int program, ptc_layer_act *out, int cap)
+{
+    (void)p;
+    const ptc_program *pg = &p->programs[program];
+    int nb = pg->nbufs ? pg->nbufs : 1, n = 0;
+    int *first = ptc_xmalloc(sizeof(int) * (size_t)nb), *last = ptc_xmalloc(sizeof(int) * (size_t)nb);
+    ptc_prog_lifetimes(pg, first, last);
+    /* where microbatch 0's backward begins */
+    int boundary = pg->ninstrs;
+    for (int i = 0; i < pg->ninstrs && boundary == pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        bool tasks = in->work != PTC_WORK_STEP;
+        if (tasks ? (in->work == PTC_WORK_B || in->work == PTC_WORK_W) && in->mb == 0
+                  : in->phase != PTC_PHASE_FORWARD)
+            boundary = i;
+    }
+    /* what the parameters alone determine (a cast or a slice of a weight) is not an activation */
+    bool *derived = ptc_xcalloc((size_t)nb, 1);
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        derived[b] = bf->kind == PTC_BUF_PARAM || bf->kind == PTC_BUF_STATE ||
+                     (bf->kind == PTC_BUF_INPUT && bf->role >= PTC_ROLE_LR &&
+                      bf->role <= PTC_ROLE_MAX_NORM);
+    }
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        bool d = in->kind == PTC_INSTR_KERNEL || in->kind == PTC_INSTR_GEMM ||
+                 in->kind == PTC_INSTR_COPY || in->kind == PTC_INSTR_COLL;
+        for (int k = 0; k < in->nin && d; k++)
+            d = derived[ptc_prog_root(pg, in->in[k])];
+        for (int k = 0; k < in->nout && d; k++)
+            derived[ptc_prog_root(pg, in->out[k])] = true;
+    }
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        if (bf->view >= 0 || bf->region != PTC_REGION_ACT || bf->kind != PTC_BUF_TEMP ||
+            first[b] < 0 || first[b] >= boundary || last[b] < boundary || derived[b])
+            continue;
+        const ptc_instr *w = &pg->instrs[first[b]];
+        if (w->phase != PTC_PHASE_FORWARD || (w->work != PTC_WORK_STEP && w->mb != 0))
+            continue;
+        char name[64];
+        ptc_plan_layer(w->loc.scope, name, sizeof name);
+        int k = 0;
+        while (k < n && strcmp(out[k].layer, name))
+            k++;
+        if (k == n) {
+            if (n == cap)
+                continue;
+            memcpy(out[n].layer, name, sizeof name);
+            out[n++].bytes = 0;
+        }
+        out[k].bytes += bf->bytes;
+    }
+    free(derived);
+    free(first);
+    free(last);
+    return n;
 }

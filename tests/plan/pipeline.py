@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Pipeline plans, microbatches and activation recompute held to the published figures.
+
+  - schedules: the plan of examples/gpt2.ptm at pp=4, M=8 shows 4 stages and the bubble of its
+    schedule ((P-1)/(M+P-1) = 3/11 for gpipe and 1f1b, (P-1)/(V M+P-1) for interleaved,
+    (P-1)/(3M+P-1) for zb-h1); the first stage keeps P microbatches in flight under 1f1b and M
+    under gpipe, in the program as in the schedule;
+  - zb-h1: its work order has weight-gradient (W) tasks and its planned step (the cost-model
+    simulation of --emit trace) is shorter than 1f1b's, as its smaller bubble predicts;
+  - recompute: the activations a layer keeps for the backward (activations_by_layer of
+    --emit plan-json) are, in units of s*b*h*4 bytes (f32 elements of one layer input), 16 with
+    none, 15 with selective, 1 with full; under tensor parallelism t (no SP) 4 + 12/t, 4 + 11/t
+    and 1; with SP, full keeps 1/t (docs/pipeline.md derives them). Peak activations fall with
+    full recompute, and the executable's measured high-water mark (--check-memory) equals the
+    plan's in both cases, so the measured memory falls with it;
+  - traces: --emit trace and an executable's --trace are trace-event JSON with a slice per
+    (rank, microbatch, forward/backward);
+  - errors: a batch the microbatches do not divide names the const.
+
+Usage: pipeline.py PTC   (exit 0 all pass, 1 any failure)
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPT2 = os.path.join(ROOT, 'examples', 'gpt2.ptm')
+TINY = os.path.join(ROOT, 'examples', 'gpt2_tiny.ptm')
+failures = []
+
+
+def check(cond, what):
+    print(('ok   ' if cond else 'FAIL ') + what)
+    if not cond:
+        failures.append(what)
+
+
+def ptc(*args, ok=True):
+    r = subprocess.run([PTC] + list(args), capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise SystemExit('ptc %s failed: %s' % (' '.join(args), r.stderr))
+    return r
+
+
+def plan_json(*args):
+    return json.loads(ptc('--emit', 'plan-json', *args).stdout)
+
+
+def schedules():
+    for sched, V, want in (('gpipe', 1, '3/11'), ('1f1b', 1, '3/11'), ('interleaved', 2, '3/19'),
+                           ('zb-h1', 1, '3/27')):
+        args = ['--mesh', 'pp=4', '--microbatches', '8', '--pp-schedule', sched, GPT2]
+        if sched == 'interleaved':
+            args = ['--virtual-stages', '2'] + args
+        pl = plan_json(*args)['pipeline']
+        check(pl['stages'] == 4 and len(pl['per_stage']) == 4,
+              '%s: gpt2 at pp=4 has 4 stages' % sched)
+        check(pl['bubble']['formula'] == want, '%s: bubble %s (got %s)' %
+              (sched, want, pl['bubble']['formula']))
+        if sched in ('gpipe', '1f1b', 'interleaved'):
+            check(abs(pl['bubble']['simulated'] - pl['bubble']['value']) < 1e-9,
+                  '%s: the simulated schedule has the published bubble' % sched)
+        first = pl['per_stage'][0]
+        if sched in ('gpipe', '1f1b'):
+            want_inflight = 8 if sched == 'gpipe' else 4
+            check(first['in_flight'] == want_inflight and
+                  first['in_flight_schedule'] == want_inflight,
+                  '%s: the first stage keeps %d microbatches in flight (program %d, schedule %d)'
+                  % (sched, want_inflight, first['in_flight'], first['in_flight_schedule']))
+        if sched == 'zb-h1':
+            check(' W' in pl['per_stage'][1]['order'],
+                  'zb-h1: the backward is split, W tasks in the order')
+            check(pl['bubble']['simulated'] < 3 / 11,
+                  'zb-h1: simulated bubble %.3f below 1f1b\'s 3/11' % pl['bubble']['simulated'])
+
+
+def planned_ms(*args):
+    t = json.loads(ptc('--emit', 'trace', *args).stdout)
+    title = t['otherData']['title']
+    return float(title.rsplit(':', 1)[1].strip().split()[0]), t
+
+
+def zero_bubble_step():
+    base = ['-D', 'layers=6', '-D', 'batch=8', '--mesh', 'pp=4', '--microbatches', '8', TINY]
+    one, _ = planned_ms('--pp-schedule', '1f1b', *base)
+    zb, _ = planned_ms('--pp-schedule', 'zb-h1', *base)
+    check(zb < one, 'zb-h1: planned step %.3f ms shorter than 1f1b %.3f ms' % (zb, one))
+
+
+def layer_units(args):
+    """The kept activations of h.1 in units of one layer input (s*b*h*4 bytes)."""
+    pj = plan_json('-D', 'layers=4', *args, TINY)
+    sbh4 = 4 * 64 * 64 * 4  # batch 4, seq 64, d 64, f32
+    acts = pj['programs'][0]['activations_by_layer']
+    return acts['h.1'] / sbh4, pj['programs'][0]['memory_bytes']['peak_activations']
+
+
+def recompute():
+    for mesh, t, sp in (([], 1, False), (['--mesh', 'tp=2'], 2, False),
+                        (['--mesh', 'tp=2', '--seq-parallel'], 2, True)):
+        got = {}
+        for pol in ('none', 'selective', 'full'):
+            got[pol] = layer_units(mesh + ['--recompute', pol])
+        want = {'none': 4 + 12 / t, 'selective': 4 + 11 / t, 'full': 1.0}
+        if sp:  # everything sharded over the sequence; the layer input too
+            want = {'full': 1 / t, 'selective': got['none'][0] - 1 / t}
+        for pol, w in want.items():
+            check(abs(got[pol][0] - w) < 1e-9, 'recompute %s (t=%d%s): %.4g layer inputs per '
+                  'layer, want %.4g' % (pol, t, ', SP' if sp else '', got[pol][0], w))
+        check(got['full'][1] < got['selective'][1] <= got['none'][1],
+              'recompute (t=%d%s): peak activations fall: none %d, selective %d, full %d' %
+              (t, ', SP' if sp else '', got['none'][1], got['selective'][1], got['full'][1]))
+
+
+def measured_memory(work):
+    acts = {}
+    for pol in ('none', 'full'):
+        exe = os.path.join(work, 'rc_' + pol)
+        ptc('-D', 'layers=4', '--recompute', pol, '-o', exe, TINY)
+        log = os.path.join(work, pol + '.log')
+        r = subprocess.run([exe, '--steps', '2', '--check-memory', '--quiet', '--log', log],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, 'recompute %s: runs, measured memory equals the plan (%s)' %
+              (pol, r.stderr.strip()[:200]))
+        for line in open(log):
+            m = json.loads(line).get('memory')
+            if m and m['region'] == 'act':
+                acts[pol] = m['measured']
+    check(acts.get('full', 1 << 62) < acts.get('none', 0),
+          'recompute full: measured activation high-water %s below none %s' %
+          (acts.get('full'), acts.get('none')))
+
+
+def traces(work):
+    _, t = planned_ms('-D', 'batch=8', '--mesh', 'pp=2,dp=2,tp=2', '--microbatches', '4', TINY)
+    slices = {(e['tid'], e['args']['microbatch'], e['name'][0]) for e in t['traceEvents']
+              if e.get('cat') == 'work' and e['name'][0] in 'FB'}
+    check(all((r, m, k) in slices for r in range(8) for m in range(4) for k in 'FB'),
+          'planned trace: a slice per (rank, microbatch, forward/backward)')
+    exe = os.path.join(work, 'pp')
+    ptc('-D', 'batch=8', '--mesh', 'pp=2,dp=2,tp=2', '--microbatches', '4', '-o', exe, TINY)
+    tr = os.path.join(work, 'measured.json')
+    r = subprocess.run([exe, '--steps', '3', '--quiet', '--trace', tr], capture_output=True,
+                       text=True)
+    check(r.returncode == 0, 'executable with --trace runs (%s)' % r.stderr.strip()[:200])
+    m = json.load(open(tr))
+    slices = {(e['tid'], e['args']['microbatch'], e['name'][0]) for e in m['traceEvents']
+              if e.get('cat') == 'work' and e['name'][0] in 'FB' and e['args']['step'] == 2}
+    check(all((r, mb, k) in slices for r in range(8) for mb in range(4) for k in 'FB'),
+          'measured trace: a slice per (rank, microbatch, forward/backward)')
+
+
+def errors():
+    r = ptc('--microbatches', '3', '--emit', 'plan', TINY, ok=False)
+    check(r.returncode == 1 and "const 'batch'" in r.stderr and 'microbatches 3' in r.stderr,
+          'a batch the microbatches do not divide names the const: ' + r.stderr.split('\n')[0])
+    r = ptc('--pp-schedule', '1f1b', '--emit', 'plan', TINY, ok=False)
+    check(r.returncode == 2 and 'needs a pipeline' in r.stderr, '--pp-schedule without pp')
+    r = ptc('--mesh', 'pp=2', '--stages', '1,2', '--emit', 'plan', TINY, ok=False)
+    check(r.returncode != 0 and 'the model has 2' in r.stderr,
+          '--stages with the wrong layer count: ' + r.stderr.strip().split('\n')[0])
+
+
+if __name__ == '__main__':
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    PTC = sys.argv[1]
+    schedules()
+    zero_bubble_step()
+    recompute()
+    errors()
+    with tempfile.TemporaryDirectory() as work:
+        measured_memory(work)
+        traces(work)
+    print('%d failure(s)' % len(failures))
+    sys.exit(1 if failures else 0)
