@@ -867,57 +867,57 @@ static void emit_stage(lw *L, build *B, int s)
 /* ---- the eval entry ---- */
 
 /* The instructions the loss depends on, across programs: a receive the loss needs makes its
- * send needed on the sending stage. */
+ * send needed on the sending stage. Each program is walked backward from its end, so a buffer is
+ * needed only where a later needed instruction reads it (an update received into a parameter at
+ * the end of the step is not part of evaluating the loss that read the parameter before); the
+ * walks repeat, with the sends other programs' walks found, until no new send is needed. */
 static void find_eval(ptc_plan *p, int **src_of)
 {
-    int np = p->nprograms;
-    bool **need = ptc_xcalloc((size_t)np, sizeof(bool *)), **run = ptc_xcalloc((size_t)np,
-                                                                              sizeof(bool *));
-    int ntags = 0;
+    int np = p->nprograms, ntags = 0;
+    bool **run = ptc_xcalloc((size_t)np, sizeof(bool *)), **forced = ptc_xcalloc((size_t)np,
+                                                                                sizeof(bool *));
     for (int k = 0; k < np; k++) {
         ptc_program *pg = &p->programs[k];
-        need[k] = ptc_xcalloc((size_t)(pg->nbufs ? pg->nbufs : 1), 1);
         run[k] = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), 1);
-        for (int b = pg->loss; b >= 0 && !need[k][b]; b = src_of[k][b])
-            need[k][b] = true;
+        forced[k] = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), 1);
         for (int i = 0; i < pg->ninstrs; i++)
             if (pg->instrs[i].kind == PTC_INSTR_SEND && pg->instrs[i].tag >= ntags)
                 ntags = pg->instrs[i].tag + 1;
     }
-    int *send_prog = ptc_xmalloc(sizeof(int) * (size_t)(ntags + 1) * 2);
+    int *send_at = ptc_xmalloc(sizeof(int) * 2 * (size_t)(ntags + 1));
     for (int t = 0; t < 2 * ntags; t++)
-        send_prog[t] = -1;
+        send_at[t] = -1;
     for (int k = 0; k < np; k++)
         for (int i = 0; i < p->programs[k].ninstrs; i++)
             if (p->programs[k].instrs[i].kind == PTC_INSTR_SEND) {
-                send_prog[2 * p->programs[k].instrs[i].tag] = k;
-                send_prog[2 * p->programs[k].instrs[i].tag + 1] = i;
+                send_at[2 * p->programs[k].instrs[i].tag] = k;
+                send_at[2 * p->programs[k].instrs[i].tag + 1] = i;
             }
     for (bool changed = true; changed;) {
         changed = false;
         for (int k = 0; k < np; k++) {
             ptc_program *pg = &p->programs[k];
+            bool *need = ptc_xcalloc((size_t)(pg->nbufs ? pg->nbufs : 1), 1);
+            for (int b = pg->loss; b >= 0 && !need[b]; b = src_of[k][b])
+                need[b] = true;
             for (int i = pg->ninstrs - 1; i >= 0; i--) {
                 const ptc_instr *in = &pg->instrs[i];
-                bool r = run[k][i];
+                bool r = forced[k][i];
                 for (int o = 0; o < in->nout && !r; o++)
-                    r = need[k][in->out[o]];
-                if (!r || run[k][i])
+                    r = need[in->out[o]];
+                run[k][i] = r;
+                if (!r)
                     continue;
-                run[k][i] = changed = true;
                 for (int o = 0; o < in->nin; o++)
-                    for (int b = in->in[o]; b >= 0 && !need[k][b]; b = src_of[k][b])
-                        need[k][b] = true;
-                if (in->kind == PTC_INSTR_RECV && in->tag < ntags && send_prog[2 * in->tag] >= 0) {
-                    int sk = send_prog[2 * in->tag], si = send_prog[2 * in->tag + 1];
-                    const ptc_instr *sn = &p->programs[sk].instrs[si];
-                    if (!run[sk][si]) {
-                        run[sk][si] = true;
-                        for (int b = sn->in[0]; b >= 0 && !need[sk][b]; b = src_of[sk][b])
-                            need[sk][b] = true;
-                    }
+                    for (int b = in->in[o]; b >= 0 && !need[b]; b = src_of[k][b])
+                        need[b] = true;
+                if (in->kind == PTC_INSTR_RECV && in->tag < ntags && send_at[2 * in->tag] >= 0) {
+                    int sk = send_at[2 * in->tag], si = send_at[2 * in->tag + 1];
+                    if (!forced[sk][si])
+                        forced[sk][si] = changed = true;
                 }
             }
+            free(need);
         }
     }
     for (int k = 0; k < np; k++) {
@@ -931,12 +931,12 @@ static void find_eval(ptc_plan *p, int **src_of)
             for (int i = 0; i < pg->ninstrs; i++)
                 if (run[k][i])
                     pg->eval[pg->neval++] = i;
-        free(need[k]);
         free(run[k]);
+        free(forced[k]);
     }
-    free(need);
     free(run);
-    free(send_prog);
+    free(forced);
+    free(send_at);
 }
 
 /* ---- the whole ---- */

@@ -90,6 +90,7 @@ struct shared {
     FILE *log;
     pthread_mutex_t lock;
     double t_base; /* CLOCK_MONOTONIC at the start: the origin of --trace's times */
+    bool has_tokens, has_targets; /* some rank's program has a token (target) input */
     int rc;
     char err[2048];
     int64_t first; /* first step to run */
@@ -162,8 +163,16 @@ static int find_roles(shared *sh, char *err, size_t errn)
             return -1;
         }
     }
-    const ptc_program *pg = program_of(sh, 0);
-    int tok = sh->runs[0].tokens;
+    /* the batch shape from a rank that holds the tokens (a pipeline's first stage) */
+    int holder = 0;
+    while (holder + 1 < sh->nranks && sh->runs[holder].tokens < 0)
+        holder++;
+    const ptc_program *pg = program_of(sh, holder);
+    int tok = sh->runs[holder].tokens;
+    for (int k = 0; k < sh->nranks; k++) {
+        sh->has_tokens |= sh->runs[k].tokens >= 0;
+        sh->has_targets |= sh->runs[k].targets >= 0;
+    }
     if (tok >= 0) {
         ptc_type t = ptc_buffer_full_type(&sh->plan->mesh, &pg->bufs[tok]);
         if (t.rank != 2) {
@@ -367,7 +376,9 @@ static int open_data(run *r, char *err, size_t errn)
 {
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
-    if ((o->data || o->val_data) && (r->tokens < 0 || r->targets < 0)) {
+    /* every rank reads the same batches (each feeds the inputs it holds: with pipeline stages,
+     * the first the tokens, the last the targets) */
+    if ((o->data || o->val_data) && (!sh->has_tokens || !sh->has_targets)) {
         ptc_fmt(err, errn,
                 "--data needs a model with a token input (feeding an embedding) and a "
                 "target input (feeding cross_entropy)");
