@@ -5,9 +5,11 @@ For mlp, gpt2_tiny, llama_tiny and bert_tiny (an encoder: no causal mask, post-l
 every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
 ranks (and tests/golden/ir/every_op.ptm, which uses every op of the language, on the meshes its
 batch of 2 and its 2 heads divide), with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
+and a covering set of pipeline and microbatch plans (PIPELINES: every schedule on pp=2 and pp=4,
+with dp, tp, SP, ZeRO 1-3 and recompute; microbatches 1-8), this
 compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads), on the reference
 backend and on the fast cpu backend, and compares with the single-device run of the same model,
-seed and backend:
+consts, seed and backend:
   - the loss of every step: relative error below 1e-5;
   - every final weight (gathered into full tensors by the runner's --save): max |a - b| / max |b|
     over each tensor below 1e-4;
@@ -68,6 +70,40 @@ MODELS = {
 }
 
 
+# Pipelines and microbatches: a covering set, not the cross product. Every schedule on pp=2 and
+# pp=4; each of dp, tp, SP, ZeRO-1/2/3 with pp at least once; recompute none, selective and full
+# with pp; M = 1, 2, 4 and 8; interleaved with V=2 on pp=2 and pp=4; microbatches without pp with
+# ZeRO-3 and SP. (model, consts, args); the single-device reference is the model with the same
+# consts. gpt2_tiny gets 6 layers (pp=4 interleaved has 8 virtual stages) and a batch of 8 (dp=2
+# x 4 microbatches).
+G6 = ('-D', 'layers=6', '-D', 'batch=8')
+L4 = ('-D', 'n_layers=4', '-D', 'batch=8')
+B4 = ('-D', 'layers=4', '-D', 'batch=8')
+PIPELINES = [
+    ('gpt2_tiny', G6, '--mesh pp=2'),
+    ('gpt2_tiny', G6, '--mesh pp=2,dp=2 --microbatches 2 --pp-schedule gpipe'),
+    ('gpt2_tiny', G6, '--mesh pp=2,tp=2 --seq-parallel --microbatches 4'),
+    ('gpt2_tiny', G6, '--mesh pp=2 --microbatches 8 --pp-schedule zb-h1'),
+    ('gpt2_tiny', G6, '--mesh pp=2,dp=2 --zero 1 --microbatches 4 --pp-schedule interleaved'),
+    ('gpt2_tiny', G6, '--mesh pp=4 --microbatches 8 --recompute full'),
+    ('gpt2_tiny', G6, '--mesh pp=4,tp=2 --microbatches 4 --pp-schedule gpipe '
+                      '--recompute selective'),
+    ('gpt2_tiny', G6, '--mesh pp=4 --microbatches 8 --pp-schedule interleaved'),
+    ('gpt2_tiny', G6, '--mesh pp=4 --microbatches 4 --pp-schedule zb-h1 --recompute full'),
+    ('gpt2_tiny', G6, '--mesh pp=2,dp=2,tp=2 --seq-parallel --zero 1 --microbatches 4 '
+                      '--recompute selective'),
+    ('gpt2_tiny', G6, '--mesh pp=2,dp=2 --zero 2 --microbatches 2'),
+    ('gpt2_tiny', G6, '--mesh pp=2,dp=2 --zero 3 --microbatches 2 --recompute full'),
+    ('gpt2_tiny', G6, '--mesh dp=2 --zero 3 --microbatches 4'),
+    ('llama_tiny', L4, '--mesh pp=2,tp=2 --microbatches 2'),
+    ('llama_tiny', L4, '--mesh pp=4 --microbatches 4 --pp-schedule zb-h1 --recompute full'),
+    ('llama_tiny', L4, '--mesh tp=2 --seq-parallel --microbatches 2 --recompute selective'),
+    ('bert_tiny', B4, '--mesh pp=2,dp=2 --microbatches 4 --pp-schedule interleaved'),
+    ('bert_tiny', B4, '--mesh pp=4 --microbatches 2 --recompute full'),
+]
+QUICK_PIPELINES = (2, 9, 14)  # indices kept by --quick
+
+
 def configs(max_dp, max_tp):
     for dp in (d for d in (1, 2, 4) if d <= max_dp):
         for tp in (t for t in (1, 2, 4) if t <= max_tp):
@@ -121,6 +157,48 @@ def compare(ref, got):
     return worst_loss, worst_w, where
 
 
+def pipelines(ptc, models, quick, work):
+    """The PIPELINES configs against single-device runs of the same consts."""
+    passes = failures = 0
+    refs = {}
+    for k, (model, consts, args) in enumerate(PIPELINES):
+        if model not in models or (quick and k not in QUICK_PIPELINES):
+            continue
+        path = os.path.join(ROOT, MODELS[model][0])
+        key = (model, consts)
+        if key not in refs:
+            tag = '%s-single-%s' % (model, '-'.join(c for c in consts if c != '-D'))
+            exe, err = compile_plan(ptc, path, list(consts), work, tag.replace('=', ''))
+            refs[key] = {}
+            for backend in BACKENDS:
+                refs[key][backend], err = (None, err) if err else run_plan(exe, backend)
+                if err:
+                    print('FAIL %s %s single device (%s): %s' % (model, ' '.join(consts),
+                                                                 backend, err))
+                    failures += 1
+                    refs[key] = None
+                    break
+        if refs[key] is None:
+            continue
+        tag = '%s %s' % (model, args)
+        exe, err = compile_plan(ptc, path, list(consts) + args.split(), work,
+                                'pp%d-%s' % (k, model))
+        for backend in BACKENDS:
+            got, err = (None, err) if err else run_plan(exe, backend)
+            if err:
+                print('FAIL %s (%s): %s' % (tag, backend, err))
+                failures += 1
+                break
+            wl, ww, where = compare(refs[key][backend], got)
+            ok = wl < LOSS_TOL and ww < WEIGHT_TOL
+            print('%s %-40s %-3s loss %.1e  weights %.1e (%s)' % (
+                'ok  ' if ok else 'FAIL', tag, backend, wl, ww, where))
+            sys.stdout.flush()
+            passes += ok
+            failures += not ok
+    return passes, failures
+
+
 def main():
     ptc = sys.argv[1]
     models = list(MODELS)
@@ -165,6 +243,9 @@ def main():
                     sys.stdout.flush()
                     passes += ok
                     failures += not ok
+        p, f = pipelines(ptc, models, quick, work)
+        passes += p
+        failures += f
     print('equivalence matrix: %d runs (plans x backends) in %.0f s' % (passes + failures,
                                                                       time.time() - t0))
     print('%d passed, %d failed' % (passes, failures))
