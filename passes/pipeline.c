@@ -162,10 +162,12 @@ static void find_units(pl *P)
     for (int i = last_layer_node + 1; i < g->nnodes; i++)
         if (P->unit[i] >= 0 && !layer_prefix(g->nodes[i].loc.scope))
             P->unit[i] = post;
-    if (last_layer_node < 0) /* no layers: everything is pre */
+    if (last_layer_node < 0) { /* no layers: everything is pre, nothing to cut */
         for (int i = 0; i < g->nnodes; i++)
             if (P->unit[i] == post)
                 P->unit[i] = 0;
+        P->nunits = 1;
+    }
 
     /* the other nodes: the unit of the forward node at their location, else of their largest
      * operand that has one */
@@ -252,23 +254,25 @@ static void unit_costs(pl *P)
         P->units[u].cost += ptc_op_flops(n->op, &n->attrs, it, n->nin, ot, n->nout) +
                             ptc_op_bytes(it, n->nin, ot, n->nout) / 4;
     }
-    /* a parameter's states sit with its first forward reader */
+    /* a parameter's states sit with its first forward reader (a free node reading it counts
+     * with its own first reader: free nodes have no unit) */
+    bool *counted = ptc_xcalloc((size_t)(g->nvalues ? g->nvalues : 1), 1);
     for (int i = 0; i < g->nnodes; i++) {
         const ptc_node *n = &g->nodes[i];
         if (!P->fwd[i] || P->unit[i] < 0)
             continue;
         for (int k = 0; k < n->nin; k++) {
-            ptc_node *d = &g->nodes[g->values[n->in[k]].def];
-            if (d->op != PTC_OP_PARAM || d->stage == -1)
+            int v = n->in[k];
+            while (P->free_[g->values[v].def] && g->nodes[g->values[v].def].nin > 0)
+                v = g->nodes[g->values[v].def].in[0]; /* a cast or slice of a parameter */
+            const ptc_node *d = &g->nodes[g->values[v].def];
+            if (d->op != PTC_OP_PARAM || counted[v])
                 continue;
-            const ptc_type *t = &g->values[n->in[k]].type;
-            P->units[P->unit[i]].mem += (double)ptc_type_numel(t) * 16;
-            d->stage = -1; /* counted (reset below) */
+            counted[v] = true;
+            P->units[P->unit[i]].mem += (double)ptc_type_numel(&g->values[v].type) * 16;
         }
     }
-    for (int i = 0; i < g->nnodes; i++)
-        if (g->nodes[i].op == PTC_OP_PARAM)
-            g->nodes[i].stage = 0;
+    free(counted);
 }
 
 /* Contiguous cut of the units into S stages: first[s] is stage s's first unit. Minimises the
@@ -358,7 +362,7 @@ static void note(ptc_pass_ctx *ctx, const char *fmt, ...)
 static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
 {
     const ptc_compile_opts *o = P->o;
-    int nlayers = P->nunits - 2;
+    int nlayers = P->nunits > 2 ? P->nunits - 2 : 0;
     int *first = ptc_xmalloc(sizeof(int) * (size_t)(S + 1));
     if (o->nstage_layers) {
         if (o->nstage_layers != S) {
@@ -390,10 +394,18 @@ static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
             return -1;
         }
     } else {
+        if (nlayers < 1) {
+            ptc_fmt(ctx->err, ctx->errn,
+                    "error: %d pipeline stages need layers to cut between: the model has no "
+                    "repeat",
+                    S);
+            free(first);
+            return -1;
+        }
         if (P->nunits < S) {
             ptc_fmt(ctx->err, ctx->errn,
                     "error: %d pipeline stages need at least %d layers (the model has %d, plus "
-                    "its embedding and head)",
+                    "what comes before and after them)",
                     S, S - 2 > 0 ? S - 2 : 0, nlayers);
             free(first);
             return -1;

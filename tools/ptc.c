@@ -141,7 +141,10 @@ static void report(ptc_diag *diag, const char *file, const char *msg)
                        msg + n + used);
         return;
     }
-    fprintf(stderr, "%s\n", msg);
+    if (strncmp(msg, "error: ", 7) == 0) /* about the model as a whole: name the file */
+        fprintf(stderr, "%s: %s\n", file, msg);
+    else
+        fprintf(stderr, "%s\n", msg);
 }
 
 /* Runs the pass list with training on: the step graph replaces the forward graph in *gp; the
