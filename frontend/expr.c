@@ -16,7 +16,7 @@
 /* Attributes that a .ptm call may give by keyword (the others are positional or internal). */
 #define KEYWORD_ATTRS                                                                              \
     (PTC_A_AXIS | PTC_A_N | PTC_A_START | PTC_A_LEN | PTC_A_EPS | PTC_A_HEADS | PTC_A_KV_HEADS |   \
-     PTC_A_CAUSAL | PTC_A_BASE)
+     PTC_A_CAUSAL | PTC_A_BASE | PTC_A_TOP_K | PTC_A_CAPACITY | PTC_A_NORMALIZE | PTC_A_ACT)
 
 static ptc_val num_val(double v)
 {
@@ -339,6 +339,7 @@ static int64_t *int_attr(ptc_attrs *at, unsigned bit)
     case PTC_A_LEN: return &at->len;
     case PTC_A_HEADS: return &at->heads;
     case PTC_A_KV_HEADS: return &at->kv_heads;
+    case PTC_A_TOP_K: return &at->top_k;
     default: return NULL;
     }
 }
@@ -369,7 +370,7 @@ static int set_attr(ptc_lower *L, const ptc_op_info *info, unsigned bit, const p
     if (field) {
         if (ptc_lower_int(L, e, name, field) < 0)
             return -1;
-        if ((bit == PTC_A_HEADS || bit == PTC_A_KV_HEADS) && *field < 1)
+        if ((bit == PTC_A_HEADS || bit == PTC_A_KV_HEADS || bit == PTC_A_TOP_K) && *field < 1)
             return ptc_lower_fail(L, e->loc, "%s must be positive, got %lld", name,
                                   (long long)*field);
         return 0;
@@ -386,10 +387,28 @@ static int set_attr(ptc_lower *L, const ptc_op_info *info, unsigned bit, const p
         *(bit == PTC_A_EPS ? &at->eps : &at->base) = v;
         return 0;
     }
+    case PTC_A_CAPACITY: {
+        double v = 0;
+        if (ptc_lower_num(L, e, name, &v) < 0)
+            return -1;
+        if (!(v >= 0))
+            return ptc_lower_fail(L, e->loc,
+                                  "capacity must be 0 (drop nothing) or positive, got %.15g", v);
+        at->capacity = v;
+        return 0;
+    }
     case PTC_A_CAUSAL:
+    case PTC_A_NORMALIZE:
         if (e->kind != PTC_E_BOOL)
             return ptc_lower_fail(L, e->loc, "%s must be true or false", name);
-        at->causal = e->truth;
+        *(bit == PTC_A_CAUSAL ? &at->causal : &at->normalize) = e->truth;
+        return 0;
+    case PTC_A_ACT:
+        /* a name, not an expression: a variable called gelu does not change it */
+        if (e->kind != PTC_E_NAME || ptc_act_parse(e->name, &at->act) < 0)
+            return ptc_lower_fail(L, e->loc,
+                                  "act takes the name of an activation: gelu, relu, silu or "
+                                  "swiglu");
         return 0;
     case PTC_A_DTYPE:
         if (e->kind != PTC_E_NAME || ptc_dtype_parse(e->name, &at->dtype) < 0)

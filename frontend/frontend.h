@@ -26,10 +26,13 @@ typedef struct ptc_frontend_opts {
      * train - training is asked for: a model without parameters is an error;
      * batch_split - the data-parallel degree (dp of the mesh; 0 or 1: none): dp splits every
      *   model input along its first dimension, which must then divide by it;
-     * microbatches - the step's batch is also split in time into this many (0 or 1: none). */
+     * microbatches - the step's batch is also split in time into this many (0 or 1: none);
+     * batch_axes - how messages name the data-parallel degree: NULL for "mesh axis dp=N", else
+     *   the axes that make it up, e.g. "dp x ep" (expert parallelism splits the batch too). */
     bool train;
     int batch_split;
     int microbatches;
+    const char *batch_axes;
 } ptc_frontend_opts;
 
 /* Compiles the .ptm source `src` (srclen bytes, need not be NUL-terminated; `path` is the name used

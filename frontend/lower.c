@@ -740,10 +740,10 @@ static int eval_signatures(ptc_lower *L)
     return 0;
 }
 
-/* With a data-parallel axis of size dp and M microbatches, every input's first dimension is
- * split dp x M ways: when it does not divide, name the const to change where the dimension is
- * written. */
-static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp, int mb)
+/* With a data-parallel axis of size dp (dp x ep with expert parallelism) and M microbatches,
+ * every input's first dimension is split dp x M ways: when it does not divide, name the const to
+ * change where the dimension is written. */
+static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp, int mb, const char *axes)
 {
     dp = dp > 1 ? dp : 1;
     mb = mb > 1 ? mb : 1;
@@ -751,13 +751,17 @@ static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp, int mb)
     if (split <= 1 || f->val.rank < 1 || f->val.dims[0] % split == 0)
         return 0;
     int64_t size = f->val.dims[0], fix = (size / split + 1) * split;
-    char by[96];
+    char mesh[64], by[128];
+    if (axes && strchr(axes, ' '))
+        snprintf(mesh, sizeof mesh, "mesh axes %s = %d", axes, dp);
+    else
+        snprintf(mesh, sizeof mesh, "mesh axis %s=%d", axes ? axes : "dp", dp);
     if (mb == 1)
-        snprintf(by, sizeof by, "mesh axis dp=%d", dp);
+        snprintf(by, sizeof by, "%s", mesh);
     else if (dp == 1)
         snprintf(by, sizeof by, "--microbatches %d", mb);
     else
-        snprintf(by, sizeof by, "mesh axis dp=%d x --microbatches %d (%d)", dp, mb, split);
+        snprintf(by, sizeof by, "%s x --microbatches %d (%d)", mesh, mb, split);
     const char *what = mb == 1 ? "data parallelism splits" : "the batch split splits";
     const ptc_expr *e = f->type->dims ? f->type->dims->value : NULL;
     ptc_loc loc = e ? e->loc : f->loc;
@@ -778,8 +782,10 @@ static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
 {
     if (eval_formals(L, m) < 0)
         return -1;
+    int split = opts ? opts->batch_split : 0;
+    const char *axes = opts ? opts->batch_axes : NULL;
     for (const ptc_formal *f = m->formals; f; f = f->next)
-        if (check_batch_split(L, f, opts ? opts->batch_split : 0, opts ? opts->microbatches : 0) < 0)
+        if (check_batch_split(L, f, split, opts ? opts->microbatches : 0, axes) < 0)
             return -1;
     for (const ptc_formal *f = m->formals; f; f = f->next) {
         ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);

@@ -74,6 +74,23 @@ ptc_op ptc_op_lookup(const char *name)
     return PTC_NOPS;
 }
 
+static const char *const act_names[PTC_NACTS] = {"gelu", "relu", "silu", "swiglu"};
+
+const char *ptc_act_name(int act)
+{
+    return act >= 0 && act < PTC_NACTS ? act_names[act] : "?";
+}
+
+int ptc_act_parse(const char *name, ptc_act *out)
+{
+    for (int i = 0; i < PTC_NACTS; i++)
+        if (strcmp(name, act_names[i]) == 0) {
+            *out = (ptc_act)i;
+            return 0;
+        }
+    return -1;
+}
+
 static const char *const dtype_names[PTC_NDTYPES] = {"f32", "bf16", "f16", "i32"};
 
 const char *ptc_dtype_name(ptc_dtype t)

@@ -67,6 +67,8 @@ enum {
     PTC_F_COMM = 1 << 4,    /* a collective over the ranks of one mesh axis */
     PTC_F_RANKDEP = 1 << 5, /* local compute whose result depends on the rank's mesh coordinate */
     PTC_F_SPMD = 1 << 6, /* other ops that only SPMD programs contain (run by the SPMD runtime) */
+    PTC_F_FWD = 1 << 7,  /* an internal op of a forward graph that autodiff differentiates: the
+                            pieces a pass expands a language op into (moe) */
 };
 
 typedef enum {
@@ -84,6 +86,13 @@ typedef enum {
     PTC_INIT_UNIFORM
 } ptc_init_kind;
 
+/* The activation of moe's experts (attrs.act). swiglu: silu of the first half of the hidden
+ * columns times the second half (Mixtral). */
+typedef enum { PTC_ACT_GELU, PTC_ACT_RELU, PTC_ACT_SILU, PTC_ACT_SWIGLU, PTC_NACTS } ptc_act;
+const char *ptc_act_name(int act);
+/* Returns 0 and sets *out when name is an activation name. */
+int ptc_act_parse(const char *name, ptc_act *out);
+
 typedef struct ptc_init {
     ptc_init_kind kind;
     double a, b; /* normal: std; uniform: lo, hi; constant: value */
@@ -96,6 +105,11 @@ typedef struct ptc_attrs {
     double eps, base, value;
     double beta1, beta2, wd, momentum; /* optimizer updates */
     int mesh_axis, reduce, to, group;
+    int mesh_axis2; /* a collective's second mesh axis, -1 = none */
+    int64_t top_k;
+    double capacity;
+    bool normalize;
+    ptc_act act;
     bool causal;
     ptc_dtype dtype;
     int nshape; /* reshape dims or permute axes */
@@ -125,7 +139,8 @@ typedef enum {
     PTC_AK_DTYPE,
     PTC_AK_LIST,
     PTC_AK_STRING,
-    PTC_AK_INIT
+    PTC_AK_INIT,
+    PTC_AK_ACT
 } ptc_attr_kind;
 ptc_attr_kind ptc_attr_kind_of(unsigned bit);
 /* The field of attrs that holds attribute bit. */
@@ -247,6 +262,18 @@ ptc_attrs ptc_attrs_default(ptc_op op);
  * axes in *attrs. Returns the number of results, or -1 with a message in err. */
 int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *attrs, ptc_type *out, char *err,
               size_t errn);
+
+/* Shape inference of moe and its internal pieces (moe.c; ptc_infer calls it). */
+int ptc_infer_moe(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out, char *err,
+                  size_t errn);
+/* The capacity of an expert of moe: ceil(c * top_k * tokens / experts), computed exactly on the
+ * decimal number c is written as (c = 1.1, top_k = 2, 100 tokens, 4 experts: 55), at most tokens
+ * (an expert takes at most one choice per token); c = 0 (drop nothing) gives tokens. */
+int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t experts);
+
+/* The graph's load-balance output of moe layers (the concatenated moe_stats the moe_ep pass adds
+ * as the last output of a training step), or -1. */
+int ptc_graph_moe_stats(const ptc_graph *g);
 
 /* Verifier: operands defined before use, arity, types agree with shape inference, loss scalar.
  * Returns 0, or -1 with a message naming the node in err. */

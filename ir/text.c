@@ -305,6 +305,11 @@ void ptc_lex_attr_value(ptc_lexer *lx, unsigned bit, ptc_attrs *attrs, ptc_arena
     case PTC_AK_LIST: attrs->nshape = ptc_lex_list(lx, attrs->shape); break;
     case PTC_AK_STRING: *(const char **)f = ptc_lex_string(lx, a); break;
     case PTC_AK_INIT: lex_init(lx, (ptc_init *)f); break;
+    case PTC_AK_ACT:
+        if (lx->kind != PTC_T_IDENT || ptc_act_parse(lx->text, (ptc_act *)f) < 0)
+            ptc_lex_fail(lx, "unknown activation '%s' (gelu, relu, silu or swiglu)", lx->text);
+        ptc_lex_next(lx);
+        break;
     }
 }
 
@@ -487,6 +492,7 @@ void ptc_put_attr(FILE *f, const ptc_attrs *a, unsigned bit)
     case PTC_AK_STRING: ptc_put_string(f, *(const char *const *)v ? *(const char *const *)v : "");
         break;
     case PTC_AK_INIT: put_init(f, (const ptc_init *)v); break;
+    case PTC_AK_ACT: fputs(ptc_act_name(*(const int *)v), f); break;
     }
 }
 
@@ -494,7 +500,7 @@ int ptc_put_attrs(FILE *f, ptc_op op, const ptc_attrs *a)
 {
     int k = 0;
     for (unsigned bit = 1; bit < (1u << PTC_A_COUNT); bit <<= 1)
-        if (ptc_ops[op].kw & bit) {
+        if ((ptc_ops[op].kw & bit) && !(bit == PTC_A_MESH_AXIS2 && a->mesh_axis2 < 0)) {
             fputs(k++ ? ", " : " {", f);
             ptc_put_attr(f, a, bit);
         }

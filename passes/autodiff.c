@@ -1,7 +1,7 @@
 /* autodiff.c - reverse-mode differentiation of the logical forward graph.
  *
- * Assumes: a verified forward graph with a scalar loss, containing only ops of the language (no
- *          internal ops).
+ * Assumes: a verified forward graph with a scalar loss, containing only ops of the language and
+ *          the internal forward ops a pass expanded one into (PTC_F_FWD: moe's pieces).
  * Guarantees: the graph is extended, after the forward nodes, with the backward nodes; ctx->grads
  *          holds for every PARAM (graph order) the value of d loss / d param, of the param's type
  *          (a zero fill for a parameter the loss does not depend on). The forward part is
@@ -260,6 +260,30 @@ static void model_rule(ad *a, const ptc_node *n, const int *x, int y, int dy)
     }
 }
 
+/* moe's pieces: the gate weights' gradient goes to p through the top-k (not through the
+ * choices), the experts' to x, the gate and both weights at once (moe_ffn_grad recomputes the
+ * experts' activations instead of keeping them). */
+static void moe_rule(ad *a, const ptc_node *n, const int *x)
+{
+    int out[PTC_MAX_RESULTS];
+    ptc_attrs at;
+    if (n->op == PTC_OP_MOE_TOPK) {
+        int dg = a->adj[n->out[1]];
+        if (dg < 0)
+            return;
+        at = ptc_attrs_default(PTC_OP_MOE_TOPK_GRAD);
+        at.normalize = n->attrs.normalize;
+        acc(a, x[0], b1(a, PTC_OP_MOE_TOPK_GRAD, (int[]){x[0], n->out[0], dg}, 3, &at));
+        return;
+    }
+    at = n->attrs; /* moe_ffn's act, experts and capacity */
+    build(a, PTC_OP_MOE_FFN_GRAD, (int[]){x[0], x[1], x[2], x[3], x[4], a->adj[n->out[0]]}, 6, &at,
+          out);
+    int operand[4] = {0, 2, 3, 4}; /* dx, dgate, dw_up, dw_down; the route has none */
+    for (int i = 0; i < 4 && !a->failed; i++)
+        acc(a, x[operand[i]], out[i]);
+}
+
 static void elementwise_rule(ad *a, const ptc_node *n, const int *x, int y, int dy)
 {
     ptc_type t0 = ty(a, x[0]);
@@ -343,6 +367,8 @@ static void backprop_node(ad *a, int ni)
     case PTC_OP_ROPE:
     case PTC_OP_CROSS_ENTROPY:
     case PTC_OP_MSE: model_rule(a, &n, x, y, dy); break;
+    case PTC_OP_MOE_TOPK:
+    case PTC_OP_MOE_FFN: moe_rule(a, &n, x); break;
     default:
         if (ptc_ops[n.op].flags & (PTC_F_UNARY | PTC_F_BINARY) || n.op == PTC_OP_CAST) {
             elementwise_rule(a, &n, x, y, dy);
@@ -379,7 +405,7 @@ int ptc_pass_autodiff(ptc_pass_ctx *ctx)
     int nfwd_nodes = g->nnodes;
     for (int i = 0; i < nfwd_nodes; i++) {
         const ptc_node *n = &g->nodes[i];
-        if (!(ptc_ops[n->op].flags & PTC_F_LANG) &&
+        if (!(ptc_ops[n->op].flags & (PTC_F_LANG | PTC_F_FWD)) &&
             !(ptc_ops[n->op].flags & (PTC_F_UNARY | PTC_F_BINARY)) && n->op != PTC_OP_MATMUL &&
             n->op != PTC_OP_INPUT && n->op != PTC_OP_PARAM && n->op != PTC_OP_CONST) {
             ptc_fmt(ctx->err, ctx->errn, "autodiff: the graph already contains %s",

@@ -5,11 +5,15 @@
 #include <string.h>
 
 const ptc_pass ptc_passes[] = {
+    {"moe", "mixture-of-experts layers into routing, experts and the auxiliary loss", ptc_pass_moe,
+     false},
     {"autodiff", "reverse-mode gradient of the loss for every parameter", ptc_pass_autodiff, true},
     {"optimizer", "gradient clipping and the optimizer update, in the graph", ptc_pass_optimizer,
      true},
     {"partition", "SPMD partition over the mesh: placements, collectives, rank-local shapes",
      ptc_pass_partition, false},
+    {"moe_ep", "expert-parallel experts as all-to-alls; the load-balance output", ptc_pass_moe_ep,
+     false},
     {"pipeline", "pipeline stages cut by balance, activation recompute marks",
      ptc_pass_pipeline, true},
 };

@@ -86,9 +86,11 @@ typedef struct ptc_pass {
 extern const ptc_pass ptc_passes[];
 extern const int ptc_npasses;
 
+int ptc_pass_moe(ptc_pass_ctx *ctx);
 int ptc_pass_autodiff(ptc_pass_ctx *ctx);
 int ptc_pass_optimizer(ptc_pass_ctx *ctx);
 int ptc_pass_partition(ptc_pass_ctx *ctx);
+int ptc_pass_moe_ep(ptc_pass_ctx *ctx);
 int ptc_pass_pipeline(ptc_pass_ctx *ctx);
 
 /* The graph builder as passes use it: ptc_build, except that a failure (a bug in the pass: its

@@ -814,6 +814,8 @@ static void finish(lw *L)
     ptc_program *pg = L->pg;
     pg->loss = value_buf(L, g->loss);
     pg->grad_norm = g->noutputs > 0 && g->nupdates > 0 ? value_buf(L, g->outputs[0]) : -1;
+    int stats = ptc_graph_moe_stats(g); /* (issue 14: the moe load balance the step line shows) */
+    pg->stats = stats >= 0 ? value_buf(L, stats) : -1;
     int nout = L->o->keep_grad_outputs && g->noutputs > 1 ? g->noutputs - 1 : 0;
     pg->outputs = ptc_arena_alloc(L->p->arena, sizeof(int) * (size_t)(nout ? nout : 1));
     for (int i = 0; i < nout; i++) {

@@ -390,6 +390,7 @@ static void emit_collective(lw *L, const item *it)
      * allreduce sums in place over an operand nothing reads afterwards (a gradient: the
      * unreduced copy would otherwise sit among the activations beside the reduced one) */
     int x = lw_operand(L, it, n->in[0]), y = -1;
+    int ins[2] = {x, n->nin > 1 ? lw_operand(L, it, n->in[1]) : -1};
     if (n->op == PTC_OP_ALLREDUCE)
         y = try_inplace(L, it, 0, &x);
     else if (n->op == PTC_OP_ALLGATHER)
@@ -405,6 +406,9 @@ static void emit_collective(lw *L, const item *it)
     in.kind = PTC_INSTR_COLL;
     in.op = n->op;
     in.coll.axes = 1u << L->axis_map[a->mesh_axis];
+    /* an allreduce over two axes at once (dp+ep) is one group */
+    if (n->op == PTC_OP_ALLREDUCE && a->mesh_axis2 >= 0 && a->mesh_axis2 < L->g->mesh.naxes)
+        in.coll.axes |= 1u << L->axis_map[a->mesh_axis2];
     in.coll.reduce = (uint8_t)a->reduce;
     switch (n->op) {
     case PTC_OP_ALLREDUCE:
@@ -419,13 +423,21 @@ static void emit_collective(lw *L, const item *it)
         in.coll.kind = PTC_COLL_REDUCE_SCATTER;
         split_layout(ity, (int)a->axis, (int)a->n, parts, &in.coll.outer, &in.coll.chunk);
         break;
+    case PTC_OP_ALL_TO_ALL_V: /* rows and every member's counts (program.h) */
+        in.coll.kind = PTC_COLL_ALL_TO_ALL_V;
+        in.coll.count = a->n;
+        in.coll.chunk = oty->dims[oty->rank - 1];
+        in.coll.outer = a->to;
+        break;
     default: /* all_to_all */
         in.coll.kind = PTC_COLL_ALL_TO_ALL;
         split_layout(ity, a->to, 1, parts, &in.coll.outer, &in.coll.chunk);
         split_layout(oty, (int)a->axis, 1, parts, &in.coll.outer2, &in.coll.chunk2);
     }
-    in.nin = in.nout = 1;
-    in.in = &x;
+    ins[0] = x;
+    in.nin = n->op == PTC_OP_ALL_TO_ALL_V ? 2 : 1;
+    in.nout = 1;
+    in.in = ins;
     in.out = &y;
     emit(L, it, &in);
 }

@@ -120,6 +120,7 @@ typedef enum {
     PTC_COLL_ALLGATHER,
     PTC_COLL_REDUCE_SCATTER,
     PTC_COLL_ALL_TO_ALL,
+    PTC_COLL_ALL_TO_ALL_V, /* uneven counts: the kept rows of mixture-of-experts layers */
     PTC_NCOLLS
 } ptc_coll_kind;
 const char *ptc_coll_name(int k);
@@ -128,7 +129,12 @@ const char *ptc_coll_name(int k);
  * Layouts as in the communicator: a buffer of n parts along a dimension is `outer` blocks of
  * n * chunk elements (runtime/comm/comm.h). allreduce: count elements; allgather: (outer, chunk)
  * of the output; reduce_scatter: of the input; all_to_all: (outer, chunk) of the input split
- * along the new dim and (outer2, chunk2) of the output split along the old one. */
+ * along the new dim and (outer2, chunk2) of the output split along the old one.
+ * all_to_all_v (expert parallelism, two operands: the rows and i32 counts[n * count], every
+ * member's kept rows per expert, n members): count is the experts, chunk the elements of a row,
+ * outer 0 to send each member the rows of its experts (the rows are in expert order; member q
+ * holds experts [q count/n, (q+1) count/n)) and receive mine in member order, 1 the way back; the
+ * rows of the output past those received are zeros. Printed experts=, row=, back=. */
 typedef struct ptc_coll {
     uint8_t kind;   /* ptc_coll_kind */
     uint8_t reduce; /* 0 sum, 1 max */
@@ -169,6 +175,9 @@ typedef struct ptc_program {
     int64_t region_bytes[PTC_NREGIONS]; /* arena size per region */
     int loss;                           /* buffer of the scalar loss; -1 if none */
     int grad_norm;                      /* the squared global gradient norm; -1 if none */
+    int stats;    /* mixture-of-experts load balance after a step, f32[3 x layers]: per moe layer
+                     the tokens per expert max / mean, the choices dropped, all choices; -1 if
+                     none. Live at the end of the step, like the loss. */
     int *outputs; /* buffers the runtime may read after a step (gradients, for checks) */
     int noutputs;
     int *eval; /* the instructions that compute the loss alone, ascending */

@@ -104,6 +104,9 @@ static void put_coll(FILE *f, const ptc_mesh *m, const ptc_coll *c)
         fprintf(f, ", reduce=%s", c->reduce ? "max" : "sum");
     if (c->kind == PTC_COLL_ALLREDUCE)
         fprintf(f, ", count=%lld}", (long long)c->count);
+    else if (c->kind == PTC_COLL_ALL_TO_ALL_V)
+        fprintf(f, ", experts=%lld, row=%lld, back=%lld", (long long)c->count, (long long)c->chunk,
+                (long long)c->outer);
     else
         fprintf(f, ", outer=%lld, chunk=%lld", (long long)c->outer, (long long)c->chunk);
     if (c->kind == PTC_COLL_ALL_TO_ALL)
@@ -199,6 +202,8 @@ void ptc_plan_print_program(const ptc_plan *p, int k, FILE *f)
         fprintf(f, "loss b%d\n", pg->loss);
     if (pg->grad_norm >= 0)
         fprintf(f, "grad_norm b%d\n", pg->grad_norm);
+    if (pg->stats >= 0)
+        fprintf(f, "stats b%d\n", pg->stats);
     if (pg->noutputs) {
         fputs("outputs", f);
         put_operands(f, pg->outputs, pg->noutputs);
@@ -446,9 +451,11 @@ static bool coll_attr(void *ctx, ptc_lexer *lx, const char *key)
         ptc_lex_next(lx);
         return true;
     }
-    static const char *const names[] = {"count", "outer", "chunk", "outer2", "chunk2"};
-    int64_t *const slots[] = {&c->count, &c->outer, &c->chunk, &c->outer2, &c->chunk2};
-    return int_field(lx, key, names, slots, 5);
+    static const char *const names[] = {"count",  "outer",   "chunk", "outer2",
+                                        "chunk2", "experts", "row",   "back"};
+    int64_t *const slots[] = {&c->count,  &c->outer, &c->chunk, &c->outer2,
+                              &c->chunk2, &c->count, &c->chunk, &c->outer};
+    return int_field(lx, key, names, slots, 8);
 }
 
 static bool misc_attr(void *ctx, ptc_lexer *lx, const char *key)
@@ -496,7 +503,8 @@ static void lex_instr_head(loader *ld, ptc_instr *in)
             in->kind = PTC_INSTR_COLL;
             in->coll.kind = (uint8_t)k;
             static const ptc_op ops[PTC_NCOLLS] = {PTC_OP_ALLREDUCE, PTC_OP_ALLGATHER,
-                                                   PTC_OP_REDUCE_SCATTER, PTC_OP_ALL_TO_ALL};
+                                                   PTC_OP_REDUCE_SCATTER, PTC_OP_ALL_TO_ALL,
+                                                   PTC_OP_ALL_TO_ALL_V};
             in->op = ops[k];
             ptc_lex_next(lx);
             return;
@@ -646,6 +654,10 @@ static void load_tail(loader *ld)
     if (ptc_lex_ident(lx, "grad_norm")) {
         ptc_lex_next(lx);
         pg->grad_norm = lex_ref(ld, 'b', pg->nbufs);
+    }
+    if (ptc_lex_ident(lx, "stats")) {
+        ptc_lex_next(lx);
+        pg->stats = lex_ref(ld, 'b', pg->nbufs);
     }
     if (ptc_lex_ident(lx, "outputs")) {
         ptc_lex_next(lx);

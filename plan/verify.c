@@ -164,8 +164,9 @@ static int check_coll(vctx *v, int i, const ptc_instr *in)
 {
     const ptc_coll *c = &in->coll;
     const ptc_mesh *m = &v->p->mesh;
-    if (in->nin != 1 || in->nout != 1 || c->kind >= PTC_NCOLLS)
-        return bad(v, "i%d: a collective has one operand and one result", i);
+    int nin = c->kind == PTC_COLL_ALL_TO_ALL_V ? 2 : 1;
+    if (in->nin != nin || in->nout != 1 || c->kind >= PTC_NCOLLS)
+        return bad(v, "i%d: a collective has one operand (all_to_all_v: two) and one result", i);
     if (!c->axes || (m->naxes < 32 && (c->axes >> m->naxes)))
         return bad(v, "i%d: %s over no or unknown mesh axes", i, ptc_coll_name(c->kind));
     int64_t n = 1, x = numel(v, in->in[0]), y = numel(v, in->out[0]);
@@ -180,6 +181,11 @@ static int check_coll(vctx *v, int i, const ptc_instr *in)
     case PTC_COLL_ALLGATHER: ok = y == c->outer * n * c->chunk && x == c->outer * c->chunk; break;
     case PTC_COLL_REDUCE_SCATTER:
         ok = x == c->outer * n * c->chunk && y == c->outer * c->chunk;
+        break;
+    case PTC_COLL_ALL_TO_ALL_V: /* rows of chunk elements; counts i32[n * experts] */
+        ok = c->chunk > 0 && c->count > 0 && c->count % n == 0 && x % c->chunk == 0 &&
+             y % c->chunk == 0 && (c->outer == 0 || c->outer == 1) &&
+             dtype(v, in->in[1]) == PTC_I32 && numel(v, in->in[1]) == n * c->count;
         break;
     default:
         ok = x == c->outer * n * c->chunk && y == c->outer2 * n * c->chunk2 &&
@@ -314,10 +320,12 @@ static int check_program(vctx *v)
     for (int i = 0; i < pg->ninstrs; i++)
         if (check_instr(v, i) < 0)
             return -1;
-    int ends[2] = {pg->loss, pg->grad_norm};
-    for (int k = 0; k < 2; k++)
+    int ends[3] = {pg->loss, pg->grad_norm, pg->stats};
+    for (int k = 0; k < 3; k++)
         if (ends[k] < -1 || ends[k] >= pg->nbufs)
-            return bad(v, "the loss or gradient norm is not a buffer");
+            return bad(v, "the loss, gradient norm or statistics is not a buffer");
+    if (pg->stats >= 0 && (dtype(v, pg->stats) != PTC_F32 || numel(v, pg->stats) % 3))
+        return bad(v, "the statistics are not f32[3 x layers]");
     for (int k = 0; k < pg->noutputs; k++)
         if (pg->outputs[k] < 0 || pg->outputs[k] >= pg->nbufs)
             return bad(v, "output %d is not a buffer", k);

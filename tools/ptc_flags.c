@@ -52,9 +52,10 @@ static const char usage[] =
 /* (two strings: C limits the length of one) */
 static const char usage_parallel[] =
     "parallelism (implies --train):\n"
-    "  --mesh AXES          device mesh, e.g. pp=2,dp=2,tp=4 (axes left out are 1, at most 1024\n"
-    "                       ranks each). Ranks number the mesh row-major in the order pp, dp,\n"
-    "                       tp: tp is the fastest-changing axis\n"
+    "  --mesh AXES          device mesh, e.g. pp=2,dp=2,tp=4 or dp=2,ep=4 (axes left out are 1,\n"
+    "                       at most 1024 ranks each). Ranks number the mesh row-major in the\n"
+    "                       order pp, dp, ep, tp: tp is the fastest-changing axis. ep splits\n"
+    "                       the experts of moe layers and acts as dp everywhere else\n"
     "  --zero N             ZeRO stage on dp: 0 replicate, 1 shard optimizer state, 2 also\n"
     "                       gradients, 3 also parameters (default 0)\n"
     "  --seq-parallel       Megatron sequence parallelism: norms and residuals sharded over the\n"
@@ -75,7 +76,7 @@ static const char usage_parallel[] =
     "                       the policy of the layers LAYERS names (glob: 'h.1*', 'h.3'),\n"
     "                       after --recompute (repeatable; the last match wins)\n"
     "  --place NAME=AXIS:PL pin parameter NAME (glob, * matches anything) to placement PL on a\n"
-    "                       mesh axis: R (replicate), S0, S1 (shard dim), e.g. "
+    "                       mesh axis (dp, ep or tp): R (replicate), S0, S1 (shard dim), e.g. "
     "'h.*.attn.w_o=tp:R';\n"
     "                       a pattern must match at least one parameter\n"
     "  --debug-drop-collective R:K\n"
@@ -102,9 +103,12 @@ __attribute__((format(printf, 2, 3))) static int usage_error(FILE *errf, const c
 }
 
 /* The mesh axes, outermost first: the order ranks are numbered in whatever order --mesh gives
- * them (pipeline stages farthest apart, tensor-parallel ranks adjacent). */
-static const char *const mesh_axes[] = {"pp", "dp", "tp"};
-#define NMESH_AXES 3
+ * them. Pipeline stages farthest apart (one send per microbatch and stage), then the gradient
+ * reductions of dp (once per step), then expert parallelism's all-to-alls (twice each way per moe
+ * layer), and tensor-parallel ranks adjacent: their collectives are the most frequent and the
+ * largest per byte of compute (every layer, forward and backward: one node, NVLink). */
+static const char *const mesh_axes[] = {"pp", "dp", "ep", "tp"};
+#define NMESH_AXES 4
 
 static int axis_rank(const char *name)
 {
@@ -114,13 +118,13 @@ static int axis_rank(const char *name)
     return NMESH_AXES;
 }
 
-/* One AXIS=N of --mesh: the axis is pp, dp or tp, given once, N in 1..PTC_FLAGS_MAX_AXIS. */
+/* One AXIS=N of --mesh: the axis is pp, dp, ep or tp, given once, N in 1..PTC_FLAGS_MAX_AXIS. */
 static int mesh_axis(const char *spec, const char *s, size_t len, ptc_mesh *m, FILE *errf)
 {
     const char *eq = memchr(s, '=', len);
     if (!eq || eq == s)
         return usage_error(errf,
-                           "--mesh: '%.*s' is not AXIS=N (in '%s'; the axes are pp, dp and tp)",
+                           "--mesh: '%.*s' is not AXIS=N (in '%s'; the axes are pp, dp, ep and tp)",
                            (int)len, s, spec);
     size_t nlen = (size_t)(eq - s);
     bool known = false;
@@ -128,7 +132,7 @@ static int mesh_axis(const char *spec, const char *s, size_t len, ptc_mesh *m, F
         known |= nlen == 2 && strncmp(s, mesh_axes[i], 2) == 0;
     if (!known)
         return usage_error(errf,
-                           "--mesh: unknown axis '%.*s' in '%s' (the axes are pp, dp and tp)",
+                           "--mesh: unknown axis '%.*s' in '%s' (the axes are pp, dp, ep and tp)",
                            (int)nlen, s, spec);
     for (int i = 0; i < m->naxes; i++)
         if (strncmp(m->names[i], s, 2) == 0)
@@ -157,13 +161,13 @@ static int mesh_axis(const char *spec, const char *s, size_t len, ptc_mesh *m, F
     return 0;
 }
 
-/* "dp=2,tp=4" -> mesh in canonical order: pp outermost, then dp, tp innermost (the
+/* "dp=2,tp=4" -> mesh in canonical order: pp outermost, then dp, ep, tp innermost (the
  * fastest-changing rank). */
 static int parse_mesh(const char *spec, ptc_mesh *m, FILE *errf)
 {
     memset(m, 0, sizeof *m);
     if (!*spec)
-        return usage_error(errf, "--mesh expects AXIS=N,... with axes pp, dp and tp, got ''");
+        return usage_error(errf, "--mesh expects AXIS=N,... with axes pp, dp, ep and tp, got ''");
     for (const char *s = spec;;) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
@@ -195,7 +199,7 @@ static const char *pin_str(const ptc_pin *pin, char *buf, size_t n)
     return ptc_fmt(buf, n, "%.200s=%s:S%d", pin->pattern, pin->axis, pin->pl.dim);
 }
 
-/* "NAME=AXIS:PL" with AXIS dp or tp and PL R or S<dim> (dim < PTC_MAX_RANK). spec is split in
+/* "NAME=AXIS:PL" with AXIS dp, ep or tp and PL R or S<dim> (dim < PTC_MAX_RANK). spec is split in
  * place: pin->pattern points into it. */
 static int parse_pin(char *spec, ptc_pin *pin, FILE *errf)
 {
@@ -204,8 +208,10 @@ static int parse_pin(char *spec, ptc_pin *pin, FILE *errf)
         return usage_error(errf, "--place expects NAME=AXIS:PL (PL is R, S0, S1, ...), got '%s'",
                            spec);
     size_t alen = (size_t)(colon - eq - 1);
-    if (!(alen == 2 && (strncmp(eq + 1, "dp", 2) == 0 || strncmp(eq + 1, "tp", 2) == 0)))
-        return usage_error(errf, "--place '%s': unknown mesh axis '%.*s' (dp or tp)", spec,
+    bool known = alen == 2 && (strncmp(eq + 1, "dp", 2) == 0 || strncmp(eq + 1, "ep", 2) == 0 ||
+                               strncmp(eq + 1, "tp", 2) == 0);
+    if (!known)
+        return usage_error(errf, "--place '%s': unknown mesh axis '%.*s' (dp, ep or tp)", spec,
                            (int)alen, eq + 1);
     const char *pl = colon + 1;
     char *end = NULL;
@@ -508,10 +514,16 @@ int ptc_flags_parse(int argc, char **argv, ptc_options *o, FILE *out, FILE *errf
 ptc_frontend_opts ptc_flags_frontend_opts(const ptc_options *o)
 {
     ptc_frontend_opts fo = {.defines = o->defines, .ndefines = o->ndefines, .train = o->train};
-    fo.batch_split = 1;
-    for (int a = 0; a < o->mesh.naxes; a++)
+    /* ep splits the batch too: it is data parallelism outside the experts */
+    int dp = 1, ep = 1;
+    for (int a = 0; a < o->mesh.naxes; a++) {
         if (strcmp(o->mesh.names[a], "dp") == 0)
-            fo.batch_split = o->mesh.sizes[a];
+            dp = o->mesh.sizes[a];
+        if (strcmp(o->mesh.names[a], "ep") == 0)
+            ep = o->mesh.sizes[a];
+    }
+    fo.batch_split = dp * ep;
+    fo.batch_axes = ep == 1 ? NULL : dp == 1 ? "ep" : "dp x ep";
     fo.microbatches = o->microbatches;
     return fo;
 }

@@ -2,7 +2,8 @@
  * partition.h for the method; the per-op rules are in shard_rules.c).
  *
  * Assumes: a verified graph (logical, or already partitioned over the inner mesh axes) and a mesh
- *   in ctx->opts. Axes named "tp" are tensor-parallel, "dp" data-parallel.
+ *   in ctx->opts. Axes named "tp" are tensor-parallel, "dp" data-parallel, "ep" expert-parallel
+ *   (data-parallel but for the experts of moe layers, which it splits).
  * Guarantees: ctx->g is replaced by the rank program: every value has its rank-local type and a
  *   placement per mesh axis; every redistribution is an explicit collective or local op; the loss
  *   and the gradient-norm output are Replicate; every update stores a value whose placement is
@@ -551,8 +552,9 @@ static int input_source(part *p, int ni)
     int v = n->out[0];
     ptc_placement pl = pl_r();
     const ptc_type *t = &p->g->values[v].type;
-    /* model inputs are split over the batch on a data-parallel axis; scalars are replicated */
-    if (p->kind == PART_DATA && t->rank >= 1 && strncmp(n->attrs.name, "opt.", 4) != 0)
+    /* model inputs are split over the batch on a data-parallel axis (ep is one outside the
+     * experts); scalars are replicated */
+    if (p->kind != PART_TENSOR && t->rank >= 1 && strncmp(n->attrs.name, "opt.", 4) != 0)
         pl = pl_s(0, 1);
     ptc_type lt;
     if (!local_type(p, v, pl, &lt))
@@ -949,8 +951,10 @@ int ptc_pass_partition(ptc_pass_ctx *ctx)
             kind = PART_TENSOR;
         else if (strcmp(m->names[a], "dp") == 0 || strcmp(m->names[a], "mb") == 0)
             kind = PART_DATA;
+        else if (strcmp(m->names[a], "ep") == 0)
+            kind = PART_EXPERT;
         else {
-            ptc_fmt(ctx->err, ctx->errn, "error: mesh axis '%s' is not supported (dp, tp)",
+            ptc_fmt(ctx->err, ctx->errn, "error: mesh axis '%s' is not supported (dp, ep, tp)",
                     m->names[a]);
             return -1;
         }

@@ -18,7 +18,9 @@
 
 #include "passes.h"
 
-typedef enum { PART_TENSOR, PART_DATA } part_kind;
+/* tensor parallel (tp), data parallel (dp), expert parallel (ep: data parallel outside the
+ * experts of moe layers, whose experts it splits) */
+typedef enum { PART_TENSOR, PART_DATA, PART_EXPERT } part_kind;
 
 #define PLACE_UNDECIDED 255 /* operand placement kind: a source not emitted yet */
 #define PL_UNDECIDED ((ptc_placement){.kind = PLACE_UNDECIDED})
@@ -38,6 +40,10 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro);
 /* Custom emission for ops whose rank program is more than one local op (vocabulary-parallel
  * cross-entropy, reductions over a sharded axis, ...). */
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro);
+
+/* moe's pieces (shard_moe.c): their rules, and the emission of experts split over an ep axis. */
+int ptc_shard_rule_moe(part *p, int ni, const ptc_placement *in, rule_out *ro);
+int ptc_shard_emit_moe(part *p, int ni, const rule_out *ro);
 
 /* ---- what rules may use from the walker (partition.c) ---- */
 const ptc_graph *part_graph(const part *p);

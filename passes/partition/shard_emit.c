@@ -8,7 +8,10 @@
  *     exponentials, the target's logit) instead of gathering the logits; the gradient reuses the
  *     forward's row statistics
  *   - attention whose key/value heads do not divide by the axis: every rank keeps all k/v heads
- *     and attends with its own query heads; k/v gradients come out Partial.
+ *     and attends with its own query heads; k/v gradients come out Partial;
+ *   - an allreduce over an inner expert-parallel axis of a value Partial here as well: one
+ *     allreduce over both axes (a group of dp x ep ranks);
+ *   - moe's experts split over an ep axis (shard_moe.c).
  */
 #include <string.h>
 
@@ -51,6 +54,9 @@ static int emit_reduce(part *p, const ptc_node *n, const rule_out *ro, int *ins)
     int r = part_emit(p, n->op, ins, 1, &at, n->loc, NULL);
     if (r < 0)
         return -1;
+    /* placed like the result on the other axes (not like the operand, whose shards on an inner
+     * data-parallel axis the reduction removed) */
+    part_set_place(p, r, n->out[0], n->op == PTC_OP_MEAN ? pl_p() : pl_r());
     if (n->op == PTC_OP_MEAN)
         return scaled(p, r, 1.0 / part_size(p), n->loc);
     ptc_attrs ar = axis_attrs(p, PTC_OP_ALLREDUCE);
@@ -128,6 +134,8 @@ static int emit_sumsq_rem(part *p, const ptc_node *n, const rule_out *ro, const 
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
+    if (n->op == PTC_OP_MOE_FFN || n->op == PTC_OP_MOE_FFN_GRAD)
+        return ptc_shard_emit_moe(p, ni, ro);
     int ins[PTC_MAX_RESULTS * 2], outs[PTC_MAX_RESULTS];
     ptc_node copy = *n;
     if (!operands(p, &copy, ro, ins))
@@ -140,6 +148,12 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
     case PTC_OP_MEAN:
     case PTC_OP_MAX: r = emit_reduce(p, &copy, ro, ins); break;
     case PTC_OP_SUMSQ: r = emit_sumsq_rem(p, &copy, ro, ins); break;
+    case PTC_OP_ALLREDUCE: /* over an inner ep axis and this one at once: one group */
+        at = copy.attrs;
+        at.mesh_axis2 = part_axis(p);
+        at.group = copy.attrs.group * T;
+        r = part_emit(p, PTC_OP_ALLREDUCE, ins, 1, &at, copy.loc, NULL);
+        break;
     case PTC_OP_EMBEDDING:
         at = axis_attrs(p, PTC_OP_EMBEDDING_SHARD);
         r = part_emit(p, PTC_OP_EMBEDDING_SHARD, ins, 2, &at, copy.loc, NULL);

@@ -245,6 +245,10 @@ static int column_groups(const part *p, int v, int depth, const ptc_node **why)
             int s = column_groups(p, n->out[0], depth + 1, why);
             return s > 0 && n->attrs.heads % T ? 0 : s;
         }
+        case PTC_OP_SOFTMAX:
+        case PTC_OP_LOG_SOFTMAX: /* over the columns (a moe router): split, it would be gathered
+                                    at once, so the weight stays whole */
+            return n->attrs.axis == g->values[v].type.rank - 1 ? 0 : 1;
         case PTC_OP_ADD:
         case PTC_OP_SUB:
         case PTC_OP_MUL:
@@ -743,12 +747,30 @@ static int rule_sumsq(part *p, int ni, const ptc_placement *in, rule_out *ro)
     return 0;
 }
 
+/* An allreduce over an expert-parallel axis (data parallel there) of a value that is Partial on
+ * this data-parallel axis too: one allreduce over both axes, one group, instead of two (the
+ * gradients of everything but the experts, the loss). Not under ZeRO 2 and 3, which scatter
+ * gradients over dp. */
+static bool merges_with_ep(const part *p, const ptc_node *n, ptc_placement x)
+{
+    const ptc_graph *g = part_graph(p);
+    return n->op == PTC_OP_ALLREDUCE && n->attrs.reduce == 0 && n->attrs.mesh_axis2 < 0 &&
+           part_axis_kind(p) == PART_DATA && part_zero(p) < 2 && x.kind == PTC_PLACE_PARTIAL &&
+           strcmp(g->mesh.names[n->attrs.mesh_axis], "ep") == 0;
+}
+
 /* Collectives and shard ops of an inner axis, seen from an outer one: linear, and a shard passes
  * unless it is on the dimension the op gathers or splits. */
 static int rule_inner_comm(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
+    if (merges_with_ep(p, n, x)) {
+        ro->req[0] = x;
+        ro->out[0] = pl_r();
+        ro->emit = EMIT_CUSTOM;
+        return 0;
+    }
     /* only all_to_all has a `to`; allreduce and partialize act on no dimension (their unused
      * attributes are 0, which must not read as "dim 0": that gathered the batch over dp) */
     bool has_axis = n->op != PTC_OP_ALLREDUCE && n->op != PTC_OP_PARTIALIZE;
@@ -855,6 +877,15 @@ int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro)
     case PTC_OP_CE_GRAD_SHARD:
     case PTC_OP_ATTENTION_SHARD:
     case PTC_OP_ATTENTION_SHARD_GRAD: return rule_inner_rows(p, ni, in, ro);
+    case PTC_OP_MOE_TOPK:
+    case PTC_OP_MOE_TOPK_GRAD:
+    case PTC_OP_MOE_COUNT:
+    case PTC_OP_MOE_PREFIX:
+    case PTC_OP_MOE_ROUTE:
+    case PTC_OP_MOE_FRAC:
+    case PTC_OP_MOE_STATS:
+    case PTC_OP_MOE_FFN:
+    case PTC_OP_MOE_FFN_GRAD: return ptc_shard_rule_moe(p, ni, in, ro);
     default:
         return part_error(p, ni, "internal error: no sharding rule for %s", ptc_ops[n->op].name);
     }

@@ -16,7 +16,10 @@
  *            receives member j's part as part j. reduce_scatter: in holds n parts, out receives
  *            part `me` of the reduction. all_to_all: in is viewed as n parts along the new dim
  *            (outer_in, chunk_in), part p going to members[p]; out as n parts along the old dim
- *            (outer_out, chunk_out), part j coming from members[j].
+ *            (outer_out, chunk_out), part j coming from members[j]. all_to_all_v (uneven
+ *            counts, as MPI_Alltoallv): send_count[j] elements of in from send_off[j] go to
+ *            members[j], recv_count[j] from members[j] arrive at recv_off[j] of out; member i's
+ *            send_count[j] equals member j's recv_count[i] (a difference is a mismatch).
  *   Messages sends are buffered (a send returns without waiting for its receive); messages from
  *            one sender to one receiver arrive in order and must agree in size and step.
  *   Failure  no call waits longer than the communicator's timeout; a failure (timeout, mismatch,
@@ -56,6 +59,12 @@ typedef struct ptrt_comm_ops {
     int (*all_to_all)(void *impl, int me, const int *members, int n, const void *in, void *out,
                       int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
                       ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn);
+    /* in holds in_len elements, out out_len: every part lies inside */
+    int (*all_to_all_v)(void *impl, int me, const int *members, int n, const void *in,
+                        const int64_t *send_count, const int64_t *send_off, int64_t in_len,
+                        void *out, const int64_t *recv_count, const int64_t *recv_off,
+                        int64_t out_len, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                        size_t errn);
     int (*send)(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
                 const ptrt_coll_desc *d, char *err, size_t errn);
     int (*recv)(void *impl, int me, int peer, void *buf, int64_t count, ptc_dtype dt,

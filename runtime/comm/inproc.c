@@ -50,15 +50,17 @@ typedef enum {
     K_ALLGATHER,
     K_REDUCE_SCATTER,
     K_ALL_TO_ALL,
+    K_ALL_TO_ALL_V,
     K_SEND,
     K_RECV
 } kind;
-static const char *const kind_name[] = {"barrier",    "allreduce", "allgather", "reduce_scatter",
-                                        "all_to_all", "send",      "recv"};
+static const char *const kind_name[] = {"barrier",    "allreduce",    "allgather", "reduce_scatter",
+                                        "all_to_all", "all_to_all_v", "send",      "recv"};
 
 /* One collective call: what matching compares, plus the buffers. size[] holds count (allreduce),
  * outer and chunk (allgather, reduce_scatter), outer_in, chunk_in, outer_out, chunk_out
- * (all_to_all). op is PTRT_RED_SUM for kinds that do not reduce. */
+ * (all_to_all), nothing for all_to_all_v, whose counts may differ between members (they are
+ * checked against each other instead). op is PTRT_RED_SUM for kinds that do not reduce. */
 typedef struct {
     kind k;
     ptrt_reduce op;
@@ -69,6 +71,10 @@ typedef struct {
     const void *in;
     void *out;
     const void *part; /* allreduce: this member's reduced slice, read by the others in phase C */
+    /* all_to_all_v: elements to and from each member (in group order), where they start, and
+     * how many elements in and out hold */
+    const int64_t *send_count, *send_off, *recv_count, *recv_off;
+    int64_t in_len, out_len;
 } post;
 
 typedef struct group {
@@ -486,6 +492,7 @@ static void sb_post(sbuf *b, const post *p, const post *other, int n)
         sb_printf(b, "(in %lld x %lld, out %lld x %lld)", (long long)s[0], (long long)s[1],
                   (long long)s[2], (long long)s[3]);
         break;
+    case K_ALL_TO_ALL_V: sb_printf(b, "(uneven counts)"); break;
     default: break;
     }
     if (p->dt != other->dt)
@@ -715,6 +722,45 @@ static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
     }
 }
 
+/* All-to-all with uneven counts: every member checks every pair (so all reach the same verdict:
+ * member i's send count to j equals j's receive count from i), then copies from each member's
+ * input its part for me into my output. */
+static int check_uneven(call *x, const post *const *mp)
+{
+    for (int i = 0; i < x->n; i++)
+        for (int j = 0; j < x->n; j++) {
+            if (mp[i]->send_count[j] == mp[j]->recv_count[i])
+                continue;
+            char buf[REASON_MAX];
+            sbuf b = {buf, sizeof buf, 0};
+            sb_printf(&b, "rank %d: all_to_all_v on group %s%s", x->me, x->name,
+                      x->name[0] ? " " : "");
+            sb_members(&b, x->members, x->n);
+            sb_printf(&b, ": rank %d sends %lld elements to rank %d, which expects %lld",
+                      x->members[i], (long long)mp[i]->send_count[j], x->members[j],
+                      (long long)mp[j]->recv_count[i]);
+            return fail_call(x, buf);
+        }
+    return 0;
+}
+
+static void run_uneven(call *x, group *g, const post *const *mp, int q, post *a)
+{
+    size_t es = esize(a->dt);
+    bool partial = overlap(a->in, a->in_len, a->out, a->out_len, es);
+    void *dst = partial ? ptc_xmalloc((size_t)a->out_len * es + 1) : a->out;
+    for (int j = 0; j < x->n; j++)
+        memcpy(elem(dst, a->recv_off[j], es), celem(mp[j]->in, mp[j]->send_off[q], es),
+               (size_t)a->recv_count[j] * es);
+    barrier_unlocked(x, g);
+    if (partial) {
+        for (int j = 0; j < x->n; j++) /* only the parts received: the rest keeps its bytes */
+            memcpy(elem(a->out, a->recv_off[j], es), celem(dst, a->recv_off[j], es),
+                   (size_t)a->recv_count[j] * es);
+        free(dst);
+    }
+}
+
 /* ---- collectives ------------------------------------------------------------------------- */
 
 static int cmp_int(const void *a, const void *b)
@@ -773,6 +819,20 @@ static int check_sizes(call *x, const post *a)
                                 "chunk_out (%lld x %lld)",
                                 (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3]);
         break;
+    case K_ALL_TO_ALL_V:
+        in_len = a->in_len;
+        out_len = a->out_len;
+        if (in_len < 0 || out_len < 0 || !a->send_count || !a->send_off || !a->recv_count ||
+            !a->recv_off)
+            return fail_invalid(x, "all_to_all_v needs counts, offsets and lengths");
+        for (int j = 0; j < n; j++) {
+            int64_t so = a->send_off[j], sc = a->send_count[j];
+            int64_t ro = a->recv_off[j], rc = a->recv_count[j];
+            if (sc < 0 || rc < 0 || so < 0 || ro < 0 || so > in_len || sc > in_len - so ||
+                ro > out_len || rc > out_len - ro)
+                return fail_invalid(x, "part %d of all_to_all_v lies outside its buffer", j);
+        }
+        break;
     default: break;
     }
     int64_t es = (int64_t)esize(a->dt);
@@ -830,6 +890,7 @@ static bool moves_nothing(const post *a)
     case K_ALLGATHER:
     case K_REDUCE_SCATTER:
     case K_ALL_TO_ALL: return a->size[0] == 0 || a->size[1] == 0;
+    case K_ALL_TO_ALL_V: return false;
     default: return true;
     }
 }
@@ -850,6 +911,10 @@ static int collective(ptrt_inproc *c, int me, const int *members, int n, const p
     group *g = NULL;
     pthread_mutex_lock(&c->mu);
     post *a = enter(&x, mine, &g, mp);
+    if (a && a->k == K_ALL_TO_ALL_V && check_uneven(&x, mp)) {
+        barrier(&x, g, false); /* every member found it; none may leave while another reads */
+        a = NULL;
+    }
     pthread_mutex_unlock(&c->mu);
     if (a) {
         int q = position(members, n, me);
@@ -858,6 +923,7 @@ static int collective(ptrt_inproc *c, int me, const int *members, int n, const p
         case K_REDUCE_SCATTER: run_reduce_scatter(&x, g, mp, q, a); break;
         case K_ALLGATHER:
         case K_ALL_TO_ALL: run_gather(&x, g, mp, q, a); break;
+        case K_ALL_TO_ALL_V: run_uneven(&x, g, mp, q, a); break;
         default: barrier_unlocked(&x, g); break; /* phase B only */
         }
     }
@@ -909,6 +975,25 @@ int ptrt_inproc_all_to_all_dt(ptrt_inproc *c, int me, const int *members, int n,
               .dt = dt,
               .in = in,
               .out = out};
+    return post_call(c, me, members, n, p, d, err, errn);
+}
+
+int ptrt_inproc_all_to_all_v_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                                const int64_t *send_count, const int64_t *send_off, int64_t in_len,
+                                void *out, const int64_t *recv_count, const int64_t *recv_off,
+                                int64_t out_len, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                                size_t errn)
+{
+    post p = {.k = K_ALL_TO_ALL_V,
+              .dt = dt,
+              .in = in,
+              .out = out,
+              .send_count = send_count,
+              .send_off = send_off,
+              .recv_count = recv_count,
+              .recv_off = recv_off,
+              .in_len = in_len,
+              .out_len = out_len};
     return post_call(c, me, members, n, p, d, err, errn);
 }
 
@@ -1249,6 +1334,16 @@ static int if_all_to_all(void *impl, int me, const int *members, int n, const vo
                                      chunk_out, dt, d, err, errn);
 }
 
+static int if_all_to_all_v(void *impl, int me, const int *members, int n, const void *in,
+                           const int64_t *send_count, const int64_t *send_off, int64_t in_len,
+                           void *out, const int64_t *recv_count, const int64_t *recv_off,
+                           int64_t out_len, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                           size_t errn)
+{
+    return ptrt_inproc_all_to_all_v_dt(impl, me, members, n, in, send_count, send_off, in_len, out,
+                                       recv_count, recv_off, out_len, dt, d, err, errn);
+}
+
 static int if_send(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
                    const ptrt_coll_desc *d, char *err, size_t errn)
 {
@@ -1283,6 +1378,7 @@ static const ptrt_comm_ops inproc_ops = {
     .allgather = if_allgather,
     .reduce_scatter = if_reduce_scatter,
     .all_to_all = if_all_to_all,
+    .all_to_all_v = if_all_to_all_v,
     .send = if_send,
     .recv = if_recv,
     .barrier = if_barrier,

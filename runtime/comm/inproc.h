@@ -121,6 +121,19 @@ int ptrt_inproc_all_to_all(ptrt_inproc *c, int me, const int *members, int n, co
                          float *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
                          int64_t chunk_out, const ptrt_coll_desc *d, char *err, size_t errn);
 
+/* All-to-all with uneven counts (MPI_Alltoallv; expert parallelism's exchange of the rows of
+ * kept choices). send_count[j] elements of in from send_off[j] go to members[j]; recv_count[j]
+ * elements from members[j] arrive at recv_off[j] of out (elements, in group order). in holds
+ * in_len elements and out out_len; every part must lie inside. Member i's send_count[j] must
+ * equal member j's recv_count[i]: every member checks every pair, and a difference fails the
+ * call on every member, naming both ranks and both counts. Elements of out outside the parts
+ * received keep their bytes. in and out may overlap. */
+int ptrt_inproc_all_to_all_v_dt(ptrt_inproc *c, int me, const int *members, int n, const void *in,
+                                const int64_t *send_count, const int64_t *send_off, int64_t in_len,
+                                void *out, const int64_t *recv_count, const int64_t *recv_off,
+                                int64_t out_len, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                                size_t errn);
+
 /* Returns when every member has called it (matched like any collective). */
 int ptrt_inproc_barrier(ptrt_inproc *c, int me, const int *members, int n, const ptrt_coll_desc *d,
                       char *err, size_t errn);

@@ -306,6 +306,46 @@ static void local_collective(const ptc_program *pg, const ptc_instr *in, const p
         memmove(p->out[0], p->in[0], (size_t)(x < y ? x : y));
 }
 
+/* all_to_all_v of expert parallelism (program.h): the rows go by the members' kept choices per
+ * expert, which every member has (the counts operand), so each knows what it sends and receives
+ * without another exchange. The output's rows past those received are zeroed: the buffer holds
+ * the most a rank can receive, and what it holds must not depend on what was there before. */
+static int run_uneven(ptrt_exec *x, const ptc_instr *in, const prepared *p, ptrt_coll_desc *d,
+                      char *err, size_t errn)
+{
+    const ptc_coll *c = &in->coll;
+    int n = p->nmembers, me = 0;
+    while (me < n && p->members[me] != x->rank)
+        me++;
+    int64_t E = c->count, el = E / n, row = c->chunk, got = 0;
+    const int32_t *counts = p->in[1];
+    int64_t *v = ptc_xcalloc((size_t)(4 * n), sizeof(int64_t));
+    int64_t *sc = v, *so = v + n, *rc = v + 2 * n, *ro = v + 3 * n;
+    for (int q = 0; q < n; q++) {
+        int64_t to_q = 0, from_q = 0; /* my rows for q's experts, q's rows for mine */
+        for (int64_t e = 0; e < el; e++) {
+            to_q += counts[(int64_t)me * E + q * el + e];
+            from_q += counts[(int64_t)q * E + me * el + e];
+        }
+        sc[q] = (c->outer ? from_q : to_q) * row;
+        rc[q] = (c->outer ? to_q : from_q) * row;
+        so[q] = q ? so[q - 1] + sc[q - 1] : 0;
+        ro[q] = q ? ro[q - 1] + rc[q - 1] : 0;
+        got += rc[q];
+    }
+    const ptc_program *pg = x->pg;
+    ptc_dtype dt = pg->bufs[in->in[0]].type.dtype;
+    int64_t in_len = ptc_type_numel(&p->it[0]), out_len = ptc_type_numel(&p->ot[0]);
+    int rc0 = x->comm->ops->all_to_all_v(x->comm->impl, x->rank, p->members, n, p->in[0], sc, so,
+                                         in_len, p->out[0], rc, ro, out_len, dt, d, err, errn);
+    if (rc0 == 0 && got < out_len) {
+        size_t es = (size_t)ptc_dtype_size(dt);
+        memset((char *)p->out[0] + (size_t)got * es, 0, (size_t)(out_len - got) * es);
+    }
+    free(v);
+    return rc0;
+}
+
 static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *err,
                           size_t errn)
 {
@@ -333,6 +373,7 @@ static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, 
     case PTC_COLL_REDUCE_SCATTER:
         return ops->reduce_scatter(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
                                    c->outer, c->chunk, dt, op, &d, err, errn);
+    case PTC_COLL_ALL_TO_ALL_V: return run_uneven(x, in, p, &d, err, errn);
     default:
         return ops->all_to_all(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
                                c->outer, c->chunk, c->outer2, c->chunk2, dt, &d, err, errn);

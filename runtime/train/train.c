@@ -463,25 +463,48 @@ static int load_initial(run *r)
     return 1;
 }
 
+/* Mixture-of-experts load balance of the step just run (program.h: stats), for the step line
+ * and the log: the worst layer's tokens per expert max / mean, and the fraction of all choices
+ * dropped. Empty without moe layers. */
+static void moe_balance(const run *r, char *line, size_t n, char *json, size_t jn)
+{
+    const ptc_program *pg = ptrt_exec_program(r->x);
+    line[0] = json[0] = 0;
+    if (pg->stats < 0)
+        return;
+    const float *s = ptrt_exec_data(r->x, pg->stats);
+    int64_t layers = ptc_type_numel(&pg->bufs[pg->stats].type) / 3;
+    double worst = 0, dropped = 0, all = 0;
+    for (int64_t l = 0; l < layers; l++) {
+        worst = s[3 * l] > worst ? s[3 * l] : worst;
+        dropped += s[3 * l + 1];
+        all += s[3 * l + 2];
+    }
+    double frac = all > 0 ? dropped / all : 0;
+    ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%", worst, 100 * frac);
+    ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g", worst, frac);
+}
+
 static void progress(run *r, int64_t t, double loss, double lr, double norm, double dt,
                      double elapsed, int64_t done)
 {
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
     double tokps = sh->B * sh->T > 0 ? (double)(sh->B * sh->T) / dt : 1.0 / dt;
-    char eta[32];
+    char eta[32], moe[96], moe_json[128];
     fmt_eta(eta, sizeof eta, elapsed / (double)done * (double)(o->steps - t));
+    moe_balance(r, moe, sizeof moe, moe_json, sizeof moe_json);
     if (!o->quiet)
         fprintf(o->out ? o->out : stdout,
                 "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms | "
-                "eta %s\n",
+                "eta %s%s\n",
                 (int)(o->steps >= 1000 ? 5 : 3), (long long)t, (long long)o->steps, loss, lr, norm,
-                tokps, dt * 1e3, eta);
+                tokps, dt * 1e3, eta, moe);
     if (sh->log) {
         fprintf(sh->log,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g}\n",
-                (long long)t, loss, lr, norm, tokps, dt * 1e3);
+                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g%s}\n",
+                (long long)t, loss, lr, norm, tokps, dt * 1e3, moe_json);
         fflush(sh->log);
     }
 }

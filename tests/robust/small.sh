@@ -33,7 +33,7 @@ check "batch that dp does not divide" 1 "gpt2_tiny\.ptm:[0-9]+:[0-9]+: error: me
 check "... and -D batch=6 then compiles" 0 "" "$ptc" --mesh dp=3 -D batch=6 "$m"
 check "--mesh dp=8192,tp=8" 2 "--mesh: dp=8192 is more than 1024, the most ranks one mesh axis may have" "$ptc" --mesh dp=8192,tp=8 "$m"
 check "--mesh tp=0" 2 "--mesh: tp=0: an axis has at least 1 rank" "$ptc" --mesh tp=0 "$m"
-check "--mesh xp=2" 2 "--mesh: unknown axis 'xp' in 'xp=2' \(the axes are pp, dp and tp\)" "$ptc" --mesh xp=2 "$m"
+check "--mesh xp=2" 2 "--mesh: unknown axis 'xp' in 'xp=2' \(the axes are pp, dp, ep and tp\)" "$ptc" --mesh xp=2 "$m"
 check "--mesh dp=2,dp=2" 2 "--mesh: axis dp is given twice" "$ptc" --mesh dp=2,dp=2 "$m"
 
 for pair in "matmul(x, w):'a @ b'" "linear(x, w):'x @ w \+ b'" "layer_norm(x):'layernorm'" "RMSNorm(x):'rmsnorm'" "ln(x):'log'"; do

@@ -185,8 +185,10 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
         break;
     case PTC_OP_MSE: ptrt_ref_mse(&it[0], in[0], in[1], out[0]); break;
     default:
-        /* rank-dependent ops in ref_spmd.c; the other internal ops (autodiff, optimizer) in
-         * ref_grad.c */
+        /* moe and its pieces in ref_moe.c; rank-dependent ops in ref_spmd.c; the other internal
+         * ops (autodiff, optimizer) in ref_grad.c */
+        if (ptrt_ref_is_moe(n->op))
+            return ptrt_ref_run_moe(n, it, in, ot, out, err, errn);
         if (ptc_ops[n->op].flags & (PTC_F_RANKDEP | PTC_F_SPMD))
             return ptrt_ref_run_spmd(n, it, in, ot, out, err, errn);
         return ptrt_ref_run_internal(n, it, in, ot, out, err, errn);

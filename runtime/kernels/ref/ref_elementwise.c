@@ -87,6 +87,11 @@ static double unary(ptc_op op, double x)
     }
 }
 
+double ptrt_ref_unary1(ptc_op op, double x)
+{
+    return unary(op, x);
+}
+
 void ptrt_ref_unary(ptc_op op, int64_t n, const float *x, float *o)
 {
     for (int64_t i = 0; i < n; i++)

@@ -122,6 +122,11 @@ static double unary_deriv(ptc_op op, double x)
     }
 }
 
+double ptrt_ref_unary_deriv(ptc_op grad_op, double x)
+{
+    return unary_deriv(grad_op, x);
+}
+
 static void unary_grad(ptc_op op, int64_t n, const float *x, const float *dy, float *dx)
 {
     for (int64_t i = 0; i < n; i++)

@@ -44,10 +44,19 @@ double ptrt_ref_round_f16d(double x);
 int ptrt_ref_run_spmd(const ptrt_kcall *k, const ptc_type *it, void *const *in,
                       const ptc_type *ot, void *const *out, char *err, size_t errn);
 
+/* ref_moe.c: moe and its pieces (ops.def, "mixture of experts") */
+bool ptrt_ref_is_moe(ptc_op op);
+int ptrt_ref_run_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const ptc_type *ot,
+                     void *const *out, char *err, size_t errn);
+
 /* ref_elementwise.c */
 void ptrt_ref_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_type *tb,
                      const float *b, const ptc_type *to, float *o);
 void ptrt_ref_unary(ptc_op op, int64_t n, const float *x, float *o);
+/* One element of a unary op (in double, unrounded), and the derivative its backward op
+ * (RELU_GRAD, GELU_GRAD, SILU_GRAD) multiplies dy by (ref_grad.c). */
+double ptrt_ref_unary1(ptc_op op, double x);
+double ptrt_ref_unary_deriv(ptc_op grad_op, double x);
 void ptrt_ref_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
                      const ptc_type *to, float *o);
 
