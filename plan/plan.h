@@ -14,7 +14,10 @@
  *   communication     bytes each rank sends, as a ring implementation moves them: allreduce of
  *                     N bytes 2N(t-1)/t, allgather and reduce-scatter N(t-1)/t with N the full
  *                     tensor, all-to-all of a local N bytes N(t-1)/t, send N; t = ranks in the
- *                     group.
+ *                     group. all_to_all_v (mixture of experts) moves the rows routing decides:
+ *                     counted as a balanced routing that drops nothing, N(t-1)/t of the rows a
+ *                     rank dispatches (N its send buffer going out, its receive buffer coming
+ *                     back); the moe summary gives the most it can send.
  */
 #ifndef PTC_PLAN_H
 #define PTC_PLAN_H
@@ -87,6 +90,10 @@ typedef struct ptc_plan_print_opts {
  * peak is, bytes sent by axis and kind, the largest tensors, warnings), then the detail:
  * parameter placements, communication by layer, and the program. */
 void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f);
+/* The mixture-of-experts lines of program's summary (print_moe.c): per moe layer the experts
+ * this rank holds, the dispatch buffers reserved and the all-to-all and count-exchange bytes,
+ * and the experts' memory. Prints nothing for a program without moe layers. */
+void ptc_print_moe(FILE *f, const ptc_plan *p, int program);
 /* --emit plan-json (schema: docs/plan-json.md). */
 void ptc_print_plan_json(const ptc_plan *p, FILE *f);
 /* --emit memory: per program the live bytes of every region after each instruction, the peak

@@ -238,6 +238,7 @@ static void summary(FILE *f, const ptc_plan *p, int k)
             put_bytes(f, s.phase_bytes[ph]);
             fputc('\n', f);
         }
+    ptc_print_moe(f, p, k);
     largest_tensors(f, p, pg, 5);
     if (p->notes && *p->notes) {
         fputs("  choices:\n", f);

@@ -19,6 +19,8 @@ int64_t ptc_plan_comm_bytes(const ptc_plan *p, const ptc_program *pg, const ptc_
     switch (in->coll.kind) {
     case PTC_COLL_ALLREDUCE: return 2 * x * (t - 1) / t;
     case PTC_COLL_ALLGATHER: return y * (t - 1) / t;
+    case PTC_COLL_ALL_TO_ALL_V: /* the rows of a balanced routing: every token's kept choices */
+        return (in->coll.outer ? y : x) * (t - 1) / t;
     default: return x * (t - 1) / t; /* reduce-scatter, all-to-all */
     }
 }

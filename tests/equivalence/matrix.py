@@ -9,12 +9,18 @@ and a covering set of pipeline and microbatch plans (PIPELINES: every schedule o
 with dp, tp, SP, ZeRO 1-3 and recompute; microbatches 1-8), this
 compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads), on the reference
 backend and on the fast cpu backend, and compares with the single-device run of the same model,
-consts, seed and backend:
+consts, seed and backend. moe_tiny (mixture of experts) runs dropless and with capacity 1.0
+(tokens are dropped: the step log says how many), each over dp x tp up to 2 x 2 and over every
+mesh dp x ep x tp with ep in {2, 4} (dp, tp in {1, 2}, at most 8 ranks), ZeRO 0 and 1, with
+sequence parallelism where tp > 1: dropping and everything else must be the single device's on
+every mesh. Each run is checked so:
   - the loss of every step: relative error below 1e-5;
   - every final weight (gathered into full tensors by the runner's --save): max |a - b| / max |b|
     over each tensor below 1e-4;
   - memory: every run fills its arenas with a canary (--check-memory) and every rank's measured
-    high-water mark of every arena must equal the plan's figure byte for byte.
+    high-water mark of every arena must equal the plan's figure byte for byte;
+  - mixture of experts: the fraction of choices dropped at every step (the step log's
+    "dropped") must equal the single device's exactly, and a capacity variant must drop some.
 
 Why these tolerances are right for fp32. The plans compute the same sums in different orders
 (partial sums over tensor-parallel shards, over data-parallel batch slices, reduce-scatter vs
@@ -67,6 +73,13 @@ MODELS = {
     'llama_tiny': ('examples/llama_tiny.ptm', 4, 4),
     'bert_tiny': ('examples/bert_tiny.ptm', 4, 4),
     'every_op': ('tests/golden/ir/every_op.ptm', 2, 2),
+    'moe_tiny': ('examples/moe_tiny.ptm', 2, 2),
+}
+
+# models with mixture-of-experts layers: the variants compiled (each its own single-device
+# reference) and the expert-parallel meshes, besides dp x tp
+MOE = {
+    'moe_tiny': [('dropless', []), ('capacity 1.0', ['-D', 'capacity_factor=1.0'])],
 }
 
 
@@ -111,7 +124,18 @@ def configs(max_dp, max_tp):
                 continue
             for sp in ([False, True] if tp > 1 else [False]):
                 for zero in (range(4) if dp > 1 else [0]):
-                    yield dp, tp, sp, zero
+                    yield dp, 1, tp, sp, zero
+
+
+def ep_configs():
+    for ep in (2, 4):
+        for dp in (1, 2):
+            for tp in (1, 2):
+                if dp * ep * tp > 8:
+                    continue
+                for sp in ([False, True] if tp > 1 else [False]):
+                    for zero in ([0, 1] if dp > 1 else [0]):
+                        yield dp, ep, tp, sp, zero
 
 
 def compile_plan(ptc, model, args, work, tag):
@@ -136,15 +160,18 @@ def run_plan(exe, backend):
         return None, 'run failed: %s\n%s' % (' '.join(run), r.stderr.strip())
     records = [json.loads(line) for line in open(log)]
     losses = [x['loss'] for x in records if 'loss' in x]
+    dropped = [x.get('dropped') for x in records if 'loss' in x]
     memory = [x['memory'] for x in records if 'memory' in x]
     bad = [m for m in memory if m['planned'] != m['measured']]
     if not memory or bad:
         return None, 'memory check failed: %s' % (bad or 'no memory records in the log')
-    return (losses, load_safetensors(weights)), None
+    return (losses, load_safetensors(weights), dropped), None
 
 
 def compare(ref, got):
-    (rl, rw), (gl, gw) = ref, got
+    (rl, rw, rd), (gl, gw, gd) = ref, got
+    if rd != gd:
+        return 0.0, float('inf'), 'dropped %s, single device %s' % (gd, rd)
     worst_loss = max(abs(a - b) / abs(b) for a, b in zip(gl, rl))
     worst_w, where = 0.0, ''
     if set(rw) != set(gw):
@@ -209,27 +236,36 @@ def main():
     failures = passes = 0
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix='ptc-equiv-') as work:
-        for model in models:
+        for model, variant, extra in ((m, v, x) for m in models
+                                      for v, x in MOE.get(m, [('', [])])):
             rel, max_dp, max_tp = MODELS[model]
             path = os.path.join(ROOT, rel)
-            exe, err = compile_plan(ptc, path, [], work, model + '-single')
+            name = model + (' ' + variant if variant else '')
+            single = name.replace(' ', '_').replace('.', '') + '-single'
+            exe, err = compile_plan(ptc, path, extra, work, single)
             refs = {}
             for backend in BACKENDS:
                 refs[backend], err = (None, err) if err else run_plan(exe, backend)
+                if not err and extra and not any(refs[backend][2]):
+                    err = 'the variant drops no token: %s' % refs[backend][2]
                 if err:
-                    print('FAIL %s single device (%s): %s' % (model, backend, err))
+                    print('FAIL %s single device (%s): %s' % (name, backend, err))
                     failures += 1
                     break
             if err:
                 continue
-            for dp, tp, sp, zero in configs(max_dp, max_tp):
+            meshes = list(configs(max_dp, max_tp))
+            meshes += list(ep_configs()) if model in MOE else []
+            for dp, ep, tp, sp, zero in meshes:
                 if quick and (sp or zero not in (0, 3)):
                     continue
-                args = ['--mesh', 'dp=%d,tp=%d' % (dp, tp), '--zero', str(zero)]
+                mesh = 'dp=%d,ep=%d,tp=%d' % (dp, ep, tp) if ep > 1 else 'dp=%d,tp=%d' % (dp, tp)
+                args = extra + ['--mesh', mesh, '--zero', str(zero)]
                 args += ['--seq-parallel'] if sp else []
-                tag = '%s dp=%d tp=%d%s zero=%d' % (model, dp, tp, ' sp' if sp else '', zero)
+                tag = '%s %s%s zero=%d' % (name, mesh.replace(',', ' '), ' sp' if sp else '',
+                                           zero)
                 exe, err = compile_plan(ptc, path, args, work,
-                                        tag.replace(' ', '_').replace('=', ''))
+                                        tag.replace(' ', '_').replace('=', '').replace('.', ''))
                 for backend in BACKENDS:
                     got, err = (None, err) if err else run_plan(exe, backend)
                     if err:
@@ -238,7 +274,7 @@ def main():
                         break
                     wl, ww, where = compare(refs[backend], got)
                     ok = wl < LOSS_TOL and ww < WEIGHT_TOL
-                    print('%s %-40s %-3s loss %.1e  weights %.1e (%s)' % (
+                    print('%s %-52s %-3s loss %.1e  weights %.1e (%s)' % (
                         'ok  ' if ok else 'FAIL', tag, backend, wl, ww, where))
                     sys.stdout.flush()
                     passes += ok
