@@ -408,7 +408,10 @@ static int set_attr(ptc_lower *L, const ptc_op_info *info, unsigned bit, const p
         if (e->kind != PTC_E_NAME || ptc_act_parse(e->name, &at->act) < 0)
             return ptc_lower_fail(L, e->loc,
                                   "act takes the name of an activation: gelu, relu, silu or "
-                                  "swiglu");
+                                  "swiglu%s%s%s",
+                                  e->kind == PTC_E_NAME ? ", not '" : "",
+                                  e->kind == PTC_E_NAME ? e->name : "",
+                                  e->kind == PTC_E_NAME ? "'" : "");
         return 0;
     case PTC_A_DTYPE:
         if (e->kind != PTC_E_NAME || ptc_dtype_parse(e->name, &at->dtype) < 0)
@@ -569,9 +572,9 @@ static int builtin_call(ptc_lower *L, const ptc_expr *e, ptc_op op, int *vids, i
     int64_t nout = info->nout >= 0 ? info->nout : at.n;
     if (nout > cap && nout <= PTC_MAX_RESULTS) {
         ptc_lower_fail(L, e->loc,
-                       "%s returns %lld values; assign them to as many names, as in "
-                       "`q, k, v = split(...)`",
-                       info->name, (long long)nout);
+                       "%s returns %lld values; assign them to as many names, as in `%s`",
+                       info->name, (long long)nout,
+                       op == PTC_OP_MOE ? "y, aux = moe(...)" : "q, k, v = split(...)");
         goto done;
     }
     if (ptc_lower_build(L, op, in, ntensor, &at, e->loc, vids, cap, nres) < 0)

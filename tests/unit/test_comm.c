@@ -1109,3 +1109,102 @@ Test(comm, sixteen_bit_messages)
     cr_expect(memcmp(j.out[1], j.in[0], DTN * 2) == 0);
     ptrt_inproc_free(c);
 }
+
+/* ---- all-to-all with uneven counts (expert parallelism) ---- */
+
+/* Rank r sends s(r, q) = (r + 2 q) % 3 elements to rank q (some zero), each element naming its
+ * source and position, through the communicator interface (comm.h) as the executor calls it. */
+static int64_t uneven_count(int r, int q)
+{
+    return (r + 2 * q) % 3;
+}
+
+static void uneven_rank(rank_ctx *r)
+{
+    int n = r->nranks, members[MAXR];
+    iota(members, n, 0);
+    int64_t sc[MAXR], so[MAXR], rc[MAXR], ro[MAXR], in_len = 0, out_len = 0;
+    for (int q = 0; q < n; q++) {
+        sc[q] = uneven_count(r->rank, q);
+        rc[q] = uneven_count(q, r->rank);
+        so[q] = in_len;
+        ro[q] = out_len;
+        in_len += sc[q];
+        out_len += rc[q];
+    }
+    int32_t in[3 * MAXR], out[3 * MAXR + 1];
+    for (int q = 0; q < n; q++)
+        for (int64_t k = 0; k < sc[q]; k++)
+            in[so[q] + k] = 100 * r->rank + 10 * q + (int32_t)k;
+    out[out_len] = -7; /* one element past the parts: must keep its value */
+    ptrt_comm *c = ptrt_inproc_comm(r->c);
+    r->rc = c->ops->all_to_all_v(c->impl, r->rank, members, n, in, sc, so, in_len, out, rc, ro,
+                                 out_len + 1, PTC_I32, NULL, r->err, sizeof r->err);
+    for (int q = 0; q < n && !r->rc; q++)
+        for (int64_t k = 0; k < rc[q]; k++)
+            if (out[ro[q] + k] != 100 * q + 10 * r->rank + k) {
+                snprintf(r->err, sizeof r->err, "element %lld from rank %d is %d", (long long)k, q,
+                         out[ro[q] + k]);
+                r->rc = -1;
+            }
+    if (!r->rc && out[out_len] != -7) {
+        snprintf(r->err, sizeof r->err, "the element past the parts changed");
+        r->rc = -1;
+    }
+}
+
+Test(comm, all_to_all_v_uneven_counts)
+{
+    for (int si = 0; si < NSIZES; si++) {
+        int n = SIZES[si];
+        ptrt_inproc *c = new_comm(n, LONG_TIMEOUT);
+        rank_ctx ctx[MAXR];
+        run_ranks(c, n, uneven_rank, NULL, ctx);
+        expect_ok(ctx, n);
+        ptrt_inproc_free(c);
+    }
+}
+
+/* Rank 1 expects one element more from rank 0 than rank 0 sends: every member fails, naming
+ * both ranks and both counts. */
+static void uneven_mismatch_rank(rank_ctx *r)
+{
+    int members[2] = {0, 1};
+    float in[4] = {1, 2, 3, 4}, out[4];
+    int64_t sc[2] = {1, 1}, so[2] = {0, 1}, rc[2] = {1, 1}, ro[2] = {0, 1};
+    if (r->rank == 1)
+        rc[0] = 2, ro[1] = 2;
+    r->rc = ptrt_inproc_all_to_all_v_dt(r->c, r->rank, members, 2, in, sc, so, 4, out, rc, ro, 4,
+                                        PTC_F32, NULL, r->err, sizeof r->err);
+}
+
+Test(comm, all_to_all_v_count_mismatch)
+{
+    ptrt_inproc *c = new_comm(2, LONG_TIMEOUT);
+    rank_ctx ctx[2];
+    run_ranks(c, 2, uneven_mismatch_rank, NULL, ctx);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(ctx[r].rc, -1, "rank %d succeeded", r);
+        expect_has(ctx[r].err, "rank 0 sends 1 elements to rank 1, which expects 2");
+    }
+    ptrt_inproc_free(c);
+}
+
+static void uneven_outside_rank(rank_ctx *r)
+{
+    int members[1] = {0};
+    float in[2] = {1, 2}, out[2];
+    int64_t sc[1] = {3}, so[1] = {0}, rc[1] = {3}, ro[1] = {0};
+    r->rc = ptrt_inproc_all_to_all_v_dt(r->c, r->rank, members, 1, in, sc, so, 2, out, rc, ro, 2,
+                                        PTC_F32, NULL, r->err, sizeof r->err);
+}
+
+Test(comm, all_to_all_v_part_outside_its_buffer)
+{
+    ptrt_inproc *c = new_comm(1, LONG_TIMEOUT);
+    rank_ctx ctx[1];
+    run_ranks(c, 1, uneven_outside_rank, NULL, ctx);
+    cr_assert_eq(ctx[0].rc, -1);
+    expect_has(ctx[0].err, "part 0 of all_to_all_v lies outside its buffer");
+    ptrt_inproc_free(c);
+}
