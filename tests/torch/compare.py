@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """External check of ptc against PyTorch.
 
-Builds the model of a .ptm file (gpt2* or llama*) by hand in PyTorch, gives ptc and PyTorch the
+Builds the model of a .ptm file (gpt2*, llama* or moe*) by hand in PyTorch, gives ptc and PyTorch the
 same initial weights and the same token batches, trains both for a few AdamW steps and compares,
 per step, the loss and every parameter's gradient, and after the last step every weight.
 
@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from fractions import Fraction
 
 try:
     import numpy as np
@@ -145,6 +146,53 @@ def cross_entropy(logits, targets):  # mean over all positions
                                              targets.reshape(-1).long())
 
 
+def expert_capacity(c, tokens, top_k, experts):
+    """ceil(c * top_k * tokens / experts) on the decimal number c is written as (Fraction of its
+    shortest repr: 1.1 is 11/10), at most tokens (an expert takes a token once); c = 0: tokens."""
+    if c == 0:
+        return tokens
+    return min(tokens, math.ceil(Fraction(repr(float(c))) * top_k * tokens / experts))
+
+
+def moe(x, router, w_up, w_down, top_k, capacity, normalize, act):
+    """The language's moe, written from its page ("Mixture of experts"): the gate in f32, the
+    top_k experts of every token by p (torch.topk), weights renormalised over the chosen or raw,
+    places in an expert given to all first choices in token order, then all second choices, ...;
+    y[t] the sum over t's kept choices of weight * act(x @ w_up[e]) @ w_down[e]; aux the Switch
+    Transformer loss E * sum_e f_e P_e, f_e the fraction of choices (before capacity) and P_e
+    the mean of p[:, e], with no gradient through f."""
+    B, S, d = x.shape
+    E, N = router.shape[1], B * S
+    xf = x.reshape(N, d)
+    p = torch.softmax(xf.float() @ router.float(), dim=-1)
+    weight, chosen = torch.topk(p, top_k, dim=-1)
+    if normalize:
+        weight = weight / weight.sum(-1, keepdim=True)
+    C = expert_capacity(capacity, N, top_k, E)
+    keep = torch.zeros(N, top_k, dtype=torch.bool)
+    taken = [0] * E
+    for j in range(top_k):  # first choices first, then second choices, in token order
+        for t in range(N):
+            e = int(chosen[t, j])
+            keep[t, j] = taken[e] < C
+            taken[e] += 1
+    y = torch.zeros_like(xf)
+    for e in range(E):
+        t, j = torch.nonzero((chosen == e) & keep, as_tuple=True)
+        if len(t) == 0:
+            continue
+        h = xf[t] @ w_up[e]
+        if act == "swiglu":
+            f = h.shape[-1] // 2
+            a = silu(h[:, :f]) * h[:, f:]
+        else:
+            a = {"gelu": gelu, "relu": torch.relu, "silu": silu}[act](h)
+        y = y.index_add(0, t, weight[t, j, None].to(x.dtype) * (a @ w_down[e]))
+    frac = torch.bincount(chosen.reshape(-1), minlength=E).to(p.dtype) / (N * top_k)
+    aux = E * (frac * p.mean(0)).sum()
+    return y.reshape(B, S, d), aux, int((~keep).sum())
+
+
 # ---------------------------------------------------------------------------------------------
 # The models. Each has a parameter list (full ptc name, shape, kind) and a forward over a dict of
 # tensors keyed by those names. Weights are used as in the .ptm: `x @ w` with w [in, out].
@@ -233,6 +281,71 @@ class Llama:
             x = x + (silu(m @ P[ff + "w1"]) * (m @ P[ff + "w3"])) @ P[ff + "w2"]
         x = rmsnorm(x, P["norm.g"], self.eps)
         return cross_entropy(x @ P["lm_head"], targets)
+
+
+class MoE:
+    """examples/moe_tiny.ptm (and tests/torch/moe_*.ptm): the Llama block with a mixture of
+    experts in place of the MLP (router, w_up, w_down per layer, written in the repeat), and the
+    loss cross_entropy + aux_weight * the sum of the layers' auxiliary losses. The moe call's
+    act and normalize are read from the file, top_k and capacity from its consts."""
+
+    def __init__(self, text, c):
+        self.vocab, self.d = c["vocab"], c["d"]
+        self.heads, self.kv_heads = c["heads"], c["kv_heads"]
+        self.ffn, self.layers = c["ffn"], c["n_layers"]
+        self.experts, self.top_k = c["experts"], c["top_k"]
+        self.capacity, self.aux_weight = c["capacity_factor"], c["aux_weight"]
+        self.batch, self.seq = c["batch"], c["seq"]
+        self.head_dim = c.get("head_dim", self.d // self.heads)
+        self.eps = op_attr(text, "rmsnorm", "eps", 1e-6)
+        self.base = op_attr(text, "rope", "base", 10000.0)
+        src = strip_comments(text)
+        start = re.search(r"\bmoe\s*\(", src).end()
+        depth, end = 1, start
+        while depth:  # the call's arguments, nested calls included
+            depth += {"(": 1, ")": -1}.get(src[end], 0)
+            end += 1
+        call = src[start:end - 1]
+        act = re.search(r"\bact\s*=\s*(\w+)", call)  # the language's defaults otherwise
+        self.act = act.group(1) if act else "swiglu"
+        norm = re.search(r"\bnormalize\s*=\s*(\w+)", call)
+        self.normalize = norm is None or norm.group(1) == "true"
+
+    def params(self):
+        d, f, E = self.d, self.ffn, self.experts
+        qd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        up = 2 * f if self.act == "swiglu" else f
+        p = [("tok_embeddings", [self.vocab, d], "matrix")]
+        for i in range(self.layers):
+            h = f"layers.{i}."
+            p += [(h + "attention_norm.g", [d], "gain"),
+                  (h + "attention.wq", [d, qd], "matrix"), (h + "attention.wk", [d, kvd], "matrix"),
+                  (h + "attention.wv", [d, kvd], "matrix"), (h + "attention.wo", [qd, d], "matrix"),
+                  (h + "ffn_norm.g", [d], "gain"), (h + "router", [d, E], "matrix"),
+                  (h + "w_up", [E, d, up], "matrix"), (h + "w_down", [E, f, d], "matrix")]
+        p += [("norm.g", [d], "gain"), ("lm_head", [d, self.vocab], "matrix")]
+        return p
+
+    def loss(self, P, tokens, targets):
+        x = P["tok_embeddings"][tokens.long()]
+        aux_sum, dropped = 0, 0
+        for i in range(self.layers):
+            h = f"layers.{i}."
+            a = rmsnorm(x, P[h + "attention_norm.g"], self.eps)
+            q = rope(a @ P[h + "attention.wq"], self.heads, self.base)
+            k = rope(a @ P[h + "attention.wk"], self.kv_heads, self.base)
+            v = a @ P[h + "attention.wv"]
+            x = x + attention(q, k, v, self.heads, self.kv_heads) @ P[h + "attention.wo"]
+            m = rmsnorm(x, P[h + "ffn_norm.g"], self.eps)
+            y, aux, n = moe(m, P[h + "router"], P[h + "w_up"], P[h + "w_down"], self.top_k,
+                            self.capacity, self.normalize, self.act)
+            x = x + y
+            aux_sum = aux_sum + aux
+            dropped += n
+        # the fraction of all choices dropped, which ptc logs for the step
+        self.dropped = dropped / (self.layers * self.batch * self.seq * self.top_k)
+        x = rmsnorm(x, P["norm.g"], self.eps)
+        return cross_entropy(x @ P["lm_head"], targets) + self.aux_weight * aux_sum
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +505,7 @@ def initial_weights(params, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ptc", required=True, help="the ptc compiler")
-    ap.add_argument("--model", required=True, help="a gpt2*.ptm or llama*.ptm file")
+    ap.add_argument("--model", required=True, help="a gpt2*.ptm, llama*.ptm or moe*.ptm file")
     ap.add_argument("--backend", default="ref", choices=["ref", "cpu"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -422,9 +535,11 @@ def main():
         model = GPT2(text, consts)
     elif base.startswith("llama"):
         model = Llama(text, consts)
+    elif base.startswith("moe"):
+        model = MoE(text, consts)
     else:
-        sys.exit(f"compare.py: {base}: no PyTorch model for it (the name must start with gpt2 "
-                 f"or llama)")
+        sys.exit(f"compare.py: {base}: no PyTorch model for it (the name must start with gpt2, "
+                 f"llama or moe)")
     B, T, steps = model.batch, model.seq, args.steps
 
     tmp = None
@@ -504,6 +619,13 @@ def main():
                 norm = math.sqrt(sum(float((P[n].grad.double() ** 2).sum()) for n in P))
                 report.add(f"grad_norm step {step}", rel(logged[step]["grad_norm"], norm),
                            f"ptc {logged[step]['grad_norm']:.7f} torch {norm:.7f}")
+                if hasattr(model, "dropped"):  # the same choices dropped, and some if capacity
+                    got = logged[step].get("dropped", -1.0)
+                    report.add(f"dropped step {step}", abs(got - model.dropped),
+                               f"ptc {got:.6f} torch {model.dropped:.6f}")
+                    if model.capacity and not model.dropped:
+                        report.fail(f"dropped step {step}", "a capacity that drops nothing "
+                                    "tests nothing: raise the batch or lower the capacity")
             if ptc_grads is None:
                 report.fail(f"grads step {step}", f"{path} was not written")
                 return report_done(report, wd, args)
