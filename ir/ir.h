@@ -271,9 +271,10 @@ int ptc_infer_moe(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_typ
  * (an expert takes at most one choice per token); c = 0 (drop nothing) gives tokens. */
 int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t experts);
 
-/* The graph's load-balance output of moe layers (the concatenated moe_stats the moe_ep pass adds
- * as the last output of a training step), or -1. */
-int ptc_graph_moe_stats(const ptc_graph *g);
+/* The load-balance outputs of moe layers (the moe_stats of each layer, summed over the
+ * microbatches, that the moe_ep pass adds as outputs of a training step): their count, and the
+ * first cap of them in vals (NULL to count). */
+int ptc_graph_moe_stats(const ptc_graph *g, int *vals, int cap);
 
 /* Verifier: operands defined before use, arity, types agree with shape inference, loss scalar.
  * Returns 0, or -1 with a message naming the node in err. */

@@ -67,18 +67,20 @@ int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t expert
     return q > (u128)tokens ? tokens : (int64_t)q;
 }
 
-int ptc_graph_moe_stats(const ptc_graph *g)
+int ptc_graph_moe_stats(const ptc_graph *g, int *vals, int cap)
 {
-    if (g->noutputs < 2)
-        return -1;
-    int v = g->outputs[g->noutputs - 1];
-    const ptc_node *n = &g->nodes[g->values[v].def];
-    if (n->op != PTC_OP_CONCAT)
-        return -1;
-    for (int k = 0; k < n->nin; k++)
-        if (g->nodes[g->values[n->in[k]].def].op != PTC_OP_MOE_STATS)
-            return -1;
-    return v;
+    int n = 0;
+    for (int i = 0; i < g->noutputs; i++) {
+        const ptc_node *d = &g->nodes[g->values[g->outputs[i]].def];
+        if (d->op == PTC_OP_ALLREDUCE) /* the sum over the microbatches */
+            d = &g->nodes[g->values[d->in[0]].def];
+        if (d->op != PTC_OP_MOE_STATS)
+            continue;
+        if (vals && n < cap)
+            vals[n] = g->outputs[i];
+        n++;
+    }
+    return n;
 }
 
 static bool is_float(ptc_dtype t)

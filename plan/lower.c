@@ -699,6 +699,15 @@ static void source_buffer(lw *L, int ni)
         b = lw_new_buffer(L, &t, L->g->values[v].place, kind);
         L->buf[k] = b;
         L->root_last[b] = L->last_use[k];
+        /* mb is partitioned before dp (and ep), so microbatch i is rows [i B/M, (i+1) B/M) of
+         * the step's batch, split over the data axes: the rank holds its part of each
+         * microbatch in turn, a strided shard of M groups (what the runtime feeds by index).
+         * Which tokens form a microbatch must not depend on the mesh: a mixture-of-experts
+         * layer routes each microbatch's tokens together. (issue 14) */
+        ptc_placement *pl = L->pg->bufs[b].place;
+        for (int a = 0; a < L->p->mesh.naxes && L->M <= 255; a++)
+            if (pl[a].kind == PTC_PLACE_SHARD && pl[a].dim == 0 && pl[a].groups <= 1 && !pl[a].rem)
+                pl[a].groups = (uint8_t)L->M;
     } else {
         b = lw_key_buffer(L, k, v, kind);
     }
@@ -814,8 +823,14 @@ static void finish(lw *L)
     ptc_program *pg = L->pg;
     pg->loss = value_buf(L, g->loss);
     pg->grad_norm = g->noutputs > 0 && g->nupdates > 0 ? value_buf(L, g->outputs[0]) : -1;
-    int stats = ptc_graph_moe_stats(g); /* (issue 14: the moe load balance the step line shows) */
-    pg->stats = stats >= 0 ? value_buf(L, stats) : -1;
+    /* (issue 14: the moe load balance the step line shows) */
+    int nst = ptc_graph_moe_stats(g, NULL, 0), *st = ptc_xmalloc(sizeof(int) * (size_t)(nst + 1));
+    ptc_graph_moe_stats(g, st, nst);
+    pg->stats = ptc_arena_alloc(L->p->arena, sizeof(int) * (size_t)(nst + 1));
+    for (int k = 0; k < nst; k++)
+        if (value_buf(L, st[k]) >= 0) /* a layer of this program's stage */
+            pg->stats[pg->nstats++] = value_buf(L, st[k]);
+    free(st);
     int nout = L->o->keep_grad_outputs && g->noutputs > 1 ? g->noutputs - 1 : 0;
     pg->outputs = ptc_arena_alloc(L->p->arena, sizeof(int) * (size_t)(nout ? nout : 1));
     for (int i = 0; i < nout; i++) {

@@ -70,7 +70,7 @@ ptc_program *ptc_plan_add_program(ptc_plan *p)
     p->programs = ptc_xrealloc(p->programs, sizeof *p->programs * (size_t)(p->nprograms + 1));
     ptc_program *pg = &p->programs[p->nprograms++];
     memset(pg, 0, sizeof *pg);
-    pg->loss = pg->grad_norm = pg->stats = -1;
+    pg->loss = pg->grad_norm = -1;
     return pg;
 }
 
@@ -226,8 +226,10 @@ void ptc_prog_lifetimes(const ptc_program *pg, int *first, int *last)
                 last[r] = i;
         }
     }
-    int live_out[3] = {pg->loss, pg->grad_norm, pg->stats};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < pg->nstats; k++)
+        last[ptc_prog_root(pg, pg->stats[k])] = end;
+    int live_out[2] = {pg->loss, pg->grad_norm};
+    for (int k = 0; k < 2; k++)
         if (live_out[k] >= 0)
             last[ptc_prog_root(pg, live_out[k])] = end;
     for (int k = 0; k < pg->noutputs; k++)

@@ -175,9 +175,11 @@ typedef struct ptc_program {
     int64_t region_bytes[PTC_NREGIONS]; /* arena size per region */
     int loss;                           /* buffer of the scalar loss; -1 if none */
     int grad_norm;                      /* the squared global gradient norm; -1 if none */
-    int stats;    /* mixture-of-experts load balance after a step, f32[3 x layers]: per moe layer
-                     the tokens per expert max / mean, the choices dropped, all choices; -1 if
-                     none. Live at the end of the step, like the loss. */
+    /* mixture-of-experts load balance after a step: per moe layer of the program, f32[3]: the
+     * experts times the most choices one expert got, the choices dropped, all choices (summed
+     * over the microbatches); live at the end of the step, like the loss */
+    int *stats;
+    int nstats;
     int *outputs; /* buffers the runtime may read after a step (gradients, for checks) */
     int noutputs;
     int *eval; /* the instructions that compute the loss alone, ascending */

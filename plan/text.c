@@ -202,8 +202,11 @@ void ptc_plan_print_program(const ptc_plan *p, int k, FILE *f)
         fprintf(f, "loss b%d\n", pg->loss);
     if (pg->grad_norm >= 0)
         fprintf(f, "grad_norm b%d\n", pg->grad_norm);
-    if (pg->stats >= 0)
-        fprintf(f, "stats b%d\n", pg->stats);
+    if (pg->nstats) {
+        fputs("stats", f);
+        put_operands(f, pg->stats, pg->nstats);
+        fputc('\n', f);
+    }
     if (pg->noutputs) {
         fputs("outputs", f);
         put_operands(f, pg->outputs, pg->noutputs);
@@ -657,7 +660,14 @@ static void load_tail(loader *ld)
     }
     if (ptc_lex_ident(lx, "stats")) {
         ptc_lex_next(lx);
-        pg->stats = lex_ref(ld, 'b', pg->nbufs);
+        int cap = pg->nbufs ? pg->nbufs : 1;
+        pg->stats = ptc_arena_alloc(ld->p->arena, sizeof(int) * (size_t)cap);
+        while (!lx->failed && pg->nstats < cap) {
+            pg->stats[pg->nstats++] = lex_ref(ld, 'b', pg->nbufs);
+            if (!ptc_lex_punct(lx, ','))
+                break;
+            ptc_lex_next(lx);
+        }
     }
     if (ptc_lex_ident(lx, "outputs")) {
         ptc_lex_next(lx);

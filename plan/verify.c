@@ -320,12 +320,14 @@ static int check_program(vctx *v)
     for (int i = 0; i < pg->ninstrs; i++)
         if (check_instr(v, i) < 0)
             return -1;
-    int ends[3] = {pg->loss, pg->grad_norm, pg->stats};
-    for (int k = 0; k < 3; k++)
+    int ends[2] = {pg->loss, pg->grad_norm};
+    for (int k = 0; k < 2; k++)
         if (ends[k] < -1 || ends[k] >= pg->nbufs)
-            return bad(v, "the loss, gradient norm or statistics is not a buffer");
-    if (pg->stats >= 0 && (dtype(v, pg->stats) != PTC_F32 || numel(v, pg->stats) % 3))
-        return bad(v, "the statistics are not f32[3 x layers]");
+            return bad(v, "the loss or gradient norm is not a buffer");
+    for (int k = 0; k < pg->nstats; k++)
+        if (pg->stats[k] < 0 || pg->stats[k] >= pg->nbufs || dtype(v, pg->stats[k]) != PTC_F32 ||
+            numel(v, pg->stats[k]) != 3)
+            return bad(v, "moe statistics %d are not an f32[3] buffer", k);
     for (int k = 0; k < pg->noutputs; k++)
         if (pg->outputs[k] < 0 || pg->outputs[k] >= pg->nbufs)
             return bad(v, "output %d is not a buffer", k);

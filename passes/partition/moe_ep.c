@@ -20,9 +20,10 @@
  * min(El min(G, C), G min(K, El)) rows for its El experts, G = n x group tokens of its group;
  * without a capacity C = all the tokens of the step (an expert takes a token at most once).
  *
- * Then the graph's load-balance output: the moe_stats of every layer (tokens per expert max /
- * mean, choices dropped, all choices; f32[3] each) concatenated, the last output of a training
- * step (the runtime's step line reads it; see plan/program.h).
+ * Then the graph's load-balance outputs: the moe_stats of every layer (f32[3]: the experts times
+ * the most choices one expert got, the choices dropped, all choices), summed over the
+ * microbatches, as outputs of a training step (the runtime's step line reads them; see
+ * plan/program.h).
  *
  * Assumes: a partitioned step graph. Guarantees: no moe_ffn or moe_ffn_grad with group > 1 is
  * left; every other node is kept in order.
@@ -89,9 +90,11 @@ static void bind(ep *e, int v, int nv)
 static void row_bounds(const ptc_graph *g, const ptc_node *n, int64_t *m_send, int64_t *m_recv)
 {
     const ptc_value *x = &g->values[n->in[0]];
+    /* the tokens routed together: a microbatch's, over the mesh (not over mb, which is time) */
     int64_t tokens = x->type.dims[0] * x->type.dims[1], all = tokens;
     for (int a = 0; a < g->mesh.naxes; a++)
-        if (x->place[a].kind == PTC_PLACE_SHARD && x->place[a].dim <= 1)
+        if (x->place[a].kind == PTC_PLACE_SHARD && x->place[a].dim <= 1 &&
+            strcmp(g->mesh.names[a], "mb") != 0)
             all *= g->mesh.sizes[a];
     int64_t K = g->values[n->in[1]].type.dims[2], E = n->attrs.n, el = E / n->attrs.group;
     int64_t C = ptc_moe_capacity(n->attrs.capacity, all, K, E), G = tokens * n->attrs.group;
@@ -223,22 +226,34 @@ static bool expert_parallel(const ptc_node *n)
     return (n->op == PTC_OP_MOE_FFN || n->op == PTC_OP_MOE_FFN_GRAD) && n->attrs.group > 1;
 }
 
-/* The moe_stats of every layer, concatenated, as the last output of a training step. */
-static void stats_output(ptc_graph *g, char *err, size_t errn, bool *failed)
+/* The moe_stats of every layer as outputs of a training step, summed over the microbatches (an
+ * allreduce over mb: the lowering's sum in time). */
+static void stats_outputs(ptc_graph *g, char *err, size_t errn, bool *failed)
 {
-    int ins[PTC_MAX_RESULTS * 2], n = 0;
-    for (int i = 0; i < g->nnodes && n < (int)(sizeof ins / sizeof ins[0]); i++)
-        if (g->nodes[i].op == PTC_OP_MOE_STATS)
-            ins[n++] = g->nodes[i].out[0];
-    if (!n || g->noutputs == 0) /* a forward program: no step line to show it */
+    int mb = -1, nn = g->nnodes;
+    for (int a = 0; a < g->mesh.naxes; a++)
+        if (strcmp(g->mesh.names[a], "mb") == 0 && g->mesh.sizes[a] > 1)
+            mb = a;
+    if (g->noutputs == 0) /* a forward program: no step line to show them */
         return;
-    ptc_attrs at = ptc_attrs_default(PTC_OP_CONCAT);
-    at.axis = 0;
-    int v;
-    ptc_pass_build(g, "the moe_ep pass", PTC_OP_CONCAT, ins, n, &at, (ptc_loc){0}, &v, failed, err,
-                   errn);
-    if (!*failed)
-        ptc_graph_add_output(g, v);
+    for (int i = 0; i < nn && !*failed; i++) {
+        if (g->nodes[i].op != PTC_OP_MOE_STATS)
+            continue;
+        int v = g->nodes[i].out[0];
+        if (mb >= 0) {
+            ptc_attrs at = ptc_attrs_default(PTC_OP_ALLREDUCE);
+            at.mesh_axis = mb;
+            at.group = g->mesh.sizes[mb];
+            ptc_loc loc = g->nodes[i].loc;
+            g->values[v].place[mb] = (ptc_placement){.kind = PTC_PLACE_PARTIAL};
+            int sum;
+            ptc_pass_build(g, "the moe_ep pass", PTC_OP_ALLREDUCE, &v, 1, &at, loc, &sum, failed,
+                           err, errn);
+            v = sum;
+        }
+        if (!*failed)
+            ptc_graph_add_output(g, v);
+    }
 }
 
 int ptc_pass_moe_ep(ptc_pass_ctx *ctx)
@@ -281,6 +296,6 @@ int ptc_pass_moe_ep(ptc_pass_ctx *ctx)
         ptc_graph_free(ctx->g);
         ctx->g = e.out;
     }
-    stats_output(ctx->g, ctx->err, ctx->errn, &failed);
+    stats_outputs(ctx->g, ctx->err, ctx->errn, &failed);
     return failed ? -1 : 0;
 }

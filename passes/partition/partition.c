@@ -911,7 +911,10 @@ static ptc_graph *partition_tp(ptc_pass_ctx *ctx, int axis)
 /* The mesh the step is partitioned over: the compile mesh without its pipeline axis (stages are
  * the lowering's), with the microbatch axis "mb" right inside dp when the batch is split in time.
  * mb inside dp means a microbatch is a contiguous slice of the global batch, split over dp, and
- * the data-parallel reductions act on gradients already accumulated over the microbatches. */
+ * the data-parallel reductions act on gradients already accumulated over the microbatches. ep
+ * splits the batch too (it is data parallel outside the experts), so mb goes inside it as well:
+ * a microbatch stays a contiguous slice, the tokens a mixture-of-experts layer routes together
+ * whatever the mesh. */
 static void partition_mesh(const ptc_compile_opts *o, ptc_mesh *m)
 {
     memset(m, 0, sizeof *m);
@@ -919,7 +922,7 @@ static void partition_mesh(const ptc_compile_opts *o, ptc_mesh *m)
     for (int a = 0; a < o->mesh.naxes; a++) {
         if (strcmp(o->mesh.names[a], "pp") == 0)
             continue;
-        bool inner = strcmp(o->mesh.names[a], "dp") != 0;
+        bool inner = strcmp(o->mesh.names[a], "dp") != 0 && strcmp(o->mesh.names[a], "ep") != 0;
         if (!placed && inner) {
             strcpy(m->names[m->naxes], "mb");
             m->sizes[m->naxes++] = o->microbatches;

@@ -6,7 +6,10 @@
  * needs the counts of every row: that is where the ranks exchange their per-expert counts (an
  * all-gather of i32[rows, top_k, experts] per mesh axis that splits the batch). Its results are
  * replicated; moe_route takes this rank's rows of the prefix (a local slice), so every choice
- * gets the place it has on one device, and dropping is the same on every mesh.
+ * gets the place it has on one device, and dropping is the same on every mesh. The microbatch
+ * axis (mb) is the exception: the language routes the tokens of one microbatch together, so
+ * moe_prefix counts the microbatch's rows only and its totals are the microbatch's (replicated
+ * on mb: every node that depends on the batch runs once per microbatch).
  *
  * Experts (moe_ffn and its gradient):
  *   - tensor parallel: each expert's hidden dimension is split (w_up by columns, in two strided
@@ -140,6 +143,14 @@ int ptc_shard_rule_moe(part *p, int ni, const ptc_placement *in, rule_out *ro)
         ro->out[0] = x;
         return 0;
     case PTC_OP_MOE_PREFIX: /* every row of the step: the exchange of per-expert counts */
+        if (strcmp(part_graph(p)->mesh.names[part_axis(p)], "mb") == 0) {
+            x = tokens(x, false); /* the rows of this microbatch */
+            ro->req[0] = x;
+            ro->out[0] = x;
+            ro->out[1] = pl_r(); /* this microbatch's totals */
+            return 0;
+        }
+        /* fall through */
     case PTC_OP_MOE_FRAC:
     case PTC_OP_MOE_STATS:
         all(ro, n->nin, pl_r(), true);

@@ -465,20 +465,19 @@ static int load_initial(run *r)
 
 /* Mixture-of-experts load balance of the step just run (program.h: stats), for the step line
  * and the log: the worst layer's tokens per expert max / mean, and the fraction of all choices
- * dropped. Empty without moe layers. */
+ * dropped. Empty without moe layers. With pipeline stages: the first stage's layers. */
 static void moe_balance(const run *r, char *line, size_t n, char *json, size_t jn)
 {
     const ptc_program *pg = ptrt_exec_program(r->x);
     line[0] = json[0] = 0;
-    if (pg->stats < 0)
+    if (!pg->nstats)
         return;
-    const float *s = ptrt_exec_data(r->x, pg->stats);
-    int64_t layers = ptc_type_numel(&pg->bufs[pg->stats].type) / 3;
     double worst = 0, dropped = 0, all = 0;
-    for (int64_t l = 0; l < layers; l++) {
-        worst = s[3 * l] > worst ? s[3 * l] : worst;
-        dropped += s[3 * l + 1];
-        all += s[3 * l + 2];
+    for (int l = 0; l < pg->nstats; l++) {
+        const float *s = ptrt_exec_data(r->x, pg->stats[l]);
+        worst = s[2] > 0 && s[0] / s[2] > worst ? s[0] / s[2] : worst;
+        dropped += s[1];
+        all += s[2];
     }
     double frac = all > 0 ? dropped / all : 0;
     ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%", worst, 100 * frac);

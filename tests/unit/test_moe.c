@@ -98,12 +98,14 @@ Test(moe, stats_count_what_the_capacity_drops)
     at.capacity = 0.5;
     ptc_type it = TY(PTC_I32, 2, 2);
     rt_result r = rt_ok(PTC_OP_MOE_STATS, at, 1, &it, (void *[]){tot});
-    /* loads 4 and 4 of a mean 4; 4 of 8 choices dropped (route4 keeps 4) */
-    EXPECT_OUT(r, 0, 0, 1, 4, 8);
+    /* loads 4 and 4 (2 experts x 4, over 8 choices: max / mean 1); 4 of 8 choices dropped
+     * (route4 keeps 4) */
+    EXPECT_OUT(r, 0, 0, 8, 4, 8);
     rt_free(&r);
     at.capacity = 0;
-    r = rt_ok(PTC_OP_MOE_STATS, at, 1, &it, (void *[]){tot});
-    EXPECT_OUT(r, 0, 0, 1, 0, 8);
+    int32_t skew[] = {4, 0, 1, 3}; /* loads 5 and 3 */
+    r = rt_ok(PTC_OP_MOE_STATS, at, 1, &it, (void *[]){skew});
+    EXPECT_OUT(r, 0, 0, 10, 0, 8);
     rt_free(&r);
     rt_result f =
         rt_ok(PTC_OP_MOE_FRAC, ptc_attrs_default(PTC_OP_MOE_FRAC), 1, &it, (void *[]){tot});

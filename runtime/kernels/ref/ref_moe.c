@@ -178,7 +178,8 @@ static void frac(const int32_t *tot, int64_t K, int64_t E, float *f)
     }
 }
 
-/* [max over experts of their choices / the mean, choices dropped, all choices] */
+/* [E x the most choices one expert got, choices dropped, all choices]: sums over microbatches
+ * stay meaningful (the first over the last is the largest load over the mean) */
 static void stats(const int32_t *tot, int64_t K, int64_t E, double capacity, float *o)
 {
     int64_t N = step_tokens(tot, E), C = ptc_moe_capacity(capacity, N, K, E), kept = 0, mx = 0;
@@ -191,8 +192,7 @@ static void stats(const int32_t *tot, int64_t K, int64_t E, double capacity, flo
         }
         mx = load > mx ? load : mx;
     }
-    double mean = (double)(N * K) / (double)E;
-    o[0] = (float)(mean > 0 ? (double)mx / mean : 0);
+    o[0] = (float)(mx * E);
     o[1] = (float)(N * K - kept);
     o[2] = (float)(N * K);
 }
