@@ -102,10 +102,12 @@ Test(moe, stats_count_what_the_capacity_drops)
      * (route4 keeps 4) */
     EXPECT_OUT(r, 0, 0, 8, 4, 8);
     rt_free(&r);
+    /* three experts, dropless: loads 4, 2, 2 of 8 choices (3 x 4 over 8: max / mean 1.5) */
     at.capacity = 0;
-    int32_t skew[] = {4, 0, 1, 3}; /* loads 5 and 3 */
-    r = rt_ok(PTC_OP_MOE_STATS, at, 1, &it, (void *[]){skew});
-    EXPECT_OUT(r, 0, 0, 10, 0, 8);
+    int32_t skew[] = {3, 1, 0, 1, 1, 2};
+    ptc_type i3 = TY(PTC_I32, 2, 3);
+    r = rt_ok(PTC_OP_MOE_STATS, at, 1, &i3, (void *[]){skew});
+    EXPECT_OUT(r, 0, 0, 12, 0, 8);
     rt_free(&r);
     rt_result f =
         rt_ok(PTC_OP_MOE_FRAC, ptc_attrs_default(PTC_OP_MOE_FRAC), 1, &it, (void *[]){tot});
