@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts plans held to closed forms (docs/moe.md), from what `ptc --emit plan`
+prints and what `--emit program` runs:
+
+  - expert memory per rank: the experts' parameters split over ep and tp (4 bytes an element),
+    their gradients alike, AdamW's two moments split further over dp under ZeRO-1;
+  - the dispatch buffers: a rank of n tokens sends at most min(n K, E min(n, C)) rows and receives
+    at most min(El min(G, C), G min(K, El)) rows, El = E / ep, G = n ep, C the capacity
+    (ceil(c K N / E) on the decimal c, at most N; N without a capacity);
+  - all-to-all bytes per layer with balanced routing: 4 exchanges (two forward, two backward) of
+    the rows a rank dispatches, (ep - 1) / ep of them to other ranks, d floats a row;
+  - the count exchange: all-gathers of the per-row counts i32[rows, K, E] over dp (rows of one ep
+    block) and ep (all rows), and of the kept counts i32[E] over ep;
+  - expert gradients are reduced over dp only, every other gradient over dp and ep in one group;
+  - invariants: more ep never gives a rank more expert memory; a capacity never reserves more
+    dispatch rows than dropless.
+
+Usage: moe_plan.py PTC SOURCE_DIR   (exit 0 all hold, 1 otherwise)
+"""
+import math
+import re
+import subprocess
+import sys
+from fractions import Fraction
+
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print('%s %s' % ('ok  ' if ok else 'FAIL', what))
+    failures += not ok
+
+
+def ptc(*args):
+    r = subprocess.run([PTC] + list(args), capture_output=True, text=True)
+    if r.returncode:
+        sys.exit('moe_plan.py: ptc %s failed:\n%s' % (' '.join(args), r.stderr))
+    return r.stdout
+
+
+def number(text, pattern):
+    m = re.search(pattern, text)
+    if not m:
+        sys.exit('moe_plan.py: no match for %r in\n%s' % (pattern, text))
+    return m.groups()
+
+
+def to_bytes(value, unit):
+    return float(value) * {'B': 1, 'KiB': 1 << 10, 'MiB': 1 << 20, 'GiB': 1 << 30}[unit]
+
+
+def capacity(c, n, k, e):
+    return n if c == 0 else min(n, math.ceil(Fraction(repr(float(c))) * k * n / e))
+
+
+# moe_tiny: vocab 256, d 64, 2 layers, 4 experts, top 2, expert hidden 128 (swiglu: w_up 256
+# columns), batch 8 x 32
+TINY = dict(d=64, layers=2, E=4, K=2, f=128, B=8, S=32)
+
+
+def expected(m, dp, ep, tp, cap, zero):
+    d, E, K, f, L = m['d'], m['E'], m['K'], m['f'], m['layers']
+    expert_elems = L * E * (d * 2 * f + f * d)
+    params = expert_elems * 4 / (ep * tp)
+    optim = 2 * params / (dp if zero >= 1 else 1)
+    N = m['B'] * m['S']
+    n = N // (dp * ep)
+    C = capacity(cap, N, K, E)
+    el, G = E // ep, n * ep
+    send = min(n * K, E * min(n, C))
+    recv = min(el * min(G, C), G * min(K, el))
+    a2a = 4 * send * d * 4 * (ep - 1) / ep
+    # dp gathers the rows of one ep block (B / ep of them), then ep all of them
+    counts = ((m['B'] // ep) * K * E * 4 * (dp - 1) / dp + m['B'] * K * E * 4 * (ep - 1) / ep +
+              ep * E * 4 * (ep - 1) / ep)
+    return dict(params=params, grads=params, optim=optim, send=send, recv=recv, a2a=a2a,
+                counts=counts, row=d * 4)
+
+
+def plan_figures(text):
+    got = {}
+    for key, name in (('params', 'parameters'), ('grads', 'gradients'),
+                      ('optim', 'optimizer state')):
+        v, u = number(text, r'expert memory .*%s ([\d.]+) (B|KiB|MiB|GiB)' % name)
+        got[key] = to_bytes(v, u)
+    m = re.search(r'dispatch\s+send (\d+) rows .*receive (\d+) rows', text)
+    if m:
+        got['send'], got['recv'] = int(m.group(1)), int(m.group(2))
+        v, u = number(text, r'all-to-all\s+4 per step: ([\d.]+) (B|KiB|MiB|GiB) sent')
+        got['a2a'] = to_bytes(v, u)
+    m = re.search(r'count exchange\s+([\d.]+) (B|KiB|MiB|GiB) sent', text)
+    got['counts'] = to_bytes(*m.groups()) if m else 0
+    return got
+
+
+def near(a, b):
+    return abs(a - b) <= 0.006 * max(abs(b), 1)  # the summary prints 3 significant digits
+
+
+def meshes():
+    for dp in (1, 2):
+        for ep in (1, 2, 4):
+            for tp in (1, 2):
+                if dp * ep * tp > 1:
+                    for cap in (0, 1.0, 0.5):
+                        yield dp, ep, tp, cap
+
+
+def main():
+    global PTC
+    PTC, src = sys.argv[1], sys.argv[2]
+    tiny = src + '/examples/moe_tiny.ptm'
+    memory = {}
+    for dp, ep, tp, cap in meshes():
+        zero = 1 if dp > 1 else 0
+        mesh = ','.join('%s=%d' % (a, n) for a, n in (('dp', dp), ('ep', ep), ('tp', tp))
+                        if n > 1)
+        tag = 'moe_tiny --mesh %s --zero %d capacity %g' % (mesh, zero, cap)
+        text = ptc('--mesh', mesh, '--zero', str(zero), '-D', 'capacity_factor=%r' % cap,
+                   '--emit', 'plan', '--summary', tiny)
+        want, got = expected(TINY, dp, ep, tp, cap, zero), plan_figures(text)
+        for key in ('params', 'grads', 'optim', 'counts'):
+            check(near(got[key], want[key]), '%s: %s %g, closed form %g' %
+                  (tag, key, got[key], want[key]))
+        if ep > 1:
+            for key in ('send', 'recv', 'a2a'):
+                check(near(got[key], want[key]), '%s: %s %g, closed form %g' %
+                      (tag, key, got[key], want[key]))
+        else:
+            check('send' not in got, '%s: no dispatch buffers without ep' % tag)
+        memory[(dp, ep, tp, cap)] = (got['params'] + got['grads'] + got['optim'],
+                                     got.get('recv', 0))
+    for (dp, ep, tp, cap), (mem, recv) in memory.items():
+        if (dp, 2 * ep, tp, cap) in memory:
+            check(memory[(dp, 2 * ep, tp, cap)][0] <= mem,
+                  'dp=%d tp=%d capacity %g: ep=%d holds no more expert memory than ep=%d' %
+                  (dp, tp, cap, 2 * ep, ep))
+        if cap and (dp, ep, tp, 0) in memory:
+            check(recv <= memory[(dp, ep, tp, 0)][1],
+                  'dp=%d ep=%d tp=%d: capacity %g reserves no more rows than dropless' %
+                  (dp, ep, tp, cap))
+
+    # who reduces what: expert gradients over dp only, the rest over dp+ep in one group
+    prog = ptc('--mesh', 'dp=2,ep=2', '--emit', 'program', tiny)
+    expert_count = TINY['E'] // 2 * TINY['d'] * 2 * TINY['f']  # a local w_up
+    groups = {}
+    for m in re.finditer(r'allreduce \S+ -> \S+ \{group=([\w+]+), reduce=sum, count=(\d+)\} '
+                         r'backward', prog):
+        groups.setdefault(m.group(1), []).append(int(m.group(2)))
+    check(expert_count in groups.get('dp', []),
+          'dp=2,ep=2: the w_up gradients (%d elements) are reduced over dp' % expert_count)
+    check(all(c != expert_count for c in groups.get('dp+ep', [])) and 'dp+ep' in groups,
+          'dp=2,ep=2: the other gradients are reduced over dp+ep in one group')
+    check('ep' not in groups or all(c == 1 for c in groups['ep']),
+          'dp=2,ep=2: nothing but the gradient norm of the expert shards is reduced over ep '
+          'alone (%s)' % groups.get('ep'))
+
+    # Mixtral on dp=2,ep=4: the Done-when plan shows the all-to-alls and the expert shards
+    text = ptc('--mesh', 'dp=2,ep=4', '--emit', 'plan', src + '/examples/moe.ptm')
+    check(re.search(r'layers\.0\.w_up\s+\[8,4096,28672\]\s+dp:R ep:S0\s+-> \[2,4096,28672\]',
+                    text) is not None, 'moe.ptm dp=2,ep=4: w_up split over ep, 2 experts a rank')
+    check(len(re.findall(r'= all_to_all_v ', text)) == 4 * 32,
+          'moe.ptm dp=2,ep=4: 4 all_to_all_v per layer in the program')
+    print('moe plans: %d failed' % failures)
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
