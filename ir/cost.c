@@ -59,6 +59,21 @@ double ptc_op_flops(ptc_op op, const ptc_attrs *a, const ptc_type *in, int nin,
     case PTC_OP_CROSS_ENTROPY:
     case PTC_OP_CE_SUMEXP:
         return 5.0 * (double)ptc_type_numel(&in[0]);
+    case PTC_OP_MOE_FFN:
+    case PTC_OP_MOE_FFN_GRAD:
+    case PTC_OP_MOE_EP_FFN:
+    case PTC_OP_MOE_EP_FFN_GRAD: {
+        /* two products a kept choice forward (x @ w_up, @ w_down); the backward recomputes
+         * them and makes four more. Rows: every choice (as if none were dropped), or the rows a
+         * dispatch buffer holds (the most a rank receives) */
+        bool ep = op == PTC_OP_MOE_EP_FFN || op == PTC_OP_MOE_EP_FFN_GRAD;
+        bool grad = op == PTC_OP_MOE_FFN_GRAD || op == PTC_OP_MOE_EP_FFN_GRAD;
+        const ptc_type *up = &in[ep ? 2 : 3], *down = &in[ep ? 3 : 4];
+        double rows = ep ? (double)in[0].dims[0] : (double)ptc_type_numel(&in[1]);
+        double per = 2.0 * ((double)up->dims[1] * (double)up->dims[2] +
+                            (double)down->dims[1] * (double)down->dims[2]);
+        return rows * per * (grad ? 3.0 : 1.0);
+    }
     default: break;
     }
     double n = 0;
