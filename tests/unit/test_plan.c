@@ -33,14 +33,16 @@ static ptc_graph *compile_file(const char *rel, const char *mesh_dp_tp, int zero
     ptc_graph *g = ptc_frontend_compile(path, src, len, &fo, &d);
     cr_assert_not_null(g);
     ptc_compile_opts co = {.train = true, .verify_each = true, .zero = zero, .seq_parallel = sp};
-    if (mesh_dp_tp) {
-        int dp, tp;
-        cr_assert_eq(sscanf(mesh_dp_tp, "%d,%d", &dp, &tp), 2);
-        co.mesh.naxes = 2;
-        strcpy(co.mesh.names[0], "dp");
-        strcpy(co.mesh.names[1], "tp");
-        co.mesh.sizes[0] = dp;
-        co.mesh.sizes[1] = tp;
+    if (mesh_dp_tp) { /* "dp,tp" or "dp,ep,tp" */
+        int n[3];
+        int k = sscanf(mesh_dp_tp, "%d,%d,%d", &n[0], &n[1], &n[2]);
+        cr_assert(k == 2 || k == 3);
+        const char *names[3] = {"dp", k == 3 ? "ep" : "tp", "tp"};
+        co.mesh.naxes = k;
+        for (int a = 0; a < k; a++) {
+            strcpy(co.mesh.names[a], names[a]);
+            co.mesh.sizes[a] = n[a];
+        }
     }
     ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
     cr_assert_eq(ptc_run_passes(&ctx), 0, "%s: %s", rel, err);
@@ -85,6 +87,8 @@ static const config configs[] = {
     {"examples/llama_tiny.ptm", "2,2", 1, true},
     {"tests/golden/ir/every_op.ptm", NULL, 0, false},
     {"tests/golden/ir/every_op.ptm", "2,2", 3, false},
+    {"examples/moe_tiny.ptm", NULL, 0, false},
+    {"examples/moe_tiny.ptm", "2,2,2", 1, true}, /* all_to_all_v, a dp+ep group, stats */
 };
 #define NCONFIGS (int)(sizeof configs / sizeof configs[0])
 
@@ -153,6 +157,21 @@ Test(plan_text, the_loader_rejects_damaged_plans)
     free(s);
     expect_load_error("", "expected 'plan'");
     expect_load_error("plan \"x\" ranks 0", "rank count out of range");
+    free(t);
+    ptc_plan_free(p);
+    /* expert parallelism: an all_to_all_v whose counts do not fit its experts, moe statistics
+     * that are not f32[3] */
+    p = plan_of("examples/moe_tiny.ptm", "1,2,1", 0, false);
+    t = text_of(p);
+    s = edit(t, "experts=4,", "experts=3,");
+    expect_load_error(s, "all_to_all_v layout disagrees with its buffers");
+    free(s);
+    cr_assert_eq(p->programs[0].nstats, 2); /* one per layer */
+    char stats[64];
+    snprintf(stats, sizeof stats, "\nstats b%d,", p->programs[0].stats[0]);
+    s = edit(t, stats, "\nstats b0,");
+    expect_load_error(s, "moe statistics 0 are not an f32[3] buffer");
+    free(s);
     free(t);
     ptc_plan_free(p);
 }
