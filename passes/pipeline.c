@@ -15,9 +15,9 @@
  * differentiate, and take its stage; optimizer nodes follow their largest operand. Stages are
  * contiguous runs of units: the first holds pre, the last post. Without --stages the cut
  * minimises the largest stage's compute (forward + backward flops and bytes, from ir/cost.c), and
- * among cuts within 2% of that, the largest stage's model states (parameters, gradients and Adam
- * moments: 16 bytes a parameter) - so the embedding and the head weigh in with their compute and
- * their memory.
+ * among cuts within 2% of that spreads compute and model states (parameters, gradients and Adam
+ * moments: 16 bytes a parameter) evenly - so the embedding and the head weigh in with their
+ * compute and their memory.
  *
  * Recompute (Korthikanti et al. 2022): full marks every forward node of a layer except those whose
  * result leaves the layer (the next layer's input is kept); selective marks the attention core.
@@ -276,8 +276,10 @@ static void unit_costs(pl *P)
 }
 
 /* Contiguous cut of the units into S stages: first[s] is stage s's first unit. Minimises the
- * largest stage cost, then (within 2%) the largest stage memory. Every stage gets at least one
- * unit. */
+ * largest stage cost (the pipeline's throughput), then, among cuts whose stages all cost at most
+ * 2% more than that, spreads compute and memory evenly: the least sum over stages of
+ * (cost share + memory share)^2. Every stage gets at least one unit. Both are exact dynamic
+ * programs over (stages, units). */
 static void balance(const pl *P, int S, int *first)
 {
     int U = P->nunits;
@@ -287,6 +289,7 @@ static void balance(const pl *P, int S, int *first)
         pc[u + 1] = pc[u] + P->units[u].cost;
         pm[u + 1] = pm[u] + P->units[u].mem;
     }
+    double tc = pc[U] > 0 ? pc[U] : 1, tm = pm[U] > 0 ? pm[U] : 1;
     /* best[s][u]: the smallest largest-cost of cutting units [0, u) into s stages */
     size_t W = (size_t)U + 1;
     double *best = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
@@ -302,21 +305,20 @@ static void balance(const pl *P, int S, int *first)
                     best[(size_t)s * W + (size_t)u] = m;
             }
     double bound = best[(size_t)S * W + (size_t)U] * 1.02 + 1e-9;
-    /* then the smallest largest-memory among cuts whose stages all cost at most bound */
-    double *mm = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
+    double *sq = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
     int *from = ptc_xmalloc(sizeof(int) * W * (size_t)(S + 1));
     for (size_t i = 0; i < W * (size_t)(S + 1); i++)
-        mm[i] = 1e300, from[i] = -1;
-    mm[0] = 0;
+        sq[i] = 1e300, from[i] = -1;
+    sq[0] = 0;
     for (int s = 1; s <= S; s++)
         for (int u = s; u <= U; u++)
             for (int v = s - 1; v < u; v++) {
-                double c = mm[(size_t)(s - 1) * W + (size_t)v];
+                double c = sq[(size_t)(s - 1) * W + (size_t)v];
                 if (c >= 1e300 || pc[u] - pc[v] > bound)
                     continue;
-                double here = pm[u] - pm[v], m = c > here ? c : here;
-                if (m < mm[(size_t)s * W + (size_t)u]) {
-                    mm[(size_t)s * W + (size_t)u] = m;
+                double w = (pc[u] - pc[v]) / tc + (pm[u] - pm[v]) / tm;
+                if (c + w * w < sq[(size_t)s * W + (size_t)u]) {
+                    sq[(size_t)s * W + (size_t)u] = c + w * w;
                     from[(size_t)s * W + (size_t)u] = v;
                 }
             }
@@ -330,7 +332,7 @@ static void balance(const pl *P, int S, int *first)
     free(pc);
     free(pm);
     free(best);
-    free(mm);
+    free(sq);
     free(from);
 }
 
@@ -427,7 +429,7 @@ static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
     size_t len = 0;
     len += (size_t)snprintf(line, sizeof line, "pipeline: %d %sstages %s:", S,
                             o->virtual_stages > 1 ? "virtual " : "",
-                            o->nstage_layers ? "as --stages asks" : "cut to balance compute");
+                            o->nstage_layers ? "as --stages asks" : "cut to balance compute, then memory");
     for (int s = 0; s < S; s++) {
         double c = 0;
         for (int u = first[s]; u < first[s + 1]; u++)

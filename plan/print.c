@@ -342,10 +342,17 @@ static void pipeline_section(FILE *f, const ptc_plan *p)
         const ptc_program *pg = &p->programs[si->program];
         ptc_plan_stats st;
         ptc_plan_stats_of(p, si->program, &st);
-        char ranks[64];
+        char ranks[64]; /* "0-63", "0,2,4-7" */
         int n = 0;
-        for (int r = 0; r < pg->nranks && n < (int)sizeof ranks - 12; r++)
+        for (int r = 0; r < pg->nranks && n < (int)sizeof ranks - 24;) {
+            int e = r;
+            while (e + 1 < pg->nranks && pg->ranks[e + 1] == pg->ranks[e] + 1)
+                e++;
             n += snprintf(ranks + n, sizeof ranks - (size_t)n, "%s%d", r ? "," : "", pg->ranks[r]);
+            if (e > r)
+                n += snprintf(ranks + n, sizeof ranks - (size_t)n, "-%d", pg->ranks[e]);
+            r = e + 1;
+        }
         char inflight[32];
         snprintf(inflight, sizeof inflight, "%d (%d)", si->inflight, pi.inflight_schedule[s]);
         fprintf(f, "  %-6d %-14s %-10s ", s, ranks, inflight);
