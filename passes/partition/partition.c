@@ -897,8 +897,9 @@ static ptc_graph *partition_tp(ptc_pass_ctx *ctx, int axis)
     /* one line for the plan: what was chosen, why, and what the other choice costs */
     ptc_fmt(ctx->notes, sizeof ctx->notes,
             "sequence parallel (%s): %d all-gathered layer inputs are %s for the backward: "
-            "%lld bytes of activations per rank (peak %lld) against %lld bytes sent again over "
-            "tp per step (%lld sent)\n",
+            "%lld bytes of activations per tp rank (peak %lld) against %lld bytes sent again "
+            "over tp per step (%lld sent), counted at the whole batch before any data-parallel "
+            "split\n",
             o->sp_stash == PTC_SP_STASH_AUTO ? "chosen" : "asked", c.nstash,
             shard ? "gathered again (1/t shards kept)" : "kept gathered", (long long)c.stash,
             (long long)c.peak, (long long)c.stash, (long long)c.sent);
