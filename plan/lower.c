@@ -1116,6 +1116,8 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
         ptc_plan_free(p);
         return NULL;
     }
+    if (o->fuse)
+        ptc_plan_fuse(p);
     ptc_plan_memory(p);
     if (ptc_plan_verify(p, msg, sizeof msg) < 0) {
         ptc_fmt(err, errn, "internal error: the lowered plan does not verify: %s", msg);

@@ -30,11 +30,17 @@ typedef struct ptc_lower_opts {
     ptc_mesh mesh;
     int pp_schedule;    /* ptc_pp_schedule (schedule.h): the order of microbatches and stages */
     int virtual_stages; /* model chunks per pipeline rank (interleaved) */
+    /* run the fusion pass (fuse.c) before memory planning */
+    bool fuse;
 } ptc_lower_opts;
 
 /* Lowers g (every rank runs the same program: g is an SPMD program or single-device). Returns the
  * plan with its memory planned, or NULL with a message. */
 ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size_t errn);
+
+/* The fusion pass (fuse.c): runs of kernels become generated kernels (fused instructions), their
+ * intermediates leave the program. On a lowered plan before memory planning. */
+void ptc_plan_fuse(ptc_plan *p);
 
 /* The static memory planner: offsets for every buffer of every program and the arena size of every
  * region. Persistent regions (parameters, gradients, optimizer state) lay buffers out in order;

@@ -2,6 +2,8 @@
  * the local-to-full index map, lifetimes and the memory timeline (see program.h). */
 #include "program.h"
 
+#include "kir.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +64,17 @@ void ptc_plan_free(ptc_plan *p)
         free(p->programs[i].instrs);
     }
     free(p->programs);
+    for (int k = 0; k < p->nkernels; k++)
+        ptc_kir_free(p->kernels[k]);
+    free(p->kernels);
     ptc_arena_free(p->arena);
+}
+
+int ptc_plan_add_kernel(ptc_plan *p, ptc_kir *k)
+{
+    p->kernels = ptc_xrealloc(p->kernels, sizeof *p->kernels * (size_t)(p->nkernels + 1));
+    p->kernels[p->nkernels] = k;
+    return p->nkernels++;
 }
 
 ptc_program *ptc_plan_add_program(ptc_plan *p)

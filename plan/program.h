@@ -14,7 +14,9 @@
  *             op run in place).
  *   instr     kernel (an op of the op table over buffers), gemm (a batched matrix product with
  *             transposes folded in), collective over a group of the mesh, send/recv with a peer
- *             on a mesh axis, copy (bytes from one buffer to another).
+ *             on a mesh axis, copy (bytes from one buffer to another), fused (a generated
+ *             kernel of the plan's kernel table over its operands and results: what the fusion
+ *             pass makes of several kernels, plan/fuse.c).
  *   region    one arena per rank and region, allocated once: parameters, gradients, optimizer
  *             state, activations (and workspace), communication. Offsets come from the static
  *             memory planner (memplan.c), so every byte a rank uses is known before launch.
@@ -92,6 +94,7 @@ typedef enum {
     PTC_INSTR_SEND,
     PTC_INSTR_RECV,
     PTC_INSTR_COPY,
+    PTC_INSTR_FUSED,
     PTC_NINSTR_KINDS
 } ptc_instr_kind;
 
@@ -162,6 +165,7 @@ typedef struct ptc_instr {
     int16_t mb;                /* the microbatch it works on */
     int16_t vstage;            /* the virtual pipeline stage (model chunk x stages + stage) */
     bool recompute;            /* a forward op run again in the backward (activation recompute) */
+    int kernel;                /* fused: its kernel in the plan's table */
     ptc_loc loc;               /* where in the model it came from */
 } ptc_instr;
 
@@ -203,7 +207,13 @@ typedef struct ptc_plan {
     ptc_program *programs;
     int nprograms;
     int *rank_program; /* [nranks] */
+    /* the generated kernels fused instructions run (kernel IR, codegen/kir.h); owned */
+    struct ptc_kir **kernels;
+    int nkernels;
 } ptc_plan;
+
+/* Operands of a fused instruction: its kernel's parameters, inputs then results. */
+#define PTC_MAX_FUSED_OPERANDS 65536
 
 ptc_plan *ptc_plan_new(void);
 void ptc_plan_free(ptc_plan *p);
@@ -211,6 +221,8 @@ ptc_program *ptc_plan_add_program(ptc_plan *p);
 int ptc_prog_add_buffer(ptc_plan *p, ptc_program *pg, const ptc_buffer *b);
 /* Appends an instruction (in/out copied into the plan's arena); returns its index. */
 int ptc_prog_add_instr(ptc_plan *p, ptc_program *pg, const ptc_instr *in);
+/* Adds a kernel to the plan's table (the plan owns it from then on); returns its index. */
+int ptc_plan_add_kernel(ptc_plan *p, struct ptc_kir *k);
 
 /* The buffer whose bytes b uses (b itself unless it is a view). */
 static inline int ptc_prog_root(const ptc_program *pg, int b)

@@ -18,25 +18,28 @@
  *   i1 = gemm b3, b4 -> b5 {ta=false, tb=true, m=64, n=32, k=32, ...} forward @14:5
  *   i2 = allreduce b5 -> b6 {group=tp, reduce=sum, count=2048} forward @14:5
  *   i3 = copy b7 -> b0 {bytes=8192} update
+ *   i4 = fused f0_add_gelu b5, b8 -> b5, b9 forward @20:5 "h.0.mlp"
  *   loss b9
  *   grad_norm b10
  *   outputs b11, b12
  *   eval 0:7, 9
  *   end
  *
- * Buffers and instructions are numbered densely, in order; the loader checks the numbers, reads
+ * The kernels of fused instructions come before the first program, in the kernel IR's text form
+ * (codegen/kir.h), in the order of the plan's table. Buffers and instructions are numbered densely, in order; the loader checks the numbers, reads
  * everything back through the same pieces (ir/text.c) and verifies the plan.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "kir.h"
 #include "program.h"
 #include "schedule.h"
 #include "text.h"
 
 static const char *const kind_names[] = {"temp", "input", "param", "state"};
-static const char *const instr_names[PTC_NINSTR_KINDS] = {"kernel", "gemm", "", "send", "recv",
-                                                          "copy"};
+static const char *const instr_names[PTC_NINSTR_KINDS] = {"kernel", "gemm", "",     "send",
+                                                          "recv",   "copy", "fused"};
 
 /* ---- printing ---- */
 
@@ -124,6 +127,8 @@ static void put_instr(FILE *f, const ptc_plan *p, const ptc_instr *in, int i)
         fputs(instr_names[in->kind], f);
     if (in->kind == PTC_INSTR_KERNEL)
         fprintf(f, " %s", ptc_ops[in->op].name);
+    if (in->kind == PTC_INSTR_FUSED)
+        fprintf(f, " %s", p->kernels[in->kernel]->name);
     put_operands(f, in->in, in->nin);
     if (in->nout) {
         fputs(" ->", f);
@@ -137,6 +142,7 @@ static void put_instr(FILE *f, const ptc_plan *p, const ptc_instr *in, int i)
     case PTC_INSTR_GEMM: put_gemm(f, &in->gemm); break;
     case PTC_INSTR_COLL: put_coll(f, &p->mesh, &in->coll); break;
     case PTC_INSTR_COPY: fprintf(f, " {bytes=%lld}", (long long)in->bytes); break;
+    case PTC_INSTR_FUSED: break;
     default: /* send, recv */
         fprintf(f, " {peer=%s%+d}", p->mesh.names[in->peer_axis], in->peer_delta);
     }
@@ -254,6 +260,8 @@ void ptc_plan_print(const ptc_plan *p, FILE *f)
         ptc_put_string(f, p->notes);
         fputc('\n', f);
     }
+    for (int k = 0; k < p->nkernels; k++)
+        ptc_kir_print(p->kernels[k], f);
     for (int k = 0; k < p->nprograms; k++)
         ptc_plan_print_program(p, k, f);
 }
@@ -514,6 +522,16 @@ static void lex_instr_head(loader *ld, ptc_instr *in)
         }
     in->kind = (uint8_t)lex_word(ld, instr_names, PTC_NINSTR_KINDS, "unknown instruction '%s'");
     in->op = in->kind == PTC_INSTR_GEMM ? PTC_OP_MATMUL : PTC_OP_RESHAPE;
+    if (in->kind == PTC_INSTR_FUSED) {
+        in->kernel = -1;
+        for (int k = 0; k < ld->p->nkernels && in->kernel < 0; k++)
+            if (lx->kind == PTC_T_IDENT && strcmp(ld->p->kernels[k]->name, lx->text) == 0)
+                in->kernel = k;
+        if (in->kernel < 0)
+            ptc_lex_fail(lx, "unknown kernel '%s'", lx->text);
+        ptc_lex_next(lx);
+        return;
+    }
     if (in->kind != PTC_INSTR_KERNEL)
         return;
     in->op = lx->kind == PTC_T_IDENT ? ptc_op_lookup(lx->text) : PTC_NOPS;
@@ -584,13 +602,16 @@ static void load_instr(loader *ld)
     ptc_lex_expect(lx, '=');
     ptc_instr in;
     memset(&in, 0, sizeof in);
-    int ins[PTC_MAX_RESULTS * 2], outs[PTC_MAX_RESULTS];
+    /* a fused instruction may have many operands (a multi-tensor optimizer update) */
+    int *ins = ptc_xmalloc(sizeof(int) * PTC_MAX_FUSED_OPERANDS);
+    int *outs = ptc_xmalloc(sizeof(int) * PTC_MAX_FUSED_OPERANDS);
     lex_instr_head(ld, &in);
-    in.nin = lex_operands(ld, ins, PTC_MAX_RESULTS * 2);
+    int cap = in.kind == PTC_INSTR_FUSED ? PTC_MAX_FUSED_OPERANDS : PTC_MAX_RESULTS;
+    in.nin = lex_operands(ld, ins, in.kind == PTC_INSTR_FUSED ? cap : 2 * cap);
     if (ptc_lex_punct(lx, '-')) {
         ptc_lex_next(lx);
         ptc_lex_expect(lx, '>');
-        in.nout = lex_operands(ld, outs, PTC_MAX_RESULTS);
+        in.nout = lex_operands(ld, outs, cap);
     }
     in.in = ins;
     in.out = outs;
@@ -619,6 +640,8 @@ static void load_instr(loader *ld)
         in.loc.scope = ptc_lex_string(lx, ld->p->arena);
     if (!lx->failed)
         ptc_prog_add_instr(ld->p, pg, &in);
+    free(ins);
+    free(outs);
 }
 
 static void load_eval(loader *ld)
@@ -770,6 +793,11 @@ static void load_header(loader *ld)
     if (ptc_lex_ident(lx, "notes")) {
         ptc_lex_next(lx);
         p->notes = ptc_lex_string(lx, p->arena);
+    }
+    while (!lx->failed && ptc_lex_ident(lx, "kernel")) {
+        ptc_kir *k = ptc_kir_parse(lx);
+        if (k)
+            ptc_plan_add_kernel(p, k);
     }
 }
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kir.h"
 #include "program.h"
 
 typedef struct vctx {
@@ -194,11 +195,46 @@ static int check_coll(vctx *v, int i, const ptc_instr *in)
     return ok ? 0 : bad(v, "i%d: %s layout disagrees with its buffers", i, ptc_coll_name(c->kind));
 }
 
+/* A fused instruction against its kernel: one parameter per operand (inputs, then results) of the
+ * buffer's dtype and size; an out parameter over an in parameter is a result in the bytes of that
+ * operand, and every other result shares no bytes with any operand (the generated code may assume
+ * so). */
+static int check_fused(vctx *v, int i, const ptc_instr *in)
+{
+    if (in->kernel < 0 || in->kernel >= v->p->nkernels)
+        return bad(v, "i%d: a fused instruction without a kernel", i);
+    const ptc_kir *k = v->p->kernels[in->kernel];
+    if (k->nparams != in->nin + in->nout)
+        return bad(v, "i%d: kernel %s has %d parameters for %d operands and results", i, k->name,
+                   k->nparams, in->nin + in->nout);
+    for (int q = 0; q < k->nparams; q++) {
+        const ptc_kparam *pp = &k->params[q];
+        bool out = q >= in->nin;
+        int b = out ? in->out[q - in->nin] : in->in[q];
+        const ptc_buffer *bf = &v->pg->bufs[b];
+        if (pp->out != out || pp->dtype != bf->type.dtype || pp->numel != numel(v, b))
+            return bad(v, "i%d: parameter %s of kernel %s does not match b%d", i, pp->name,
+                       k->name, b);
+        if (!out)
+            continue;
+        int root = ptc_prog_root(v->pg, b);
+        for (int r = 0; r < in->nin + (q - in->nin); r++) {
+            int o = r < in->nin ? in->in[r] : in->out[r - in->nin];
+            bool shared = ptc_prog_root(v->pg, o) == root;
+            if (shared != (r == pp->alias))
+                return bad(v, "i%d: result b%d of kernel %s %s b%d", i, b, k->name,
+                           shared ? "shares the bytes of" : "is declared over", o);
+        }
+    }
+    return 0;
+}
+
 static int check_instr(vctx *v, int i)
 {
     const ptc_instr *in = &v->pg->instrs[i];
-    if (in->nin < 0 || in->nout < 0 || in->nin > PTC_MAX_RESULTS * 2 ||
-        in->nout > PTC_MAX_RESULTS || in->phase > PTC_PHASE_UPDATE)
+    int cap = in->kind == PTC_INSTR_FUSED ? PTC_MAX_FUSED_OPERANDS : PTC_MAX_RESULTS;
+    if (in->nin < 0 || in->nout < 0 || in->nin > 2 * cap || in->nout > cap ||
+        in->phase > PTC_PHASE_UPDATE)
         return bad(v, "i%d: bad operand count or phase", i);
     for (int k = 0; k < in->nin; k++)
         if (in->in[k] < 0 || in->in[k] >= v->pg->nbufs)
@@ -216,6 +252,7 @@ static int check_instr(vctx *v, int i)
             return bad(v, "i%d: copy of %lld bytes does not fit its buffers", i,
                        (long long)in->bytes);
         return 0;
+    case PTC_INSTR_FUSED: return check_fused(v, i, in);
     case PTC_INSTR_SEND:
     case PTC_INSTR_RECV:
         if (in->nin != (in->kind == PTC_INSTR_SEND) || in->nout != (in->kind == PTC_INSTR_RECV) ||

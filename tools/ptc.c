@@ -21,6 +21,7 @@
 #include "plan.h"
 #include "schedule.h"
 #include "trace.h"
+#include "kir.h"
 #include "planner.h"
 #include "ptc_flags.h"
 
@@ -247,6 +248,7 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
                          .logical_params = logical_params,
                          .keep_grad_outputs = g->mesh.naxes == 0,
                          .notes = notes,
+                         .fuse = !o->no_fuse,
                          .mesh = o->mesh,
                          .pp_schedule = o->pp_schedule,
                          .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
@@ -323,6 +325,9 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
         ptc_print_memory(plan, stdout);
     else if (o->emit && strcmp(o->emit, "trace") == 0)
         rc = emit_trace(plan);
+    else if (o->emit && strcmp(o->emit, "kernels") == 0)
+        for (int k = 0; k < plan->nkernels; k++)
+            ptc_kir_print(plan->kernels[k], stdout);
     else if (o->output)
         rc = write_executable(plan, o);
     ptc_plan_free(plan);

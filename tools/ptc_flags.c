@@ -35,6 +35,10 @@ static const char usage[] =
     "                                 instruction, the peak and where it happens, the arenas\n"
     "                         trace   the planned timeline of a step (Chrome trace-event\n"
     "                                 JSON for Perfetto), simulated with a cost model\n"
+    "                         kernels the generated (fused) kernels of the plan, in the\n"
+    "                                 kernel IR (codegen/kir.h)\n"
+    "  --no-fuse            leave every op its own kernel: no fusion pass, no generated\n"
+    "                       kernels (the plan every fused plan is tested against)\n"
     "  --summary            with --emit plan: only the summary of every rank program\n"
     "  -D NAME=VALUE        override the const NAME (repeatable)\n"
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
@@ -348,10 +352,10 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
     } else if (strcmp(a, "--emit") == 0) {
         if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params") &&
             strcmp(val, "plan") && strcmp(val, "plan-json") && strcmp(val, "program") &&
-            strcmp(val, "memory") && strcmp(val, "trace"))
+            strcmp(val, "memory") && strcmp(val, "trace") && strcmp(val, "kernels"))
             return usage_error(errf,
                                "unknown --emit kind '%s' (ir, dot, params, plan, plan-json, "
-                               "program, memory, trace)",
+                               "program, memory, trace, kernels)",
                                val);
         o->emit = val;
         /* a plan is of a training step */
@@ -378,6 +382,8 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
         o->inputs[o->ninputs++] = val;
     } else if (strcmp(a, "--run") == 0) {
         o->run = true;
+    } else if (strcmp(a, "--no-fuse") == 0) {
+        o->no_fuse = true;
     } else if (strcmp(a, "--summary") == 0) {
         o->summary = true;
     } else if (strcmp(a, "--train") == 0) {

@@ -28,6 +28,7 @@ typedef struct ptc_options {
     const char *file;
     const char *emit;
     bool run, train, seq_parallel, summary;
+    bool no_fuse; /* --no-fuse: every op its own kernel */
     const char *output, *dump_after, *runner;
     ptc_mesh mesh;
     int zero;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "checkpoint.h"
 #include "file.h"
 #include "util.h"
@@ -55,7 +56,10 @@ const char ptrt_runner_usage[] =
     "  --print-plan           print the embedded plan (every rank program: buffers with their\n"
     "                         arena offsets, instructions) and exit\n"
     "backend:\n"
-    "  --backend KIND         cpu (OpenBLAS GEMMs, default) or ref (plain reference kernels)\n"
+    "  --backend KIND         cpu (OpenBLAS GEMMs and fast kernels, default), jit (cpu with\n"
+    "                         the plan's fused kernels compiled by LLVM at start, cached on\n"
+    "                         disk) or ref (plain reference kernels); cpu and ref interpret\n"
+    "                         the fused kernels\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
     "  --trace FILE           write the measured timeline of up to 3 steps after the first\n"
@@ -315,8 +319,11 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
             o->backend = PTRT_BACKEND_CPU;
         else if (strcmp(v, "ref") == 0)
             o->backend = PTRT_BACKEND_REF;
+        else if (strcmp(v, "jit") == 0 && ptrt_backend_jit)
+            o->backend = PTRT_BACKEND_JIT;
         else
-            return bad(errf, prog, "--backend expects cpu or ref, got '%s'", v);
+            return bad(errf, prog, "--backend expects cpu, ref or jit, got '%s'%s", v,
+                       ptrt_backend_jit ? "" : " (jit: this build has no LLVM)");
     } else { /* --debug-drop-collective */
         char tail;
         if (sscanf(v, "%d:%d%c", &o->drop_rank, &o->drop_index, &tail) != 2 || o->drop_rank < 0 ||

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include "cpu.h"
+#include "kir.h"
 #include "ref.h"
 
 void *ptrt_host_alloc(size_t n)
@@ -30,6 +31,12 @@ void ptrt_host_free(void *p, size_t n)
         munmap(p, n);
 }
 
+int ptrt_fused_interp(void *state, const ptc_plan *p, int k, void *const *args, char *err,
+                      size_t errn)
+{
+    return ptc_kir_run(p->kernels[k], args, 0, 1, err, errn);
+}
+
 const ptrt_backend ptrt_backend_ref = {
     .name = "ref",
     .kernel = ptrt_ref_run,
@@ -37,7 +44,12 @@ const ptrt_backend ptrt_backend_ref = {
     .alloc = ptrt_host_alloc,
     .free = ptrt_host_free,
     .host = true,
+    .fused = ptrt_fused_interp,
 };
+
+#ifndef PTC_HAVE_LLVM
+const ptrt_backend *const ptrt_backend_jit = NULL;
+#endif
 
 const ptrt_backend *ptrt_backend_find(const char *name)
 {
@@ -45,5 +57,7 @@ const ptrt_backend *ptrt_backend_find(const char *name)
         return &ptrt_backend_ref;
     if (strcmp(name, "cpu") == 0)
         return &ptrt_backend_cpu;
+    if (strcmp(name, "jit") == 0)
+        return ptrt_backend_jit;
     return NULL;
 }

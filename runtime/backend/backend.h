@@ -1,10 +1,14 @@
 /* backend.h - what the executor needs from a backend (ggml-backend's idea, kept as small): its
- * kernels, its GEMM, and memory for the arenas of the static memory plan.
+ * kernels, its GEMM, the plan's generated (fused) kernels, and memory for the arenas of the static
+ * memory plan.
  *
  * Backends: ref (the plain reference kernels, double accumulation: what everything is tested
- * against) and cpu (OpenBLAS GEMMs and fast float kernels, the reference for what it does not
- * cover). Both keep their arenas in host memory; a device backend (cuda) will keep them on the
- * device and move bytes with upload/download.
+ * against), cpu (OpenBLAS GEMMs and fast float kernels, the reference for what it does not
+ * cover) and jit (the cpu backend's kernels, with the plan's fused kernels compiled through LLVM
+ * when an executor starts: backend/jit/). ref and cpu run fused kernels by interpreting their
+ * kernel IR (ptc_kir_run). All keep their arenas in host memory; a device backend (cuda) will keep
+ * them on the device, compile the plan's kernels in its prepare hook and move bytes with
+ * upload/download.
  */
 #ifndef PTRT_BACKEND_H
 #define PTRT_BACKEND_H
@@ -26,12 +30,28 @@ typedef struct ptrt_backend {
     void (*free)(void *p, size_t n);
     /* Whether arenas are host memory the runtime may read and write directly. */
     bool host;
+    /* Once per executor, before anything runs: makes the plan's kernels ready (compiles them)
+     * and returns the state `fused` gets. NULL: nothing to prepare. 0, or -1 with a message. */
+    int (*prepare)(const ptc_plan *p, void **state, char *err, size_t errn);
+    void (*release)(void *state);
+    /* Kernel k of the plan's kernel table over args (one pointer per kernel parameter). */
+    int (*fused)(void *state, const ptc_plan *p, int k, void *const *args, char *err,
+                 size_t errn);
 } ptrt_backend;
 
 extern const ptrt_backend ptrt_backend_ref;
 extern const ptrt_backend ptrt_backend_cpu;
+/* NULL in a build without LLVM */
+extern const ptrt_backend *const ptrt_backend_jit;
 
-/* The backend named name ("ref", "cpu"), or NULL. */
+/* Runs a fused kernel by interpreting its kernel IR, on the calling thread (the ref backend) or on
+ * the CPU backend's threads (cpu). */
+int ptrt_fused_interp(void *state, const ptc_plan *p, int k, void *const *args, char *err,
+                      size_t errn);
+int ptrt_fused_interp_parallel(void *state, const ptc_plan *p, int k, void *const *args,
+                               char *err, size_t errn);
+
+/* The backend named name ("ref", "cpu", "jit" where built), or NULL. */
 const ptrt_backend *ptrt_backend_find(const char *name);
 
 /* Host arenas for the CPU backends: anonymous mappings, released to the system when freed. */

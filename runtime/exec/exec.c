@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kir.h"
 #include "ref.h"
 #include "trace.h"
 
@@ -19,6 +20,7 @@
 typedef struct prepared {
     ptrt_kcall kc;
     void **in, **out;
+    void **args; /* fused: in ++ out, one pointer per kernel parameter */
     ptc_type *it, *ot;
     int *members; /* collectives: the group; send/recv: the peer */
     int nmembers;
@@ -31,6 +33,7 @@ struct ptrt_exec {
     int rank;
     int coords[PTC_MAX_MESH_AXES];
     const ptrt_backend *be;
+    void *be_state; /* what the backend's prepare hook made */
     ptrt_comm *comm;
     unsigned char *arena[PTC_NREGIONS];
     size_t arena_bytes[PTC_NREGIONS];
@@ -44,8 +47,8 @@ struct ptrt_exec {
     double trace_t0;
     ptc_trace_event *trace;
     int ntrace, captrace, maxtrace;
-    double prof_s[PTC_NOPS];
-    int64_t prof_calls[PTC_NOPS];
+    double prof_s[PTC_NOPS + 1]; /* by op; fused kernels last */
+    int64_t prof_calls[PTC_NOPS + 1];
 };
 
 const ptc_program *ptrt_exec_program(const ptrt_exec *x)
@@ -139,6 +142,11 @@ static void prepare(ptrt_exec *x, int i)
         p->ot[k] = pg->bufs[in->out[k]].type;
     }
     p->kc = (ptrt_kcall){.op = in->op, .nin = in->nin, .nout = in->nout, .attrs = in->attrs};
+    if (in->kind == PTC_INSTR_FUSED) {
+        p->args = ptc_xcalloc((size_t)(in->nin + in->nout + 1), sizeof(void *));
+        memcpy(p->args, p->in, sizeof(void *) * (size_t)in->nin);
+        memcpy(p->args + in->nin, p->out, sizeof(void *) * (size_t)in->nout);
+    }
     const ptc_mesh *m = &x->plan->mesh;
     if (in->kind == PTC_INSTR_KERNEL && in->has_coord)
         p->kc.coord = in->coord; /* a microbatch's part of the rank's batch */
@@ -186,6 +194,10 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
     for (int i = 0; i < pg->ninstrs; i++)
         prepare(x, i);
+    if (x->be->prepare && x->be->prepare(plan, &x->be_state, err, errn) < 0) {
+        ptrt_exec_free(x);
+        return NULL;
+    }
     return x;
 }
 
@@ -199,7 +211,10 @@ void ptrt_exec_free(ptrt_exec *x)
         free(x->prep[i].it);
         free(x->prep[i].ot);
         free(x->prep[i].members);
+        free(x->prep[i].args);
     }
+    if (x->be->release && x->be_state)
+        x->be->release(x->be_state);
     for (int r = 0; r < PTC_NREGIONS; r++)
         if (x->arena[r])
             x->be->free(x->arena[r], x->arena_bytes[r]);
@@ -406,6 +421,12 @@ static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
         if (p->out[0] != p->in[0])
             memmove(p->out[0], p->in[0], (size_t)in->bytes);
         return 0;
+    case PTC_INSTR_FUSED:
+        if (!x->be->fused) {
+            ptc_fmt(err, errn, "backend %s cannot run generated kernels", x->be->name);
+            return -1;
+        }
+        return x->be->fused(x->be_state, x->plan, in->kernel, p->args, err, errn);
     default: return run_p2p(x, in, p, err, errn);
     }
 }
@@ -423,9 +444,10 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
         msg[0] = 0;
         double t0 = x->profile || x->tracing ? seconds() : 0;
         int rc = run_instr(x, i, msg, sizeof msg);
+        int slot = in->kind == PTC_INSTR_FUSED ? PTC_NOPS : (int)in->op;
         if (x->profile) {
-            x->prof_s[in->op] += seconds() - t0;
-            x->prof_calls[in->op]++;
+            x->prof_s[slot] += seconds() - t0;
+            x->prof_calls[slot]++;
         }
         if (x->tracing && x->ntrace < x->maxtrace) {
             PTC_GROW(x->trace, x->captrace, x->ntrace);
@@ -436,8 +458,9 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
                                                       .step = (long long)step};
         }
         if (rc < 0) {
-            const char *what = in->kind == PTC_INSTR_COLL ? ptc_coll_name(in->coll.kind)
-                                                          : ptc_ops[in->op].name;
+            const char *what = in->kind == PTC_INSTR_COLL    ? ptc_coll_name(in->coll.kind)
+                               : in->kind == PTC_INSTR_FUSED ? x->plan->kernels[in->kernel]->name
+                                                             : ptc_ops[in->op].name;
             if (in->loc.line)
                 ptc_fmt(err, errn, "%s:%d:%d: %s: %s", in->loc.file ? in->loc.file : "?",
                         in->loc.line, in->loc.col, what, msg);
@@ -486,9 +509,9 @@ void ptrt_exec_set_profile(ptrt_exec *x, bool on)
 
 void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
 {
-    int order[PTC_NOPS], n = 0;
+    int order[PTC_NOPS + 1], n = 0;
     double total = 0;
-    for (int op = 0; op < PTC_NOPS; op++)
+    for (int op = 0; op <= PTC_NOPS; op++)
         if (x->prof_calls[op]) {
             order[n++] = op;
             total += x->prof_s[op];
@@ -503,7 +526,7 @@ void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
     fprintf(f, "%-20s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
     for (int i = 0; i < n; i++) {
         int op = order[i];
-        fprintf(f, "%-20s %8lld %12.3f %6.1f%%\n", ptc_ops[op].name,
+        fprintf(f, "%-20s %8lld %12.3f %6.1f%%\n", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
                 (long long)((double)x->prof_calls[op] / per + 0.5), 1e3 * x->prof_s[op] / per,
                 total > 0 ? 100.0 * x->prof_s[op] / total : 0.0);
     }

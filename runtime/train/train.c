@@ -663,7 +663,9 @@ static int write_trace(shared *sh, char *err, size_t errn)
     }
     char title[256];
     ptc_fmt(title, sizeof title, "measured steps of '%s' (%d ranks, backend %s)", sh->plan->model,
-            sh->nranks, sh->o->backend == PTRT_BACKEND_CPU ? "cpu" : "ref");
+            sh->nranks, sh->o->backend == PTRT_BACKEND_CPU   ? "cpu"
+            : sh->o->backend == PTRT_BACKEND_JIT ? "jit"
+                                                 : "ref");
     FILE *f = fopen(sh->o->trace, "w");
     int rc = 0;
     if (!f) {
@@ -701,8 +703,9 @@ static int setup(shared *sh, char *err, size_t errn)
     }
     ptrt_cpu_set_threads(o->threads);
     sh->first = 1;
-    ptrt_exec_opts xo = {.backend = o->backend == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
-                                                                   : &ptrt_backend_ref,
+    ptrt_exec_opts xo = {.backend = o->backend == PTRT_BACKEND_JIT   ? ptrt_backend_jit
+                                    : o->backend == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
+                                                                     : &ptrt_backend_ref,
                          .comm = sh->comm,
                          .canary = o->check_memory};
     for (int k = 0; k < sh->nranks; k++) {

@@ -17,7 +17,7 @@
 #include "program.h"
 
 typedef enum { PTRT_SCHED_CONSTANT, PTRT_SCHED_COSINE } ptrt_schedule;
-typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU } ptrt_backend_kind;
+typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU, PTRT_BACKEND_JIT } ptrt_backend_kind;
 
 typedef struct ptrt_train_opts {
     int64_t steps;

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "kir.h"
 #include "ref.h"
 
 int ptrt_cpu_has_blas(void)
@@ -103,6 +104,35 @@ int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
     return ptrt_ref_run(n, it, in, ot, out, err, errn);
 }
 
+typedef struct interp_job {
+    const ptc_kir *k;
+    void *const *args;
+    int nt;
+    int failed;
+    char err[512];
+} interp_job;
+
+static void interp_piece(void *ctx, int64_t begin, int64_t end)
+{
+    interp_job *j = ctx;
+    for (int64_t t = begin; t < end; t++) {
+        char msg[512];
+        if (ptc_kir_run(j->k, j->args, (int)t, j->nt, msg, sizeof msg) < 0 &&
+            !__atomic_exchange_n(&j->failed, 1, __ATOMIC_SEQ_CST))
+            ptc_fmt(j->err, sizeof j->err, "%s", msg);
+    }
+}
+
+int ptrt_fused_interp_parallel(void *state, const ptc_plan *p, int k, void *const *args,
+                               char *err, size_t errn)
+{
+    interp_job j = {.k = p->kernels[k], .args = args, .nt = ptrt_cpu_threads()};
+    ptrt_cpu_parallel_for(j.nt, 1, interp_piece, &j);
+    if (j.failed)
+        ptc_fmt(err, errn, "%s", j.err);
+    return j.failed ? -1 : 0;
+}
+
 const ptrt_backend ptrt_backend_cpu = {
     .name = "cpu",
     .kernel = ptrt_cpu_run,
@@ -110,4 +140,5 @@ const ptrt_backend ptrt_backend_cpu = {
     .alloc = ptrt_host_alloc,
     .free = ptrt_host_free,
     .host = true,
+    .fused = ptrt_fused_interp_parallel,
 };

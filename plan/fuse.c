@@ -1,0 +1,1102 @@
+/* fuse.c - the fusion pass: runs of kernel instructions of a lowered program become one
+ * generated kernel (kernel IR, codegen/kir.h) each, so that a step makes fewer passes over memory
+ * and keeps fewer intermediates.
+ *
+ * What it fuses, in program order:
+ *   - elementwise chains: consecutive unary, binary (with broadcasting) and activation-gradient
+ *     ops over one index space, each reading a result of the one before (bias + gelu, bias +
+ *     residual), optionally ended by a consumer along the last axis: layernorm, rmsnorm, softmax,
+ *     log_softmax or split (bias + residual + layernorm, qkv bias + split);
+ *   - cross-entropy with its gradient: the loss per row and the logits' gradient in one pass over
+ *     the logits, the gradient written over them (neither the softmax nor a separate gradient is
+ *     stored), then the mean of the row losses;
+ *   - the AdamW updates of consecutive parameters, with their gradient-clipping scale, as one
+ *     multi-tensor kernel.
+ * A result of a fused instruction that nothing reads after the run (and that is not a parameter,
+ * optimizer state, the loss, the gradient norm or an output) is not stored: its buffer leaves the
+ * program and the memory plan. Results written in place stay in place (the kernel's parameter
+ * names the operand it shares bytes with).
+ *
+ * Assumes: a lowered program before memory planning (ptc_lower calls it when asked).
+ * Guarantees: the program computes what it computed (up to float rounding: fused kernels compute
+ * in f32 without storing intermediates, like the ops they replace), the eval entry runs the
+ * instructions that now compute the loss, and every fused instruction matches its kernel
+ * (ptc_plan_verify checks it).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kir.h"
+#include "planner.h"
+
+#define MAX_MEMBERS 32
+
+typedef struct group {
+    int first, n;    /* instructions [first, first + n) */
+    int kind;        /* G_CHAIN, G_CE, G_ADAMW */
+} group;
+
+enum { G_CHAIN, G_CE, G_ADAMW };
+
+typedef struct fz {
+    ptc_plan *p;
+    ptc_program *pg;        /* its buffers, and the instructions being rebuilt */
+    const ptc_instr *old;   /* the instructions before fusion */
+    int nold;
+    int *last_read; /* root -> last instruction reading it (any view); ninstrs: live at exit */
+    bool *keep;     /* root -> observable after the program (param, state, loss, outputs) */
+} fz;
+
+static bool is_f32(const fz *z, int b)
+{
+    return z->pg->bufs[b].type.dtype == PTC_F32;
+}
+
+static int64_t numel(const fz *z, int b)
+{
+    return ptc_type_numel(&z->pg->bufs[b].type);
+}
+
+static int64_t last_dim(const fz *z, int b)
+{
+    const ptc_type *t = &z->pg->bufs[b].type;
+    return t->rank ? t->dims[t->rank - 1] : 1;
+}
+
+static int root(const fz *z, int b)
+{
+    return ptc_prog_root(z->pg, b);
+}
+
+static const ptc_instr *ins(const fz *z, int i)
+{
+    return &z->old[i];
+}
+
+static bool is_kernel(const fz *z, int i, ptc_op op)
+{
+    return i < z->nold && ins(z, i)->kind == PTC_INSTR_KERNEL && ins(z, i)->op == op;
+}
+
+/* ---- what may join a chain ---- */
+
+/* Instructions fuse only within one unit of pipeline work (the same phase, work, microbatch,
+ * virtual stage and recompute mark: a schedule orders those units, and a fused kernel must not
+ * straddle two), and never a kernel that computes for another rank's coordinate. */
+static bool same_task(const ptc_instr *a, const ptc_instr *b)
+{
+    return a->phase == b->phase && a->work == b->work && a->mb == b->mb &&
+           a->vstage == b->vstage && a->recompute == b->recompute && !a->has_coord &&
+           !b->has_coord;
+}
+
+static bool pointwise(ptc_op op)
+{
+    switch (op) {
+    case PTC_OP_ADD:
+    case PTC_OP_SUB:
+    case PTC_OP_MUL:
+    case PTC_OP_DIV:
+    case PTC_OP_NEG:
+    case PTC_OP_EXP:
+    case PTC_OP_LOG:
+    case PTC_OP_SQRT:
+    case PTC_OP_RSQRT:
+    case PTC_OP_TANH:
+    case PTC_OP_SIGMOID:
+    case PTC_OP_RELU:
+    case PTC_OP_GELU:
+    case PTC_OP_SILU:
+    case PTC_OP_RELU_GRAD:
+    case PTC_OP_GELU_GRAD:
+    case PTC_OP_SILU_GRAD: return true;
+    default: return false;
+    }
+}
+
+static bool row_consumer(const fz *z, const ptc_instr *in)
+{
+    const ptc_type *t = &z->pg->bufs[in->in[0]].type;
+    int64_t axis = in->attrs.axis < 0 ? in->attrs.axis + t->rank : in->attrs.axis;
+    switch (in->op) {
+    case PTC_OP_LAYERNORM:
+    case PTC_OP_RMSNORM: return true;
+    case PTC_OP_SOFTMAX:
+    case PTC_OP_LOG_SOFTMAX:
+    case PTC_OP_SPLIT: return t->rank > 0 && axis == t->rank - 1;
+    default: return false;
+    }
+}
+
+/* Operand x of type a broadcasts to output type o (NumPy, right-aligned dims equal or 1). */
+static bool broadcasts(const ptc_type *a, const ptc_type *o)
+{
+    if (a->rank > o->rank)
+        return false;
+    for (int d = 1; d <= a->rank; d++) {
+        int64_t x = a->dims[a->rank - d];
+        if (x != 1 && x != o->dims[o->rank - d])
+            return false;
+    }
+    return true;
+}
+
+static bool all_f32(const fz *z, const ptc_instr *in)
+{
+    for (int k = 0; k < in->nin; k++)
+        if (!is_f32(z, in->in[k]))
+            return false;
+    for (int k = 0; k < in->nout; k++)
+        if (!is_f32(z, in->out[k]))
+            return false;
+    return true;
+}
+
+/* Whether instruction i reads a buffer the members [g->first, i) wrote (by id). */
+static bool reads_member(const fz *z, const group *g, int i)
+{
+    const ptc_instr *in = ins(z, i);
+    for (int m = g->first; m < i; m++)
+        for (int o = 0; o < ins(z, m)->nout; o++)
+            for (int k = 0; k < in->nin; k++)
+                if (in->in[k] == ins(z, m)->out[o])
+                    return true;
+    return false;
+}
+
+static bool stored_in(const fz *z, int first, int n, int m);
+
+/* Marks the members a consumer's passes recompute: from member m back through results that are
+ * not stored. */
+static void mark_recomputed(const fz *z, int first, int n, int m, bool *mark)
+{
+    if (m < 0 || mark[m] || stored_in(z, first, n, m))
+        return;
+    mark[m] = true;
+    const ptc_instr *in = ins(z, first + m);
+    for (int k = 0; k < in->nin; k++)
+        for (int q = m - 1; q >= 0; q--)
+            if (ins(z, first + q)->out[0] == in->in[k]) {
+                mark_recomputed(z, first, n, q, mark);
+                break;
+            }
+}
+
+/* Loads of a root that a stored result overwrites in place happen in pass 1 at the element being
+ * written (same index, before the store): safe. A consumer's later passes recompute the results
+ * that are not stored, so none of those may read a root a stored result overwrote; and a stored
+ * result may share its bytes with one input buffer only (its kernel parameter names one). */
+static bool inplace_safe(const fz *z, int first, int n, bool consumer)
+{
+    bool recomputed[MAX_MEMBERS] = {false};
+    if (consumer) {
+        const ptc_instr *c = ins(z, first + n - 1);
+        for (int q = n - 2; q >= 0; q--)
+            if (ins(z, first + q)->out[0] == c->in[0]) {
+                mark_recomputed(z, first, n, q, recomputed);
+                break;
+            }
+    }
+    for (int s = first; s < first + n; s++) {
+        if (!stored_in(z, first, n, s - first))
+            continue;
+        int r = root(z, ins(z, s)->out[0]), sharing = -1;
+        for (int j = first; j < first + n; j++)
+            for (int k = 0; k < ins(z, j)->nin; k++) {
+                int b = ins(z, j)->in[k];
+                bool produced = false;
+                for (int q = first; q < j && !produced; q++)
+                    produced |= ins(z, q)->out[0] == b;
+                if (produced || root(z, b) != r)
+                    continue;
+                if (sharing >= 0 && sharing != b)
+                    return false;
+                sharing = b;
+                if (recomputed[j - first])
+                    return false;
+            }
+    }
+    return true;
+}
+
+/* The chain starting at i: its length (0 when it is not one of two or more). */
+static int chain_at(const fz *z, int i)
+{
+    const ptc_instr *a = ins(z, i);
+    if (a->kind != PTC_INSTR_KERNEL || !pointwise(a->op) || !all_f32(z, a) || a->nout != 1)
+        return 0;
+    const ptc_type *o = &z->pg->bufs[a->out[0]].type;
+    if (o->rank == 0)
+        return 0;
+    group g = {.first = i, .n = 1};
+    for (int k = 0; k < a->nin; k++)
+        if (!broadcasts(&z->pg->bufs[a->in[k]].type, o))
+            return 0;
+    while (g.n < MAX_MEMBERS && i + g.n < z->nold) {
+        int j = i + g.n;
+        const ptc_instr *b = ins(z, j);
+        if (b->kind != PTC_INSTR_KERNEL || !same_task(a, b) || !all_f32(z, b) ||
+            !reads_member(z, &g, j))
+            break;
+        if (pointwise(b->op)) {
+            const ptc_type *t = &z->pg->bufs[b->out[0]].type;
+            bool ok = numel(z, b->out[0]) == ptc_type_numel(o) && last_dim(z, b->out[0]) == o->dims[o->rank - 1];
+            for (int k = 0; k < b->nin && ok; k++) {
+                const ptc_type *x = &z->pg->bufs[b->in[k]].type;
+                int64_t nx = ptc_type_numel(x);
+                /* full size (the same elements), a scalar, or broadcast like the first result */
+                ok = nx == ptc_type_numel(o) || nx == 1 || (broadcasts(x, o) && broadcasts(x, t));
+            }
+            if (!ok)
+                break;
+            g.n++;
+            continue;
+        }
+        if (row_consumer(z, b) && numel(z, b->in[0]) == ptc_type_numel(o) &&
+            last_dim(z, b->in[0]) == o->dims[o->rank - 1] && reads_member(z, &g, j)) {
+            bool x_from_chain = false;
+            for (int m = i; m < j; m++)
+                x_from_chain |= ins(z, m)->out[0] == b->in[0];
+            if (x_from_chain)
+                g.n++;
+            break;
+        }
+        break;
+    }
+    while (g.n >= 2 && !inplace_safe(z, i, g.n, !pointwise(ins(z, i + g.n - 1)->op)))
+        g.n--;
+    return g.n >= 2 ? g.n : 0;
+}
+
+/* cross_entropy L, T -> loss; const -> dl; cross_entropy_grad L, T, dl -> dL, nothing reading L
+ * after: 3, else 0. */
+static int ce_at(const fz *z, int i)
+{
+    if (!is_kernel(z, i, PTC_OP_CROSS_ENTROPY) || !is_kernel(z, i + 1, PTC_OP_CONST) ||
+        !is_kernel(z, i + 2, PTC_OP_CROSS_ENTROPY_GRAD))
+        return 0;
+    const ptc_instr *ce = ins(z, i), *c = ins(z, i + 1), *gr = ins(z, i + 2);
+    int L = ce->in[0], dL = gr->out[0];
+    if (!same_task(ce, c) || ce->work != gr->work || ce->mb != gr->mb || ce->vstage != gr->vstage ||
+        gr->has_coord)
+        return 0;
+    if (gr->in[0] != L || gr->in[1] != ce->in[1] || gr->in[2] != c->out[0] || !is_f32(z, L) ||
+        !is_f32(z, c->out[0]) || z->last_read[root(z, L)] != i + 2 || z->keep[root(z, L)] ||
+        z->pg->bufs[dL].view >= 0 || z->pg->bufs[L].view_axis >= 0 ||
+        z->pg->bufs[root(z, L)].kind != PTC_BUF_TEMP ||
+        z->pg->bufs[root(z, L)].region != z->pg->bufs[dL].region ||
+        z->pg->bufs[root(z, L)].bytes < z->pg->bufs[dL].bytes)
+        return 0;
+    return 3;
+}
+
+/* consecutive [mul G, c -> G';] adamw_update P, G', M, V, lr, step: the number of instructions */
+static int adamw_at(const fz *z, int i)
+{
+    int n = 0, updates = 0, lr = -1, step = -1;
+    for (;;) {
+        int j = i + n, len = 1;
+        if (is_kernel(z, j, PTC_OP_MUL) && is_kernel(z, j + 1, PTC_OP_ADAMW_UPDATE) &&
+            ins(z, j + 1)->in[1] == ins(z, j)->out[0] && numel(z, ins(z, j)->in[1]) == 1 &&
+            numel(z, ins(z, j)->in[0]) == numel(z, ins(z, j)->out[0]))
+            len = 2;
+        int u = j + len - 1;
+        if (!is_kernel(z, u, PTC_OP_ADAMW_UPDATE) || !all_f32(z, ins(z, u)) ||
+            (len == 2 && !all_f32(z, ins(z, j))))
+            break;
+        const ptc_instr *a = ins(z, u);
+        if (n > 0 && !same_task(ins(z, i), a))
+            break;
+        if ((lr >= 0 && (a->in[4] != lr || a->in[5] != step)) ||
+            (updates + 1) * 6 > PTC_MAX_FUSED_OPERANDS)
+            break;
+        lr = a->in[4];
+        step = a->in[5];
+        n += len;
+        updates++;
+    }
+    return updates >= 2 ? n : 0;
+}
+
+/* ---- building kernels ---- */
+
+typedef struct kb {
+    fz *z;
+    ptc_kir *k;
+    int first, n;
+    int nin, *in;               /* kernel inputs (buffer ids): parameters 0..nin-1 */
+    int nout, *out, *out_param; /* stored results and their parameters */
+    int64_t R, C;
+    int r;          /* the row index expression */
+    int memo[MAX_MEMBERS];
+} kb;
+
+static int input_param(kb *b, int buf)
+{
+    for (int q = 0; q < b->nin; q++)
+        if (b->in[q] == buf)
+            return q;
+    PTC_ASSERT(b->nin < PTC_MAX_FUSED_OPERANDS);
+    b->in[b->nin] = buf;
+    char name[32];
+    snprintf(name, sizeof name, "x%d", b->nin);
+    ptc_kir_param(b->k, name, b->z->pg->bufs[buf].type.dtype, numel(b->z, buf), false, -1);
+    return b->nin++;
+}
+
+/* the member of the group that wrote buffer buf before member m, or -1 */
+static int producer(const kb *b, int m, int buf)
+{
+    for (int q = m - 1; q >= 0; q--)
+        if (ins(b->z, b->first + q)->out[0] == buf)
+            return q;
+    return -1;
+}
+
+/* element (row r, column j) of buffer buf (an input), broadcast to [R, C] */
+static int load_at(kb *b, int buf, int j)
+{
+    ptc_kir *k = b->k;
+    int q = input_param(b, buf);
+    const ptc_type *a = &b->z->pg->bufs[buf].type;
+    int64_t n = ptc_type_numel(a);
+    if (n == b->R * b->C)
+        return ptc_kx_load(k, q, ptc_kx_bin(k, PTC_KX_ADD, ptc_kx_bin(k, PTC_KX_MUL, b->r, ptc_kx_i(k, b->C)), j));
+    if (n == 1)
+        return ptc_kx_load(k, q, ptc_kx_i(k, 0));
+    /* general broadcast: the output's coordinates from (r, j), the operand's strides (0 where
+     * its dim is 1 or missing); the output is viewed as the first member's result type */
+    const ptc_type *o = &b->z->pg->bufs[ins(b->z, b->first)->out[0]].type;
+    int idx = a->dims[a->rank - 1] == 1 ? ptc_kx_i(k, 0) : j;
+    int64_t stride = a->dims[a->rank - 1], inner = 1;
+    for (int d = o->rank - 2; d >= 0; d--) {
+        int ad = d - (o->rank - a->rank);
+        if (ad >= 0 && a->dims[ad] != 1) {
+            int coord = ptc_kx_bin(k, PTC_KX_REM, ptc_kx_bin(k, PTC_KX_DIV, b->r, ptc_kx_i(k, inner)),
+                                   ptc_kx_i(k, o->dims[d]));
+            idx = ptc_kx_bin(k, PTC_KX_ADD, idx, ptc_kx_bin(k, PTC_KX_MUL, coord, ptc_kx_i(k, stride)));
+        }
+        if (ad >= 0)
+            stride *= a->dims[ad];
+        inner *= o->dims[d];
+    }
+    return ptc_kx_load(k, q, idx);
+}
+
+static int f(kb *b, double v)
+{
+    return ptc_kx_f(b->k, v);
+}
+static int bin(kb *b, ptc_kx_kind kind, int x, int y)
+{
+    return ptc_kx_bin(b->k, kind, x, y);
+}
+static int un(kb *b, ptc_kx_kind kind, int x)
+{
+    return ptc_kx_un(b->k, kind, x);
+}
+
+static int sigmoid(kb *b, int x)
+{
+    return bin(b, PTC_KX_DIV, f(b, 1.0), bin(b, PTC_KX_ADD, f(b, 1.0), un(b, PTC_KX_EXP, un(b, PTC_KX_NEG, x))));
+}
+
+/* GPT-2's tanh GELU and its derivative (as the reference kernels compute them) */
+#define GELU_C 0.7978845608028654 /* sqrt(2 / pi) */
+static int gelu_t(kb *b, int x)
+{
+    int x3 = bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, x, x), x);
+    return un(b, PTC_KX_TANH, bin(b, PTC_KX_MUL, f(b, GELU_C), bin(b, PTC_KX_ADD, x, bin(b, PTC_KX_MUL, f(b, 0.044715), x3))));
+}
+
+/* the value of op over operand values v */
+static int op_value(kb *b, ptc_op op, const int *v)
+{
+    switch (op) {
+    case PTC_OP_ADD: return bin(b, PTC_KX_ADD, v[0], v[1]);
+    case PTC_OP_SUB: return bin(b, PTC_KX_SUB, v[0], v[1]);
+    case PTC_OP_MUL: return bin(b, PTC_KX_MUL, v[0], v[1]);
+    case PTC_OP_DIV: return bin(b, PTC_KX_DIV, v[0], v[1]);
+    case PTC_OP_NEG: return un(b, PTC_KX_NEG, v[0]);
+    case PTC_OP_EXP: return un(b, PTC_KX_EXP, v[0]);
+    case PTC_OP_LOG: return un(b, PTC_KX_LOG, v[0]);
+    case PTC_OP_SQRT: return un(b, PTC_KX_SQRT, v[0]);
+    case PTC_OP_RSQRT: return bin(b, PTC_KX_DIV, f(b, 1.0), un(b, PTC_KX_SQRT, v[0]));
+    case PTC_OP_TANH: return un(b, PTC_KX_TANH, v[0]);
+    case PTC_OP_SIGMOID: return sigmoid(b, v[0]);
+    case PTC_OP_RELU: /* x < 0 ? 0 : x (NaN passes) */
+        return ptc_kx_select(b->k, bin(b, PTC_KX_LT, v[0], f(b, 0.0)), f(b, 0.0), v[0]);
+    case PTC_OP_GELU:
+        return bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, f(b, 0.5), v[0]), bin(b, PTC_KX_ADD, f(b, 1.0), gelu_t(b, v[0])));
+    case PTC_OP_SILU: return bin(b, PTC_KX_MUL, v[0], sigmoid(b, v[0]));
+    case PTC_OP_RELU_GRAD:
+        return ptc_kx_select(b->k, bin(b, PTC_KX_LT, f(b, 0.0), v[0]), v[1], f(b, 0.0));
+    case PTC_OP_GELU_GRAD: {
+        int x = v[0], t = gelu_t(b, x);
+        int a = bin(b, PTC_KX_MUL, f(b, 0.5), bin(b, PTC_KX_ADD, f(b, 1.0), t));
+        int d = bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, f(b, 0.5), x),
+                                       bin(b, PTC_KX_SUB, f(b, 1.0), bin(b, PTC_KX_MUL, t, t))),
+                    bin(b, PTC_KX_MUL, f(b, GELU_C),
+                        bin(b, PTC_KX_ADD, f(b, 1.0), bin(b, PTC_KX_MUL, f(b, 3 * 0.044715), bin(b, PTC_KX_MUL, x, x)))));
+        return bin(b, PTC_KX_MUL, bin(b, PTC_KX_ADD, a, d), v[1]);
+    }
+    default: { /* silu_grad: s (1 + x (1 - s)) dy */
+        int s = sigmoid(b, v[0]);
+        int g = bin(b, PTC_KX_MUL, s, bin(b, PTC_KX_ADD, f(b, 1.0), bin(b, PTC_KX_MUL, v[0], bin(b, PTC_KX_SUB, f(b, 1.0), s))));
+        return bin(b, PTC_KX_MUL, g, v[1]);
+    }
+    }
+}
+
+/* Whether member m of the run [first, first + n) has its result stored: it is observable or
+ * read after the run, and the run does not overwrite its bytes later. */
+static bool stored_in(const fz *z, int first, int n, int m)
+{
+    int out = ins(z, first + m)->out[0], r = root(z, out), end = first + n - 1;
+    for (int q = m + 1; q < n; q++)
+        for (int o = 0; o < ins(z, first + q)->nout; o++)
+            if (root(z, ins(z, first + q)->out[o]) == r)
+                return false;
+    return z->keep[r] || z->last_read[r] > end;
+}
+
+static bool stored(const kb *b, int m)
+{
+    return stored_in(b->z, b->first, b->n, m);
+}
+
+/* member m's value at column j: from its stored result when `reload`, else computed (memoized
+ * per column expression) */
+static int member_value(kb *b, int m, int j, bool reload)
+{
+    const ptc_instr *in = ins(b->z, b->first + m);
+    if (reload && stored(b, m)) {
+        for (int o = 0; o < b->nout; o++)
+            if (b->out[o] == in->out[0])
+                return ptc_kx_load(b->k, b->out_param[o],
+                                   bin(b, PTC_KX_ADD, bin(b, PTC_KX_MUL, b->r, ptc_kx_i(b->k, b->C)), j));
+    }
+    if (b->memo[m] >= 0)
+        return b->memo[m];
+    int v[4];
+    for (int k = 0; k < in->nin; k++) {
+        int q = producer(b, m, in->in[k]);
+        v[k] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[k], j);
+    }
+    return b->memo[m] = op_value(b, in->op, v);
+}
+
+static void clear_memo(kb *b)
+{
+    for (int m = 0; m < MAX_MEMBERS; m++)
+        b->memo[m] = -1;
+}
+
+static int rowj(kb *b, int j, int64_t width)
+{
+    return bin(b, PTC_KX_ADD, bin(b, PTC_KX_MUL, b->r, ptc_kx_i(b->k, width)), j);
+}
+
+/* the row consumer at the end of a chain: its x is member `xm` */
+static void build_consumer(kb *b, const ptc_instr *c, int xm)
+{
+    ptc_kir *k = b->k;
+    int64_t C = b->C;
+    int x;
+    int jv;
+#define COLUMN_VALUE(J) (clear_memo(b), member_value(b, xm, (J), true))
+    if (c->op == PTC_OP_SPLIT) {
+        int64_t w = C / c->nout;
+        for (int q = 0; q < c->nout; q++) {
+            int j = ptc_kir_for(k, NULL, ptc_kx_i(k, w), false);
+            int col = bin(b, PTC_KX_ADD, ptc_kx_i(k, q * w), j);
+            ptc_kir_store(k, b->out_param[b->nout - c->nout + q], rowj(b, j, w), COLUMN_VALUE(col));
+            ptc_kir_end(k);
+        }
+        return;
+    }
+    int yp = b->out_param[b->nout - 1];
+    if (c->op == PTC_OP_LAYERNORM || c->op == PTC_OP_RMSNORM) {
+        int g = input_param(b, c->in[1]);
+        int bb = c->op == PTC_OP_LAYERNORM ? input_param(b, c->in[2]) : -1;
+        int mean = -1;
+        if (c->op == PTC_OP_LAYERNORM) {
+            jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+            x = COLUMN_VALUE(ptc_kx_v(k, jv));
+            mean = ptc_kir_bind(k, bin(b, PTC_KX_DIV, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C), x), f(b, (double)C)));
+        }
+        jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+        x = COLUMN_VALUE(ptc_kx_v(k, jv));
+        int d = mean >= 0 ? bin(b, PTC_KX_SUB, x, mean) : x;
+        int var = ptc_kir_bind(k, bin(b, PTC_KX_DIV, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C), bin(b, PTC_KX_MUL, d, d)), f(b, (double)C)));
+        int inv = ptc_kir_bind(k, bin(b, PTC_KX_DIV, f(b, 1.0), un(b, PTC_KX_SQRT, bin(b, PTC_KX_ADD, var, f(b, c->attrs.eps)))));
+        int j = ptc_kir_for(k, NULL, ptc_kx_i(k, C), false);
+        x = COLUMN_VALUE(j);
+        d = mean >= 0 ? bin(b, PTC_KX_SUB, x, mean) : x;
+        int y = bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, d, inv), ptc_kx_load(k, g, j));
+        if (bb >= 0)
+            y = bin(b, PTC_KX_ADD, y, ptc_kx_load(k, bb, j));
+        ptc_kir_store(k, yp, rowj(b, j, C), y);
+        ptc_kir_end(k);
+        return;
+    }
+    /* softmax / log_softmax */
+    jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+    int mx = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_RMAX, jv, ptc_kx_i(k, C), COLUMN_VALUE(ptc_kx_v(k, jv))));
+    jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+    int s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C),
+                                          un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, COLUMN_VALUE(ptc_kx_v(k, jv)), mx))));
+    int j = ptc_kir_for(k, NULL, ptc_kx_i(k, C), false);
+    int e = bin(b, PTC_KX_SUB, COLUMN_VALUE(j), mx);
+    int y = c->op == PTC_OP_SOFTMAX ? bin(b, PTC_KX_DIV, un(b, PTC_KX_EXP, e), s)
+                                    : bin(b, PTC_KX_SUB, e, un(b, PTC_KX_LOG, s));
+    ptc_kir_store(k, yp, rowj(b, j, C), y);
+    ptc_kir_end(k);
+#undef COLUMN_VALUE
+}
+
+/* adds a materialized result: an out parameter, over the input with the same root if any */
+static int add_out(kb *b, int buf)
+{
+    int alias = -1;
+    for (int q = 0; q < b->nin; q++)
+        if (root(b->z, b->in[q]) == root(b->z, buf))
+            alias = q;
+    char name[32];
+    snprintf(name, sizeof name, "y%d", b->nout);
+    PTC_ASSERT(b->nout < PTC_MAX_FUSED_OPERANDS);
+    b->out[b->nout] = buf;
+    b->out_param[b->nout] = ptc_kir_param(b->k, name, PTC_F32, numel(b->z, buf), true, alias);
+    return b->nout++;
+}
+
+static void collect_inputs(kb *b)
+{
+    for (int m = 0; m < b->n; m++) {
+        const ptc_instr *in = ins(b->z, b->first + m);
+        for (int k = 0; k < in->nin; k++)
+            if (producer(b, m, in->in[k]) < 0)
+                input_param(b, in->in[k]);
+    }
+}
+
+static ptc_kir *build_chain(kb *b)
+{
+    fz *z = b->z;
+    const ptc_instr *last = ins(z, b->first + b->n - 1);
+    bool consumer = !pointwise(last->op);
+    int npw = consumer ? b->n - 1 : b->n;
+    int o0 = ins(z, b->first)->out[0];
+    b->C = last_dim(z, o0);
+    b->R = numel(z, o0) / b->C;
+    collect_inputs(b);
+    for (int m = 0; m < npw; m++)
+        if (stored(b, m))
+            add_out(b, ins(z, b->first + m)->out[0]);
+    if (consumer)
+        for (int o = 0; o < last->nout; o++)
+            add_out(b, last->out[o]);
+    ptc_kir *k = b->k;
+    b->r = ptc_kir_for(k, "r", ptc_kx_i(k, b->R), true);
+    /* pass 1: the chain's stored results */
+    bool any = false;
+    for (int o = 0; o < b->nout - (consumer ? last->nout : 0); o++)
+        any = true;
+    if (any) {
+        int j = ptc_kir_for(k, "j", ptc_kx_i(k, b->C), false);
+        clear_memo(b);
+        for (int m = 0; m < npw; m++) { /* bind every value once */
+            int v = member_value(b, m, j, false);
+            b->memo[m] = ptc_kir_bind(k, v);
+        }
+        for (int o = 0; o < b->nout - (consumer ? last->nout : 0); o++)
+            for (int m = 0; m < npw; m++)
+                if (ins(z, b->first + m)->out[0] == b->out[o])
+                    ptc_kir_store(k, b->out_param[o], rowj(b, j, b->C), b->memo[m]);
+        ptc_kir_end(k);
+    }
+    if (consumer) {
+        int xm = producer(b, b->n - 1, last->in[0]);
+        build_consumer(b, last, xm);
+    }
+    ptc_kir_end(k);
+    return k;
+}
+
+/* one pass over each row of logits: max, sum of exps, the row's loss and the gradient over the
+ * logits; the mean of the row losses is a separate (reference) kernel */
+static ptc_kir *build_ce(kb *b, int rowloss)
+{
+    fz *z = b->z;
+    const ptc_instr *ce = ins(z, b->first), *gr = ins(z, b->first + 2);
+    ptc_kir *k = b->k;
+    int L = input_param(b, ce->in[0]), T = input_param(b, ce->in[1]);
+    int dl = input_param(b, gr->in[2]);
+    int64_t C = last_dim(z, ce->in[0]), R = numel(z, ce->in[0]) / C;
+    b->C = C;
+    b->R = R;
+    add_out(b, rowloss);
+    add_out(b, gr->out[0]);
+    int lossp = b->out_param[0], dLp = b->out_param[1];
+    int scale = ptc_kir_bind(k, bin(b, PTC_KX_DIV, ptc_kx_load(k, dl, ptc_kx_i(k, 0)), f(b, (double)R)));
+    b->r = ptc_kir_for(k, "r", ptc_kx_i(k, R), true);
+    int t = ptc_kir_bind(k, ptc_kx_load(k, T, b->r));
+    /* an id outside the classes gives a NaN loss (the reference reports it; a generated kernel
+     * must not read outside the row) */
+    int no = bin(b, PTC_KX_LT, ptc_kx_i(k, 1), ptc_kx_i(k, 0));
+    int ok = ptc_kir_bind(k, ptc_kx_select(k, bin(b, PTC_KX_LT, t, ptc_kx_i(k, 0)), no,
+                                           bin(b, PTC_KX_LT, t, ptc_kx_i(k, C))));
+    int tc = ptc_kir_bind(k, ptc_kx_select(k, ok, t, ptc_kx_i(k, 0)));
+    int jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+    int mx = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_RMAX, jv, ptc_kx_i(k, C), ptc_kx_load(k, L, rowj(b, ptc_kx_v(k, jv), C))));
+    jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+    int s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C),
+                                          un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, ptc_kx_v(k, jv), C)), mx))));
+    int xt = ptc_kx_load(k, L, rowj(b, tc, C));
+    int nan = bin(b, PTC_KX_DIV, f(b, 0.0), f(b, 0.0));
+    int loss = bin(b, PTC_KX_SUB, bin(b, PTC_KX_ADD, un(b, PTC_KX_LOG, s), mx), xt);
+    ptc_kir_store(k, lossp, b->r, ptc_kx_select(k, ok, loss, nan));
+    int inv = ptc_kir_bind(k, bin(b, PTC_KX_DIV, f(b, 1.0), s));
+    int j = ptc_kir_for(k, "j", ptc_kx_i(k, C), false);
+    int p = bin(b, PTC_KX_MUL, un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, j, C)), mx)), inv);
+    p = bin(b, PTC_KX_SUB, p, ptc_kx_select(k, bin(b, PTC_KX_EQ, j, tc), f(b, 1.0), f(b, 0.0)));
+    ptc_kir_store(k, dLp, rowj(b, j, C), bin(b, PTC_KX_MUL, p, scale));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+    return k;
+}
+
+/* the multi-tensor AdamW update of torch/optim/adamw.py over every (p, g, m, v) of the run, the
+ * gradient scaled by the clipping coefficient where the run had that multiplication */
+static ptc_kir *build_adamw(kb *b)
+{
+    fz *z = b->z;
+    ptc_kir *k = b->k;
+    collect_inputs(b);
+    const ptc_instr *a0 = NULL;
+    for (int m = 0; m < b->n; m++)
+        if (ins(z, b->first + m)->op == PTC_OP_ADAMW_UPDATE) {
+            const ptc_instr *a = ins(z, b->first + m);
+            a0 = a0 ? a0 : a;
+            for (int o = 0; o < 3; o++)
+                add_out(b, a->out[o]);
+        }
+    const ptc_attrs *at = &a0->attrs;
+    int lr = ptc_kir_bind(k, ptc_kx_load(k, input_param(b, a0->in[4]), ptc_kx_i(k, 0)));
+    int step = ptc_kir_bind(k, ptc_kx_load(k, input_param(b, a0->in[5]), ptc_kx_i(k, 0)));
+    /* beta^step = exp(step log beta) */
+    int bc1 = ptc_kir_bind(k, bin(b, PTC_KX_SUB, f(b, 1.0), un(b, PTC_KX_EXP, bin(b, PTC_KX_MUL, step, f(b, log(at->beta1))))));
+    int bc2 = ptc_kir_bind(k, bin(b, PTC_KX_SUB, f(b, 1.0), un(b, PTC_KX_EXP, bin(b, PTC_KX_MUL, step, f(b, log(at->beta2))))));
+    int step_size = ptc_kir_bind(k, bin(b, PTC_KX_DIV, lr, bc1));
+    int bc2_sqrt = ptc_kir_bind(k, un(b, PTC_KX_SQRT, bc2));
+    int o = 0;
+    for (int m = 0; m < b->n; m++) {
+        const ptc_instr *a = ins(z, b->first + m), *mul = NULL;
+        if (a->op != PTC_OP_ADAMW_UPDATE)
+            continue;
+        if (m > 0 && ins(z, b->first + m - 1)->op == PTC_OP_MUL)
+            mul = ins(z, b->first + m - 1);
+        int64_t n = numel(z, a->in[0]);
+        int i = ptc_kir_for(k, NULL, ptc_kx_i(k, n), true);
+        int g = mul ? bin(b, PTC_KX_MUL, ptc_kx_load(k, input_param(b, mul->in[0]), i),
+                          ptc_kx_load(k, input_param(b, mul->in[1]), ptc_kx_i(k, 0)))
+                    : ptc_kx_load(k, input_param(b, a->in[1]), i);
+        g = ptc_kir_bind(k, g);
+        int p = ptc_kx_load(k, input_param(b, a->in[0]), i);
+        int mm = ptc_kir_bind(k, bin(b, PTC_KX_ADD, bin(b, PTC_KX_MUL, f(b, at->beta1), ptc_kx_load(k, input_param(b, a->in[2]), i)),
+                                    bin(b, PTC_KX_MUL, f(b, 1 - at->beta1), g)));
+        int vv = ptc_kir_bind(k, bin(b, PTC_KX_ADD, bin(b, PTC_KX_MUL, f(b, at->beta2), ptc_kx_load(k, input_param(b, a->in[3]), i)),
+                                    bin(b, PTC_KX_MUL, f(b, 1 - at->beta2), bin(b, PTC_KX_MUL, g, g))));
+        int denom = bin(b, PTC_KX_ADD, bin(b, PTC_KX_DIV, un(b, PTC_KX_SQRT, vv), bc2_sqrt), f(b, a->attrs.eps));
+        int pd = bin(b, PTC_KX_MUL, p, bin(b, PTC_KX_SUB, f(b, 1.0), bin(b, PTC_KX_MUL, lr, f(b, a->attrs.wd))));
+        int pn = bin(b, PTC_KX_SUB, pd, bin(b, PTC_KX_DIV, bin(b, PTC_KX_MUL, step_size, mm), denom));
+        ptc_kir_store(k, b->out_param[o], i, pn);
+        ptc_kir_store(k, b->out_param[o + 1], i, mm);
+        ptc_kir_store(k, b->out_param[o + 2], i, vv);
+        o += 3;
+        ptc_kir_end(k);
+    }
+    return k;
+}
+
+static void emit_fused(fz *z, kb *b, ptc_phase phase, const ptc_instr *like);
+static int add_out(kb *b, int buf);
+
+/* ---- recomputing activations for the backward ---- */
+
+/* An activation y = f(h) that a fused chain stores for the backward (gelu's output for the weight
+ * gradient of the next matmul) is computed again from h just before its first backward reader,
+ * where h is kept anyway (for f's gradient): y then lives only through the forward, not across the
+ * whole step. */
+typedef struct remat {
+    int y, h;  /* buffers: the stored activation, its operand */
+    ptc_op op; /* f */
+    int at;    /* the first backward reader (old index) */
+    int y2;    /* the recomputed buffer (made while rebuilding), -1 before */
+} remat;
+
+static bool activation(ptc_op op)
+{
+    return op == PTC_OP_GELU || op == PTC_OP_SILU || op == PTC_OP_RELU || op == PTC_OP_SIGMOID ||
+           op == PTC_OP_TANH;
+}
+
+static bool find_remat(const fz *z, const group *g, int m, remat *r)
+{
+    const ptc_instr *a = ins(z, g->first + m);
+    int end = g->first + g->n - 1, y = a->out[0], h = a->in[0];
+    if (!activation(a->op) || a->nin != 1 || z->pg->bufs[y].view >= 0 || z->keep[y] ||
+        !stored_in(z, g->first, g->n, m))
+        return false;
+    int last_fwd = end, first_bwd = -1, rh = root(z, h);
+    for (int j = end + 1; j < z->nold; j++) {
+        const ptc_instr *in = ins(z, j);
+        bool reads = false;
+        for (int k = 0; k < in->nin; k++)
+            reads |= root(z, in->in[k]) == y;
+        if (reads && in->phase == PTC_PHASE_FORWARD) {
+            if (first_bwd >= 0)
+                return false;
+            last_fwd = j;
+        } else if (reads && first_bwd < 0) {
+            first_bwd = j;
+        }
+        for (int k = 0; k < in->nout; k++)
+            if (root(z, in->out[k]) == y || (first_bwd < 0 && root(z, in->out[k]) == rh))
+                return false;
+    }
+    if (first_bwd < 0 || z->last_read[rh] < first_bwd || last_fwd < end)
+        return false;
+    *r = (remat){.y = y, .h = h, .op = a->op, .at = first_bwd, .y2 = -1};
+    return true;
+}
+
+static int new_temp(fz *z, const ptc_type *t, int region);
+
+/* y2 = f(h) before the first backward reader */
+static void emit_remat(fz *z, remat *r, const ptc_instr *like, int kernel_no)
+{
+    ptc_type t = z->pg->bufs[r->y].type;
+    r->y2 = new_temp(z, &t, z->pg->bufs[r->y].region);
+    char name[64];
+    snprintf(name, sizeof name, "f%d_%s_again", kernel_no, ptc_ops[r->op].name);
+    kb b = {.z = z, .k = ptc_kir_new(name)};
+    int in[1], out[1], op[1];
+    b.in = in;
+    b.out = out;
+    b.out_param = op;
+    b.C = last_dim(z, r->y);
+    b.R = numel(z, r->y) / b.C;
+    int x = input_param(&b, r->h);
+    add_out(&b, r->y2);
+    ptc_kir *k = b.k;
+    b.r = ptc_kir_for(k, "r", ptc_kx_i(k, b.R), true);
+    int j = ptc_kir_for(k, "j", ptc_kx_i(k, b.C), false);
+    int v = ptc_kx_load(k, x, rowj(&b, j, b.C));
+    ptc_kir_store(k, op[0], rowj(&b, j, b.C), op_value(&b, r->op, &v));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+    emit_fused(z, &b, PTC_PHASE_BACKWARD, like);
+}
+
+/* a backward instruction reading y (or views of it) reads y2 (or views of y2) instead */
+static void add_rewritten(fz *z, const ptc_instr *old, const remat *rs, int nr)
+{
+    ptc_instr in = *old;
+    int ops[PTC_MAX_RESULTS * 2];
+    bool changed = false;
+    for (int k = 0; k < in.nin && in.nin <= PTC_MAX_RESULTS * 2; k++) {
+        ops[k] = in.in[k];
+        for (int q = 0; q < nr; q++) {
+            if (rs[q].y2 < 0 || in.phase == PTC_PHASE_FORWARD || root(z, in.in[k]) != rs[q].y)
+                continue;
+            if (in.in[k] == rs[q].y) {
+                ops[k] = rs[q].y2;
+            } else {
+                ptc_buffer v = z->pg->bufs[in.in[k]];
+                v.view = rs[q].y2;
+                ops[k] = ptc_prog_add_buffer(z->p, z->pg, &v);
+            }
+            changed = true;
+        }
+    }
+    if (changed)
+        in.in = ops;
+    ptc_prog_add_instr(z->p, z->pg, &in);
+}
+
+/* ---- the pass ---- */
+
+static void op_names(const fz *z, const group *g, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int m = 0; m < g->n && at + 1 < n; m++) {
+        const char *name = ptc_ops[ins(z, g->first + m)->op].name;
+        int w = snprintf(buf + at, n - at, "%s%s", m ? "_" : "", name);
+        if (w < 0 || at + (size_t)w >= n)
+            break;
+        at += (size_t)w;
+    }
+}
+
+/* the plan's kernel equal to k (by text, names aside), or k added */
+static int add_kernel(ptc_plan *p, ptc_kir *k)
+{
+    uint64_t h = ptc_kir_hash(k);
+    for (int i = 0; i < p->nkernels; i++)
+        if (ptc_kir_hash(p->kernels[i]) == h) {
+            ptc_kir_free(k);
+            return i;
+        }
+    return ptc_plan_add_kernel(p, k);
+}
+
+static void emit_fused(fz *z, kb *b, ptc_phase phase, const ptc_instr *like)
+{
+    char msg[512];
+    if (ptc_kir_verify(b->k, msg, sizeof msg) < 0)
+        ptc_assert_fail(__FILE__, __LINE__, msg);
+    ptc_instr in = *like;
+    in.kind = PTC_INSTR_FUSED;
+    in.kernel = add_kernel(z->p, b->k);
+    in.phase = (uint8_t)phase;
+    in.nin = b->nin;
+    in.nout = b->nout;
+    in.in = b->in;
+    in.out = b->out;
+    memset(&in.attrs, 0, sizeof in.attrs);
+    ptc_prog_add_instr(z->p, z->pg, &in);
+}
+
+static int new_temp(fz *z, const ptc_type *t, int region)
+{
+    ptc_buffer bf;
+    memset(&bf, 0, sizeof bf);
+    bf.type = *t;
+    bf.kind = PTC_BUF_TEMP;
+    bf.region = (uint8_t)region;
+    bf.view = -1;
+    bf.bytes = ptc_type_numel(t) * ptc_dtype_size(t->dtype);
+    return ptc_prog_add_buffer(z->p, z->pg, &bf);
+}
+
+/* the replacement of group g (old instructions in `old`) appended to the program */
+static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
+{
+    kb b = {.z = z, .first = g->first, .n = g->n};
+    b.in = ptc_xmalloc(sizeof(int) * PTC_MAX_FUSED_OPERANDS);
+    b.out = ptc_xmalloc(sizeof(int) * PTC_MAX_FUSED_OPERANDS);
+    b.out_param = ptc_xmalloc(sizeof(int) * PTC_MAX_FUSED_OPERANDS);
+    clear_memo(&b);
+    char name[96], ops[64];
+    const ptc_instr *first = &old[g->first];
+    if (g->kind == G_CE) {
+        const ptc_instr *ce = &old[g->first], *c = &old[g->first + 1], *gr = &old[g->first + 2];
+        int L = ce->in[0], dL = gr->out[0], r = root(z, L);
+        /* the gradient over the logits: dL takes their bytes (L may be a microbatch's slice of
+         * its root), and so do its views */
+        int64_t at = z->pg->bufs[L].view >= 0 ? z->pg->bufs[L].view_offset : 0;
+        for (int v = 0; v < z->pg->nbufs; v++)
+            if (z->pg->bufs[v].view == dL) {
+                z->pg->bufs[v].view = r;
+                z->pg->bufs[v].view_offset += at;
+            }
+        z->pg->bufs[dL].view = r;
+        z->pg->bufs[dL].view_offset = at;
+        z->pg->bufs[dL].region = z->pg->bufs[r].region;
+        ptc_type rt = {.dtype = PTC_F32, .rank = 1};
+        rt.dims[0] = numel(z, L) / last_dim(z, L);
+        int rowloss = new_temp(z, &rt, PTC_REGION_ACT);
+        snprintf(name, sizeof name, "f%d_cross_entropy_with_grad", kernel_no);
+        b.k = ptc_kir_new(name);
+        ptc_prog_add_instr(z->p, z->pg, c); /* the gradient's seed first */
+        build_ce(&b, rowloss);
+        emit_fused(z, &b, (ptc_phase)ce->phase, ce);
+        ptc_instr mean = *ce;
+        mean.op = PTC_OP_MEAN;
+        mean.attrs = ptc_attrs_default(PTC_OP_MEAN);
+        mean.attrs.axis = 0;
+        mean.nin = 1;
+        mean.in = &rowloss;
+        ptc_prog_add_instr(z->p, z->pg, &mean);
+    } else if (g->kind == G_ADAMW) {
+        int updates = 0;
+        for (int m = 0; m < g->n; m++)
+            updates += old[g->first + m].op == PTC_OP_ADAMW_UPDATE;
+        snprintf(name, sizeof name, "f%d_adamw_x%d", kernel_no, updates);
+        b.k = ptc_kir_new(name);
+        build_adamw(&b);
+        emit_fused(z, &b, (ptc_phase)first->phase, &old[g->first + g->n - 1]);
+    } else {
+        op_names(z, g, ops, sizeof ops);
+        snprintf(name, sizeof name, "f%d_%s", kernel_no, ops);
+        b.k = ptc_kir_new(name);
+        build_chain(&b);
+        emit_fused(z, &b, (ptc_phase)first->phase, &old[g->first + g->n - 1]);
+    }
+    free(b.in);
+    free(b.out);
+    free(b.out_param);
+}
+
+static void analyse(fz *z)
+{
+    ptc_program *pg = z->pg;
+    int nb = pg->nbufs ? pg->nbufs : 1;
+    z->last_read = ptc_xmalloc(sizeof(int) * (size_t)nb);
+    z->keep = ptc_xcalloc((size_t)nb, sizeof(bool));
+    for (int b = 0; b < pg->nbufs; b++) {
+        z->last_read[b] = -1;
+        int k = pg->bufs[b].kind;
+        z->keep[b] = pg->bufs[b].view < 0 && (k == PTC_BUF_PARAM || k == PTC_BUF_STATE);
+    }
+    for (int i = 0; i < pg->ninstrs; i++)
+        for (int k = 0; k < pg->instrs[i].nin; k++)
+            z->last_read[root(z, pg->instrs[i].in[k])] = i;
+    int ends[2] = {pg->loss, pg->grad_norm};
+    for (int k = 0; k < 2; k++)
+        if (ends[k] >= 0)
+            z->keep[root(z, ends[k])] = true;
+    for (int k = 0; k < pg->noutputs; k++)
+        z->keep[root(z, pg->outputs[k])] = true;
+    for (int k = 0; k < pg->nstats; k++)
+        z->keep[root(z, pg->stats[k])] = true;
+}
+
+/* Buffers no instruction, view or entry uses are dropped and the rest renumbered. */
+static void compact(ptc_plan *p, ptc_program *pg)
+{
+    int nb = pg->nbufs ? pg->nbufs : 1;
+    bool *used = ptc_xcalloc((size_t)nb, sizeof(bool));
+    int *map = ptc_xmalloc(sizeof(int) * (size_t)nb);
+    for (int i = 0; i < pg->ninstrs; i++) {
+        for (int k = 0; k < pg->instrs[i].nin; k++)
+            used[pg->instrs[i].in[k]] = true;
+        for (int k = 0; k < pg->instrs[i].nout; k++)
+            used[pg->instrs[i].out[k]] = true;
+    }
+    if (pg->loss >= 0)
+        used[pg->loss] = true;
+    if (pg->grad_norm >= 0)
+        used[pg->grad_norm] = true;
+    for (int k = 0; k < pg->noutputs; k++)
+        used[pg->outputs[k]] = true;
+    for (int k = 0; k < pg->nstats; k++)
+        used[pg->stats[k]] = true;
+    for (int b = 0; b < pg->nbufs; b++) {
+        used[b] |= pg->bufs[b].kind != PTC_BUF_TEMP && pg->bufs[b].view < 0;
+        if (used[b] && pg->bufs[b].view >= 0)
+            used[pg->bufs[b].view] = true;
+    }
+    int n = 0;
+    for (int b = 0; b < pg->nbufs; b++) {
+        map[b] = used[b] ? n : -1;
+        if (used[b])
+            pg->bufs[n++] = pg->bufs[b];
+    }
+    pg->nbufs = n;
+    for (int b = 0; b < n; b++)
+        if (pg->bufs[b].view >= 0)
+            pg->bufs[b].view = map[pg->bufs[b].view];
+    for (int i = 0; i < pg->ninstrs; i++) {
+        for (int k = 0; k < pg->instrs[i].nin; k++)
+            pg->instrs[i].in[k] = map[pg->instrs[i].in[k]];
+        for (int k = 0; k < pg->instrs[i].nout; k++)
+            pg->instrs[i].out[k] = map[pg->instrs[i].out[k]];
+    }
+    if (pg->loss >= 0)
+        pg->loss = map[pg->loss];
+    if (pg->grad_norm >= 0)
+        pg->grad_norm = map[pg->grad_norm];
+    for (int k = 0; k < pg->noutputs; k++)
+        pg->outputs[k] = map[pg->outputs[k]];
+    for (int k = 0; k < pg->nstats; k++)
+        pg->stats[k] = map[pg->stats[k]];
+    (void)p;
+    free(used);
+    free(map);
+}
+
+static void fuse_program(ptc_plan *p, ptc_program *pg)
+{
+    fz z = {.p = p, .pg = pg, .old = pg->instrs, .nold = pg->ninstrs};
+    analyse(&z);
+    int n = pg->ninstrs;
+    group *groups = ptc_xmalloc(sizeof(group) * (size_t)(n ? n : 1));
+    int ng = 0;
+    for (int i = 0; i < n;) {
+        int len;
+        if ((len = ce_at(&z, i)) > 0)
+            groups[ng++] = (group){i, len, G_CE};
+        else if ((len = adamw_at(&z, i)) > 0)
+            groups[ng++] = (group){i, len, G_ADAMW};
+        else if ((len = chain_at(&z, i)) > 0)
+            groups[ng++] = (group){i, len, G_CHAIN};
+        i += len > 0 ? len : 1;
+    }
+    remat *rs = ptc_xmalloc(sizeof(remat) * (size_t)(n ? n : 1));
+    int nr = 0;
+    for (int q = 0; q < ng; q++)
+        for (int m = 0; groups[q].kind == G_CHAIN && m < groups[q].n; m++)
+            if (find_remat(&z, &groups[q], m, &rs[nr]))
+                nr++;
+    if (!ng) {
+        free(rs);
+        free(groups);
+        free(z.last_read);
+        free(z.keep);
+        return;
+    }
+    /* rebuild the instruction list; the old one (operand arrays in the arena) stays readable
+     * while the groups are built from it */
+    ptc_instr *old = pg->instrs;
+    bool *in_eval = ptc_xcalloc((size_t)(n ? n : 1), sizeof(bool));
+    for (int k = 0; k < pg->neval; k++)
+        in_eval[pg->eval[k]] = true;
+    int *new_eval = ptc_xmalloc(sizeof(int) * (size_t)(2 * n + 1));
+    int neval = 0;
+    pg->instrs = NULL;
+    pg->ninstrs = pg->capinstrs = 0;
+    int gi = 0;
+    for (int i = 0; i < n;) {
+        int before = pg->ninstrs;
+        bool eval = false;
+        if (gi < ng && groups[gi].first == i) {
+            for (int m = 0; m < groups[gi].n; m++)
+                eval |= in_eval[i + m];
+            replace(&z, &groups[gi], old, p->nkernels);
+            i += groups[gi++].n;
+        } else {
+            eval = in_eval[i];
+            for (int q = 0; q < nr; q++)
+                if (rs[q].at == i)
+                    emit_remat(&z, &rs[q], &old[i], p->nkernels);
+            add_rewritten(&z, &old[i], rs, nr);
+            i++;
+        }
+        for (int k = before; k < pg->ninstrs; k++)
+            if (eval)
+                new_eval[neval++] = k;
+    }
+    if (pg->neval) {
+        pg->eval = ptc_arena_alloc(p->arena, sizeof(int) * (size_t)(neval ? neval : 1));
+        memcpy(pg->eval, new_eval, sizeof(int) * (size_t)neval);
+        pg->neval = neval;
+    }
+    free(old);
+    free(rs);
+    free(in_eval);
+    free(new_eval);
+    free(groups);
+    free(z.last_read);
+    free(z.keep);
+    compact(p, pg);
+}
+
+void ptc_plan_fuse(ptc_plan *p)
+{
+    for (int k = 0; k < p->nprograms; k++)
+        fuse_program(p, &p->programs[k]);
+}
