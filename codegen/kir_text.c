@@ -386,6 +386,8 @@ static void parse_statement(parser *ps)
         ptc_fmt(name, sizeof name, "%s", lx->text);
         if (lx->kind != PTC_T_IDENT)
             ptc_lex_fail(lx, "expected a name, got '%s'", lx->text);
+        if (lookup_var(ps, name) >= 0)
+            ptc_lex_fail(lx, "'%s' is already bound", name);
         ptc_lex_next(lx);
         ptc_lex_expect(lx, '=');
         int value = parse_x(ps);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kir.h"
 #include "plan.h"
 #include "schedule.h"
 #include "text.h"
@@ -79,15 +80,24 @@ static int writer_of(const ptc_program *pg, int b)
     return -1;
 }
 
-static void describe_instr(FILE *f, const ptc_program *pg, int i)
+/* what an instruction runs: its collective, generated kernel or op */
+static const char *what(const ptc_plan *p, const ptc_instr *in)
+{
+    if (in->kind == PTC_INSTR_COLL)
+        return ptc_coll_name(in->coll.kind);
+    if (in->kind == PTC_INSTR_FUSED)
+        return p->kernels[in->kernel]->name;
+    return ptc_ops[in->op].name;
+}
+
+static void describe_instr(FILE *f, const ptc_plan *p, const ptc_program *pg, int i)
 {
     if (i < 0 || i >= pg->ninstrs) {
         fputs("(start)", f);
         return;
     }
     const ptc_instr *in = &pg->instrs[i];
-    fprintf(f, "instruction %d, %s", i,
-            in->kind == PTC_INSTR_COLL ? ptc_coll_name(in->coll.kind) : ptc_ops[in->op].name);
+    fprintf(f, "instruction %d, %s", i, what(p, in));
     if (in->loc.scope && *in->loc.scope)
         fprintf(f, " in %s", in->loc.scope);
     if (in->loc.line)
@@ -130,7 +140,7 @@ static void largest_tensors(FILE *f, const ptc_plan *p, const ptc_program *pg, i
             continue;
         }
         fputs("  written by ", f);
-        describe_instr(f, pg, writer_of(pg, ids[i]));
+        describe_instr(f, p, pg, writer_of(pg, ids[i]));
         fputc('\n', f);
     }
     (void)p;
@@ -168,7 +178,7 @@ static int warnings(FILE *f, const ptc_plan *p, const ptc_program *pg, const ptc
             fputs("    - large gather: ", f);
             put_bytes(f, pg->bufs[in->out[0]].bytes);
             fputs(" (over a quarter of the peak activations) at ", f);
-            describe_instr(f, pg, i);
+            describe_instr(f, p, pg, i);
             fputc('\n', f);
             n++;
         }
@@ -178,7 +188,7 @@ static int warnings(FILE *f, const ptc_plan *p, const ptc_program *pg, const ptc
             fputs("    - a full-size gradient of ", f);
             put_bytes(f, pg->bufs[in->in[0]].bytes);
             fputs(" is computed and then sliced at ", f);
-            describe_instr(f, pg, i);
+            describe_instr(f, p, pg, i);
             fputc('\n', f);
             n++;
         }
@@ -204,7 +214,7 @@ static void summary(FILE *f, const ptc_plan *p, int k)
     fputs("\n    peak activations  ", f);
     put_bytes(f, s.peak_act_bytes);
     fputs(" at ", f);
-    describe_instr(f, pg, s.peak_instr);
+    describe_instr(f, p, pg, s.peak_instr);
     fputs("\n    arenas            ", f);
     int64_t total = 0;
     for (int r = 0; r < PTC_NREGIONS; r++) {
@@ -470,7 +480,8 @@ static void json_parameters(FILE *f, const ptc_plan *p)
     fputs("\n  ],\n", f);
 }
 
-static void json_memory(FILE *f, const ptc_program *pg, const ptc_plan_stats *s)
+static void json_memory(FILE *f, const ptc_plan *p, const ptc_program *pg,
+                        const ptc_plan_stats *s)
 {
     fprintf(f,
             "      \"memory_bytes\": {\"parameters\": %lld, \"gradients\": %lld, "
@@ -479,9 +490,7 @@ static void json_memory(FILE *f, const ptc_program *pg, const ptc_plan_stats *s)
             (long long)s->param_bytes, (long long)s->grad_bytes, (long long)s->optim_bytes,
             (long long)s->peak_act_bytes, s->peak_instr);
     const ptc_instr *pk = s->peak_instr >= 0 ? &pg->instrs[s->peak_instr] : NULL;
-    json_string(f, !pk                           ? ""
-                   : pk->kind == PTC_INSTR_COLL ? ptc_coll_name(pk->coll.kind)
-                                                : ptc_ops[pk->op].name);
+    json_string(f, pk ? what(p, pk) : "");
     fputs(", \"arenas\": {", f);
     for (int r = 0; r < PTC_NREGIONS; r++)
         fprintf(f, "%s\"%s\": %lld", r ? ", " : "", ptc_region_name(r),
@@ -622,7 +631,7 @@ void ptc_print_plan_json(const ptc_plan *p, FILE *f)
             fprintf(f, "%s%d", r ? ", " : "", pg->ranks[r]);
         fprintf(f, "],\n      \"stage\": %d,\n      \"instructions\": %d,\n", pg->stage,
                 pg->ninstrs);
-        json_memory(f, pg, &s);
+        json_memory(f, p, pg, &s);
         json_communication(f, p, pg, &s);
         json_collectives(f, p, pg);
         json_timeline(f, pg);
@@ -660,13 +669,12 @@ void ptc_print_memory(const ptc_plan *p, FILE *f)
         fputs("peak of live activations: ", f);
         put_bytes(f, t.peak);
         fputs(" at ", f);
-        describe_instr(f, pg, t.peak_instr);
+        describe_instr(f, p, pg, t.peak_instr);
         fputs("\nlive activation bytes after each instruction:\n", f);
         for (int i = 0; i < pg->ninstrs; i++) {
             const ptc_instr *in = &pg->instrs[i];
             fprintf(f, "  %6d %-9s %-20s %14lld %s", i, ptc_phase_name(in->phase),
-                    in->kind == PTC_INSTR_COLL ? ptc_coll_name(in->coll.kind)
-                                               : ptc_ops[in->op].name,
+                    what(p, in),
                     (long long)t.live[i], i == t.peak_instr ? "<- peak" : "");
             if (in->loc.scope && *in->loc.scope)
                 fprintf(f, " %s", in->loc.scope);

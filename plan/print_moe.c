@@ -80,6 +80,19 @@ static void expert_memory(const ptc_program *pg, const bool *expert, int64_t *pa
     for (int i = 0; i < pg->ninstrs; i++) {
         const ptc_instr *in = &pg->instrs[i];
         bool adam = in->op == PTC_OP_ADAMW_UPDATE, sgd = in->op == PTC_OP_SGD_UPDATE;
+        if (in->kind == PTC_INSTR_FUSED && adam) {
+            /* the fusion pass's multi-tensor AdamW: (parameter, m, v) written per tensor, each
+             * over its input; the gradient it reads has the parameter's shape */
+            for (int o = 0; o + 2 < in->nout; o += 3) {
+                int pb = param_of(pg, in->out[o], 0);
+                if (pb < 0 || !expert[pb])
+                    continue;
+                *grad += pg->bufs[in->out[o]].bytes;
+                *state += pg->bufs[ptc_prog_root(pg, in->out[o + 1])].bytes +
+                          pg->bufs[ptc_prog_root(pg, in->out[o + 2])].bytes;
+            }
+            continue;
+        }
         if (in->kind != PTC_INSTR_KERNEL || !(adam || sgd))
             continue;
         int pb = param_of(pg, in->in[0], 0);

@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS = 3
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-4
-BACKENDS = ('ref', 'cpu')
+BACKENDS = ('ref', 'cpu', 'jit')
 
 
 def load_safetensors(path):

@@ -102,20 +102,27 @@ def layer_units(args):
 
 
 def recompute():
-    for mesh, t, sp in (([], 1, False), (['--mesh', 'tp=2'], 2, False),
-                        (['--mesh', 'tp=2', '--seq-parallel'], 2, True)):
-        got = {}
-        for pol in ('none', 'selective', 'full'):
-            got[pol] = layer_units(mesh + ['--recompute', pol])
-        want = {'none': 4 + 12 / t, 'selective': 4 + 11 / t, 'full': 1.0}
-        if sp:  # everything sharded over the sequence; the layer input too
-            want = {'full': 1 / t, 'selective': got['none'][0] - 1 / t}
-        for pol, w in want.items():
-            check(abs(got[pol][0] - w) < 1e-9, 'recompute %s (t=%d%s): %.4g layer inputs per '
-                  'layer, want %.4g' % (pol, t, ', SP' if sp else '', got[pol][0], w))
-        check(got['full'][1] < got['selective'][1] <= got['none'][1],
-              'recompute (t=%d%s): peak activations fall: none %d, selective %d, full %d' %
-              (t, ', SP' if sp else '', got['none'][1], got['selective'][1], got['full'][1]))
+    # Per layer, in layer inputs (docs/pipeline.md): 4 + 12/t kept without recompute, 4 + 11/t
+    # selective, the input alone full. The fusion pass recomputes gelu's output (4/t) from its
+    # input where the backward needs it, so fused plans keep 4/t less.
+    for fused in (False, True):
+        kernels = [] if fused else ['--no-fuse']
+        gelu = 4 if fused else 0
+        for mesh, t, sp in (([], 1, False), (['--mesh', 'tp=2'], 2, False),
+                            (['--mesh', 'tp=2', '--seq-parallel'], 2, True)):
+            got = {}
+            for pol in ('none', 'selective', 'full'):
+                got[pol] = layer_units(kernels + mesh + ['--recompute', pol])
+            want = {'none': 4 + (12 - gelu) / t, 'selective': 4 + (11 - gelu) / t, 'full': 1.0}
+            if sp:  # everything sharded over the sequence; the layer input too
+                want = {'full': 1 / t, 'selective': got['none'][0] - 1 / t}
+            what = 't=%d%s%s' % (t, ', SP' if sp else '', ', fused' if fused else '')
+            for pol, w in want.items():
+                check(abs(got[pol][0] - w) < 1e-9, 'recompute %s (%s): %.4g layer inputs per '
+                      'layer, want %.4g' % (pol, what, got[pol][0], w))
+            check(got['full'][1] < got['selective'][1] <= got['none'][1],
+                  'recompute (%s): peak activations fall: none %d, selective %d, full %d' %
+                  (what, got['none'][1], got['selective'][1], got['full'][1]))
 
 
 def measured_memory(work):

@@ -1,0 +1,368 @@
+/* test_fuse.c - the kernel IR, its LLVM code and the fusion pass against the reference kernels.
+ *
+ *   - kernel IR: a kernel using every expression kind prints, parses back to the same text, and
+ *     its compiled code (codegen/llvm) gives the interpreter's results at 1, 2 and 3 threads
+ *     (float tolerance 1e-5 relative to the largest value: exp and tanh are polynomials within a
+ *     few ulp, sums are reassociated by the vectorizer);
+ *   - fusion: small GPT-2s and LLaMAs of awkward sizes (1, odd and prime dimensions) are lowered
+ *     without fusion and with it; one training step of the unfused plan on the reference backend
+ *     (every op its reference kernel) is the reference for the fused plan on the ref and cpu
+ *     backends (fused kernels interpreted) and on the jit backend (fused kernels compiled): the
+ *     loss, every gradient and every updated weight must agree within 1e-4 relative to the
+ *     largest value of the tensor (fp32 sums in other orders; AdamW's eps is 1e-3 here, so an
+ *     update is a smooth function of its gradient);
+ *   - memory: GPT-2 small (b=8, s=1024) at one rank plans at least 2.5 GB less peak activation
+ *     memory with fusion than without (the logits' gradient over the logits, gelu recomputed).
+ * Built with the rest under ASan/UBSan (tools/test.sh), so every generated kernel also runs there.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu.h"
+#include "exec.h"
+#include "frontend.h"
+#include "kir.h"
+#include "passes.h"
+#include "plan.h"
+#include "planner.h"
+#ifdef PTC_TEST_JIT
+#include "kjit.h"
+#endif
+
+/* ---- the kernel IR ---- */
+
+static const char every_kind[] =
+    "kernel every(x: f32[91], ids: i32[13], y: out f32[91], z: out f32[13], w: out f32[91] = x) {\n"
+    "    let c = float(13 % 5) / 3.0\n"
+    "    for r < 13 parallel {\n"
+    "        let s = sum(j < 7: exp(x[r * 7 + j] * 0.5) - log(1.5 + x[r * 7 + j] * x[r * 7 + j]))\n"
+    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2]))\n"
+    "        let id = ids[r]\n"
+    "        z[r] = select(id < 3, s * c, m) + sqrt(min(max(s, 0.25), 9.0))\n"
+    "        for j < 7 {\n"
+    "            let v = x[r * 7 + j]\n"
+    "            y[r * 7 + (6 - j)] = -v / (1.0 + float(j)) + select(j == id % 7, 1.0, 0.0)\n"
+    "            w[r * 7 + j] = v * m - s\n"
+    "        }\n"
+    "    }\n"
+    "}\n";
+
+static char *print_kernel(const ptc_kir *k)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ptc_kir_print(k, f);
+    fclose(f);
+    return buf;
+}
+
+Test(kir, text_round_trip)
+{
+    char err[512];
+    ptc_kir *k = ptc_kir_parse_text(every_kind, err, sizeof err);
+    cr_assert_not_null(k, "%s", err);
+    char *a = print_kernel(k);
+    ptc_kir *k2 = ptc_kir_parse_text(a, err, sizeof err);
+    cr_assert_not_null(k2, "%s\n%s", err, a);
+    char *b = print_kernel(k2);
+    cr_assert_str_eq(a, b);
+    cr_assert_eq(ptc_kir_hash(k), ptc_kir_hash(k2));
+    free(a);
+    free(b);
+    ptc_kir_free(k);
+    ptc_kir_free(k2);
+}
+
+Test(kir, verifier_rejects)
+{
+    static const char *const bad[] = {
+        "kernel k(x: f32[4]) { x[0] = 1.0 }",                          /* store to an in param */
+        "kernel k(x: f32[4], y: out f32[4]) { y[0] = x[1.0] }",        /* float index */
+        "kernel k(y: out f32[4]) { for i < 4 { for j < 4 parallel { y[j] = 0.0 } } }",
+        "kernel k(y: out f32[4]) { let a = 1 let a = 2 y[0] = 0.0 }",  /* bound twice */
+        "kernel k(y: out f32[4]) { for i < 4 { let a = 1.0 } y[0] = a }", /* out of scope */
+        "kernel k(y: out f32[4]) { y[0] = 1 + 1.0 }",                   /* mixed types */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[512] = "";
+        ptc_kir *k = ptc_kir_parse_text(bad[i], err, sizeof err);
+        cr_expect_null(k, "accepted: %s", bad[i]);
+        cr_expect(err[0], "no message for: %s", bad[i]);
+        ptc_kir_free(k);
+    }
+}
+
+Test(kir, interpreter_checks_bounds)
+{
+    char err[512];
+    ptc_kir *k = ptc_kir_parse_text("kernel k(x: f32[4], y: out f32[4]) { for i < 5 { y[i] = x[i] } }",
+                                    err, sizeof err);
+    cr_assert_not_null(k, "%s", err);
+    float x[4] = {0}, y[4];
+    void *args[2] = {x, y};
+    cr_expect_eq(ptc_kir_run(k, args, 0, 1, err, sizeof err), -1);
+    cr_expect(strstr(err, "out of bounds") != NULL, "%s", err);
+    ptc_kir_free(k);
+}
+
+static double max_rel(const float *a, const float *b, int64_t n)
+{
+    double scale = 0, d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(b[i]));
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        if (isnan(a[i]) != isnan(b[i]))
+            return INFINITY;
+    }
+    return d / (scale > 0 ? scale : 1);
+}
+
+#ifdef PTC_TEST_JIT
+Test(kir, compiled_matches_interpreter)
+{
+    char err[1024];
+    ptc_kir *k = ptc_kir_parse_text(every_kind, err, sizeof err);
+    cr_assert_not_null(k, "%s", err);
+    ptc_kfn fn = ptc_kjit_get(k, "", err, sizeof err);
+    cr_assert_not_null(fn, "%s", err);
+    srand(7);
+    for (int nt = 1; nt <= 3; nt++) {
+        float x[91], x2[91], y[2][91], z[2][13];
+        int32_t ids[13];
+        for (int i = 0; i < 91; i++)
+            x[i] = x2[i] = (float)rand() / RAND_MAX * 4 - 2;
+        for (int i = 0; i < 13; i++)
+            ids[i] = rand() % 9;
+        void *a0[5] = {x, ids, y[0], z[0], x}, *a1[5] = {x2, ids, y[1], z[1], x2};
+        for (int t = 0; t < nt; t++) { /* thread t's part; the parts write disjoint rows */
+            cr_assert_eq(ptc_kir_run(k, a0, t, nt, err, sizeof err), 0, "%s", err);
+            fn(a1, t, nt);
+        }
+        cr_expect_lt(max_rel(y[1], y[0], 91), 1e-5, "y at %d threads", nt);
+        cr_expect_lt(max_rel(z[1], z[0], 13), 1e-5, "z at %d threads", nt);
+        cr_expect_lt(max_rel(x2, x, 91), 1e-5, "w (in place) at %d threads", nt);
+    }
+    ptc_kir_free(k);
+}
+#endif
+
+/* ---- fusion against the reference kernels ---- */
+
+static ptc_graph *compile_text(const char *src)
+{
+    char err[2048];
+    ptc_diag d;
+    ptc_diag_init(&d, stderr, "test.ptm", src, strlen(src));
+    ptc_frontend_opts fo = {0};
+    ptc_graph *g = ptc_frontend_compile("test.ptm", src, strlen(src), &fo, &d);
+    cr_assert_not_null(g, "%s", src);
+    ptc_compile_opts co = {.train = true, .verify_each = true};
+    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
+    cr_assert_eq(ptc_run_passes(&ctx), 0, "%s", err);
+    ptc_pass_ctx_free(&ctx);
+    return ctx.g;
+}
+
+typedef struct run {
+    ptrt_exec *x;
+    const ptc_program *pg;
+} run;
+
+/* one training step of plan p on backend be, from seed 3 and random inputs of seed 4 */
+static run step(const ptc_plan *p, const ptrt_backend *be)
+{
+    char err[1024];
+    ptrt_exec_opts o = {.backend = be, .drop = -1};
+    run r = {.x = ptrt_exec_new(p, 0, &o, err, sizeof err)};
+    cr_assert_not_null(r.x, "%s", err);
+    r.pg = ptrt_exec_program(r.x);
+    ptrt_exec_init_state(r.x, 3);
+    for (int b = 0; b < r.pg->nbufs; b++) {
+        const ptc_buffer *bf = &r.pg->bufs[b];
+        if (bf->kind != PTC_BUF_INPUT || bf->view >= 0)
+            continue;
+        float *v = ptrt_exec_data(r.x, b);
+        if (bf->role == PTC_ROLE_LR)
+            v[0] = 1e-2f;
+        else if (bf->role == PTC_ROLE_STEP)
+            v[0] = 1.0f;
+        else if (bf->role == PTC_ROLE_MAX_NORM)
+            v[0] = 1.0f;
+        else
+            cr_assert_eq(ptrt_exec_random_input(r.x, b, bf->name, 4, err, sizeof err), 0, "%s", err);
+    }
+    cr_assert_eq(ptrt_exec_run(r.x, PTRT_ENTRY_STEP, 1, err, sizeof err), 0, "%s: %s", be->name,
+                 err);
+    return r;
+}
+
+static void compare(const run *ref, const run *got, const char *what)
+{
+    const float *la = ptrt_exec_data(ref->x, ref->pg->loss), *lb = ptrt_exec_data(got->x, got->pg->loss);
+    cr_expect_leq(fabs(la[0] - lb[0]), 1e-5 * fabs(la[0]) + 1e-7, "%s: loss %g vs %g", what, lb[0],
+                  la[0]);
+    cr_assert_eq(ref->pg->noutputs, got->pg->noutputs);
+    for (int k = 0; k < ref->pg->noutputs; k++) {
+        int a = ref->pg->outputs[k], b = got->pg->outputs[k];
+        int64_t n = ptc_type_numel(&ref->pg->bufs[a].type);
+        double d = max_rel(ptrt_exec_data(got->x, b), ptrt_exec_data(ref->x, a), n);
+        cr_expect_lt(d, 1e-4, "%s: gradient output %d differs by %g", what, k, d);
+    }
+    for (int b = 0; b < ref->pg->nbufs; b++) {
+        const ptc_buffer *bf = &ref->pg->bufs[b];
+        if (bf->kind != PTC_BUF_PARAM || bf->view >= 0)
+            continue;
+        int c = ptrt_exec_find(got->x, PTC_BUF_PARAM, bf->name);
+        cr_assert_geq(c, 0);
+        double d = max_rel(ptrt_exec_data(got->x, c), ptrt_exec_data(ref->x, b),
+                           ptc_type_numel(&bf->type));
+        cr_expect_lt(d, 1e-4, "%s: weight %s differs by %g", what, bf->name, d);
+    }
+}
+
+static void check_model(const char *src)
+{
+    ptc_graph *g = compile_text(src);
+    char err[2048];
+    ptc_lower_opts plain = {.keep_grad_outputs = true}, fused = plain;
+    fused.fuse = true;
+    ptc_plan *p0 = ptc_lower(g, &plain, err, sizeof err), *p1 = ptc_lower(g, &fused, err, sizeof err);
+    cr_assert_not_null(p0, "%s", err);
+    cr_assert_not_null(p1, "%s", err);
+    cr_expect_gt(p1->nkernels, 0, "nothing was fused in\n%s", src);
+    run ref = step(p0, &ptrt_backend_ref);
+    const ptrt_backend *backends[3] = {&ptrt_backend_ref, &ptrt_backend_cpu, ptrt_backend_jit};
+    for (int k = 0; k < 3; k++) {
+        if (!backends[k])
+            continue;
+        run got = step(p1, backends[k]);
+        compare(&ref, &got, backends[k]->name);
+        ptrt_exec_free(got.x);
+    }
+    ptrt_exec_free(ref.x);
+    ptc_plan_free(p0);
+    ptc_plan_free(p1);
+    ptc_graph_free(g);
+}
+
+static const char gpt[] =
+    "block attn(x: f32[batch, seq, d]) -> f32[batch, seq, d] {\n"
+    "    param w_qkv : [d, 3*d] init normal(0.2)\n"
+    "    param b_qkv : [3*d] init normal(0.1)\n"
+    "    param w_o : [d, d] init normal(0.2)\n"
+    "    param b_o : [d] init normal(0.1)\n"
+    "    q, k, v = split(x @ w_qkv + b_qkv, 3, axis=-1)\n"
+    "    return attention(q, k, v, heads=heads, causal=true) @ w_o + b_o\n"
+    "}\n"
+    "block mlp(x: f32[batch, seq, d]) -> f32[batch, seq, d] {\n"
+    "    param w_fc : [d, 4*d] init normal(0.2)\n"
+    "    param b_fc : [4*d] init normal(0.1)\n"
+    "    param w_proj : [4*d, d] init normal(0.2)\n"
+    "    param b_proj : [d] init normal(0.1)\n"
+    "    return gelu(x @ w_fc + b_fc) @ w_proj + b_proj\n"
+    "}\n"
+    "block norm(x: f32[batch, seq, d]) -> f32[batch, seq, d] {\n"
+    "    param g : [d] init normal(1.0)\n"
+    "    param b : [d] init normal(0.1)\n"
+    "    return layernorm(x, g, b, eps=1e-5)\n"
+    "}\n"
+    "model gpt2(tokens: i32[batch, seq], targets: i32[batch, seq]) {\n"
+    "    param wte : [vocab, d] init normal(0.5)\n"
+    "    param wpe : [seq, d] init normal(0.5)\n"
+    "    x = embedding(wte, tokens) + wpe\n"
+    "    repeat layers as h {\n"
+    "        x = x + attn(norm(x) as ln_1)\n"
+    "        x = x + mlp(norm(x) as ln_2)\n"
+    "    }\n"
+    "    x = norm(x) as ln_f\n"
+    "    return cross_entropy(x @ transpose(wte), targets)\n"
+    "}\n"
+    "optimizer adamw(lr=0.01, eps=0.001, weight_decay=0.1)\n";
+
+static const char llama[] =
+    "block mlp(x: f32[batch, seq, d]) -> f32[batch, seq, d] {\n"
+    "    param w1 : [d, 3] init normal(0.3)\n"
+    "    param w3 : [d, 3] init normal(0.3)\n"
+    "    param w2 : [3, d] init normal(0.3)\n"
+    "    return (silu(x @ w1) * (x @ w3)) @ w2\n"
+    "}\n"
+    "model llama(tokens: i32[batch, seq], targets: i32[batch, seq]) {\n"
+    "    param wte : [vocab, d] init normal(0.5)\n"
+    "    param g : [d] init normal(1.0)\n"
+    "    param head : [d, vocab] init normal(0.3)\n"
+    "    x = embedding(wte, tokens)\n"
+    "    repeat layers as h {\n"
+    "        x = x + mlp(rmsnorm(x, g))\n"
+    "    }\n"
+    "    y = softmax(x @ head) * 2.0 + sigmoid(x @ head) - tanh(exp(x @ head) * 0.1)\n"
+    "    return cross_entropy(relu(y) - sqrt(y * y + 1.0), targets)\n"
+    "}\n"
+    "optimizer adamw(lr=0.01, eps=0.001, weight_decay=0.1)\n";
+
+/* const lines for vocab, d, heads, layers, batch, seq, then the model */
+static void check_sizes(const char *model, int vocab, int d, int heads, int layers, int batch,
+                        int seq)
+{
+    size_t n = strlen(model) + 512;
+    char *src = malloc(n);
+    snprintf(src, n,
+             "const vocab = %d\nconst d = %d\nconst heads = %d\nconst layers = %d\n"
+             "const batch = %d\nconst seq = %d\n%s",
+             vocab, d, heads, layers, batch, seq, model);
+    check_model(src);
+    free(src);
+}
+
+Test(fuse, gpt2_odd_and_prime_sizes, .timeout = 120)
+{
+    ptrt_cpu_set_threads(3);
+    check_sizes(gpt, 7, 3, 1, 1, 1, 5);
+    check_sizes(gpt, 13, 6, 2, 2, 3, 1);
+    check_sizes(gpt, 31, 10, 5, 1, 2, 7);
+    check_sizes(gpt, 1, 1, 1, 1, 1, 1);
+    check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+}
+
+Test(fuse, llama_like_odd_and_prime_sizes, .timeout = 120)
+{
+    ptrt_cpu_set_threads(2);
+    check_sizes(llama, 11, 5, 1, 2, 3, 7);
+    check_sizes(llama, 2, 1, 1, 1, 1, 1);
+    check_sizes(llama, 37, 13, 1, 1, 2, 3);
+}
+
+static ptc_graph *compile_file(const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", PTC_SOURCE_DIR, rel);
+    size_t len;
+    char *src = ptc_read_file(path, &len);
+    cr_assert_not_null(src, "cannot read %s", path);
+    ptc_graph *g = compile_text(src);
+    free(src);
+    return g;
+}
+
+Test(fuse, gpt2_peak_memory, .timeout = 120)
+{
+    ptc_graph *g = compile_file("examples/gpt2.ptm");
+    char err[2048];
+    ptc_lower_opts plain = {.keep_grad_outputs = false}, fused = plain;
+    fused.fuse = true;
+    ptc_plan *p0 = ptc_lower(g, &plain, err, sizeof err), *p1 = ptc_lower(g, &fused, err, sizeof err);
+    cr_assert(p0 && p1, "%s", err);
+    ptc_plan_stats s0, s1;
+    ptc_plan_stats_of(p0, 0, &s0);
+    ptc_plan_stats_of(p1, 0, &s1);
+    cr_expect_geq(s0.peak_act_bytes - s1.peak_act_bytes, (int64_t)2500000000,
+                  "peak %lld without fusion, %lld with", (long long)s0.peak_act_bytes,
+                  (long long)s1.peak_act_bytes);
+    ptc_plan_free(p0);
+    ptc_plan_free(p1);
+    ptc_graph_free(g);
+}
