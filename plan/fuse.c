@@ -269,26 +269,109 @@ static int chain_at(const fz *z, int i)
     return g.n >= 2 ? g.n : 0;
 }
 
-/* cross_entropy L, T -> loss; const -> dl; cross_entropy_grad L, T, dl -> dL, nothing reading L
- * after: 3, else 0. */
+#define CE_SPAN 64 /* the most instructions from a cross-entropy to its gradient */
+
+/* Of the instructions strictly between a cross-entropy at i and its gradient at j, marks in
+ * seed[m - i] those that compute the gradient's seed (the loss scale: constants and their
+ * products). False when the seed depends on anything else, so that it cannot be computed first. */
+static bool ce_seed(const fz *z, int i, int j, bool *seed)
+{
+    int need[CE_SPAN * 4], nneed = 0;
+    memset(seed, 0, sizeof(bool) * CE_SPAN);
+    need[nneed++] = ins(z, j)->in[2];
+    for (int m = j - 1; m > i; m--) {
+        const ptc_instr *in = ins(z, m);
+        bool makes = false;
+        for (int k = 0; k < in->nout; k++)
+            for (int q = 0; q < nneed; q++)
+                makes |= in->out[k] == need[q];
+        if (!makes)
+            continue;
+        if (in->kind != PTC_INSTR_KERNEL || in->nout != 1 || in->has_coord ||
+            nneed + in->nin > CE_SPAN * 4)
+            return false;
+        seed[m - i] = true;
+        for (int k = 0; k < in->nin; k++)
+            need[nneed++] = in->in[k];
+    }
+    /* every buffer the seed needs is made by a seed instruction */
+    for (int q = 0; q < nneed; q++) {
+        bool made = false;
+        for (int m = i + 1; m < j && !made; m++)
+            made = seed[m - i] && ins(z, m)->out[0] == need[q];
+        if (!made)
+            return false;
+    }
+    return true;
+}
+
+/* Whether instruction a writes bytes that b reads or writes, or reads bytes b writes. */
+static bool shares_bytes(const fz *z, const ptc_instr *a, const ptc_instr *b)
+{
+    for (int k = 0; k < a->nout; k++) {
+        int r = root(z, a->out[k]);
+        for (int q = 0; q < b->nin; q++)
+            if (root(z, b->in[q]) == r)
+                return true;
+        for (int q = 0; q < b->nout; q++)
+            if (root(z, b->out[q]) == r)
+                return true;
+    }
+    for (int k = 0; k < a->nin; k++)
+        for (int q = 0; q < b->nout; q++)
+            if (root(z, a->in[k]) == root(z, b->out[q]))
+                return true;
+    return false;
+}
+
+/* cross_entropy L, T -> loss; ... ; cross_entropy_grad L, T, dl -> dL with nothing between
+ * touching L or T, the seed dl computable first, and nothing reading L after: the instructions
+ * from the cross-entropy to its gradient, else 0. (Between them: the loss scaled and reduced over
+ * dp, the seed made of constants.) */
 static int ce_at(const fz *z, int i)
 {
-    if (!is_kernel(z, i, PTC_OP_CROSS_ENTROPY) || !is_kernel(z, i + 1, PTC_OP_CONST) ||
-        !is_kernel(z, i + 2, PTC_OP_CROSS_ENTROPY_GRAD))
+    if (!is_kernel(z, i, PTC_OP_CROSS_ENTROPY))
         return 0;
-    const ptc_instr *ce = ins(z, i), *c = ins(z, i + 1), *gr = ins(z, i + 2);
-    int L = ce->in[0], dL = gr->out[0];
-    if (!same_task(ce, c) || ce->work != gr->work || ce->mb != gr->mb || ce->vstage != gr->vstage ||
-        gr->has_coord)
+    const ptc_instr *ce = ins(z, i);
+    int L = ce->in[0], T = ce->in[1], j = i + 1;
+    while (j < z->nold && j - i < CE_SPAN &&
+           !(is_kernel(z, j, PTC_OP_CROSS_ENTROPY_GRAD) && ins(z, j)->in[0] == L &&
+             ins(z, j)->in[1] == T))
+        j++;
+    if (j >= z->nold || j - i >= CE_SPAN)
         return 0;
-    if (gr->in[0] != L || gr->in[1] != ce->in[1] || gr->in[2] != c->out[0] || !is_f32(z, L) ||
-        !is_f32(z, c->out[0]) || z->last_read[root(z, L)] != i + 2 || z->keep[root(z, L)] ||
+    const ptc_instr *gr = ins(z, j);
+    int dL = gr->out[0], rl = root(z, L), rt = root(z, T);
+    bool seed[CE_SPAN];
+    if (!ce_seed(z, i, j, seed))
+        return 0;
+    /* the seed moves before what lay between: nothing of that may share bytes with it (a
+     * multiplication done in place over a constant that something between still reads) */
+    for (int m = i + 1; m < j; m++)
+        for (int x = i + 1; x < m && seed[m - i]; x++)
+            if (!seed[x - i] && shares_bytes(z, ins(z, m), ins(z, x)))
+                return 0;
+    /* the loss is forward work and its gradient backward: one unit only outside pipelines */
+    for (int m = i; m <= j; m++) {
+        const ptc_instr *x = ins(z, m);
+        if ((m == i || m == j || seed[m - i]) &&
+            (x->work != ce->work || x->mb != ce->mb || x->vstage != ce->vstage ||
+             x->recompute != ce->recompute || x->has_coord))
+            return 0;
+        for (int k = 0; k < x->nin && m > i && m < j; k++)
+            if (root(z, x->in[k]) == rl || root(z, x->in[k]) == rt)
+                return 0;
+        for (int k = 0; k < x->nout && m > i && m < j; k++)
+            if (root(z, x->out[k]) == rl || root(z, x->out[k]) == rt ||
+                root(z, x->out[k]) == root(z, dL))
+                return 0;
+    }
+    if (!is_f32(z, L) || !is_f32(z, gr->in[2]) || z->last_read[rl] != j || z->keep[rl] ||
         z->pg->bufs[dL].view >= 0 || z->pg->bufs[L].view_axis >= 0 ||
-        z->pg->bufs[root(z, L)].kind != PTC_BUF_TEMP ||
-        z->pg->bufs[root(z, L)].region != z->pg->bufs[dL].region ||
-        z->pg->bufs[root(z, L)].bytes < z->pg->bufs[dL].bytes)
+        z->pg->bufs[rl].kind != PTC_BUF_TEMP || z->pg->bufs[rl].region != z->pg->bufs[dL].region ||
+        z->pg->bufs[rl].bytes < z->pg->bufs[dL].bytes)
         return 0;
-    return 3;
+    return j - i + 1;
 }
 
 /* consecutive [mul G, c -> G';] adamw_update P, G', M, V, lr, step: the number of instructions */
@@ -629,7 +712,7 @@ static ptc_kir *build_chain(kb *b)
 static ptc_kir *build_ce(kb *b, int rowloss)
 {
     fz *z = b->z;
-    const ptc_instr *ce = ins(z, b->first), *gr = ins(z, b->first + 2);
+    const ptc_instr *ce = ins(z, b->first), *gr = ins(z, b->first + b->n - 1);
     ptc_kir *k = b->k;
     int L = input_param(b, ce->in[0]), T = input_param(b, ce->in[1]);
     int dl = input_param(b, gr->in[2]);
@@ -893,7 +976,7 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
     char name[96], ops[64];
     const ptc_instr *first = &old[g->first];
     if (g->kind == G_CE) {
-        const ptc_instr *ce = &old[g->first], *c = &old[g->first + 1], *gr = &old[g->first + 2];
+        const ptc_instr *ce = &old[g->first], *gr = &old[g->first + g->n - 1];
         int L = ce->in[0], dL = gr->out[0], r = root(z, L);
         /* the gradient over the logits: dL takes their bytes (L may be a microbatch's slice of
          * its root), and so do its views */
@@ -911,7 +994,11 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
         int rowloss = new_temp(z, &rt, PTC_REGION_ACT);
         snprintf(name, sizeof name, "f%d_cross_entropy_with_grad", kernel_no);
         b.k = ptc_kir_new(name);
-        ptc_prog_add_instr(z->p, z->pg, c); /* the gradient's seed first */
+        bool seed[CE_SPAN];
+        ce_seed(z, g->first, g->first + g->n - 1, seed);
+        for (int m = 1; m < g->n - 1; m++) /* the gradient's seed first */
+            if (seed[m])
+                ptc_prog_add_instr(z->p, z->pg, &old[g->first + m]);
         build_ce(&b, rowloss);
         emit_fused(z, &b, (ptc_phase)ce->phase, ce);
         ptc_instr mean = *ce;
@@ -1063,6 +1150,29 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
     for (int i = 0; i < n;) {
         int before = pg->ninstrs;
         bool eval = false;
+        if (gi < ng && groups[gi].first == i && groups[gi].kind == G_CE) {
+            /* the seed, the fused kernel and the mean of its row losses, where the loss was;
+             * then what lay between the loss and its gradient, each as it was */
+            const group *g = &groups[gi++];
+            bool seed[CE_SPAN];
+            ce_seed(&z, g->first, g->first + g->n - 1, seed);
+            replace(&z, g, old, p->nkernels);
+            for (int k = before; k < pg->ninstrs && in_eval[i]; k++)
+                new_eval[neval++] = k;
+            for (int m = 1; m < g->n - 1; m++) {
+                if (seed[m])
+                    continue;
+                int at = pg->ninstrs;
+                for (int q = 0; q < nr; q++)
+                    if (rs[q].at == i + m)
+                        emit_remat(&z, &rs[q], &old[i + m], p->nkernels);
+                add_rewritten(&z, &old[i + m], rs, nr);
+                for (int k = at; k < pg->ninstrs && in_eval[i + m]; k++)
+                    new_eval[neval++] = k;
+            }
+            i += g->n;
+            continue;
+        }
         if (gi < ng && groups[gi].first == i) {
             for (int m = 0; m < groups[gi].n; m++)
                 eval |= in_eval[i + m];

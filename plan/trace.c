@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kir.h"
 #include "plan.h"
 
 ptc_cost_model ptc_cost_model_default(void)
@@ -136,7 +137,7 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static const char *instr_name(const ptc_instr *in)
+static const char *instr_name(const ptc_plan *p, const ptc_instr *in)
 {
     switch (in->kind) {
     case PTC_INSTR_GEMM: return "gemm";
@@ -145,7 +146,8 @@ static const char *instr_name(const ptc_instr *in)
     case PTC_INSTR_RECV: return "recv";
     case PTC_INSTR_COPY: return "copy";
     case PTC_INSTR_KERNEL: return ptc_ops[in->op].name;
-    default: return "fused";
+    case PTC_INSTR_FUSED: return p->kernels[in->kernel]->name;
+    default: return "?";
     }
 }
 
@@ -205,7 +207,7 @@ static void write_row(FILE *f, bool *first, const ptc_plan *p, const ptc_program
         fputs("}}", f);
         for (int e = a; e <= b; e++) {
             const ptc_instr *in = &pg->instrs[ev[e].instr];
-            put_event(f, first, instr_name(in), ptc_phase_name(in->phase), tid, ev[e].start,
+            put_event(f, first, instr_name(p, in), ptc_phase_name(in->phase), tid, ev[e].start,
                       ev[e].dur);
             ptc_plan_layer(in->loc.scope, layer, sizeof layer);
             fprintf(f, ",\"args\":{\"instr\":%d,\"layer\":", ev[e].instr);

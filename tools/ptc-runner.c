@@ -57,6 +57,7 @@ int main(int argc, char **argv)
             snprintf(mesh + k, sizeof mesh - (size_t)k, ": %d ranks as threads", plan->nranks);
         }
         printf(ptrt_runner_usage, argv[0], plan->model, count, mesh);
+        fputs(ptrt_runner_usage_backend, stdout);
     } else if (!rc && print_plan) {
         fputs(text, stdout);
     } else if (!rc) {

@@ -54,12 +54,15 @@ const char ptrt_runner_usage[] =
     "  --dump-grads DIR       write every parameter's gradient (before clipping) of each step\n"
     "                         to DIR/grads_step_NNNNNNNN.safetensors, for checking\n"
     "  --print-plan           print the embedded plan (every rank program: buffers with their\n"
-    "                         arena offsets, instructions) and exit\n"
+    "                         arena offsets, instructions) and exit\n";
+/* the second half (one string literal may hold 4095 characters in ISO C) */
+const char ptrt_runner_usage_backend[] =
     "backend:\n"
-    "  --backend KIND         cpu (OpenBLAS GEMMs and fast kernels, default), jit (cpu with\n"
-    "                         the plan's fused kernels compiled by LLVM at start, cached on\n"
-    "                         disk) or ref (plain reference kernels); cpu and ref interpret\n"
-    "                         the fused kernels\n"
+    "  --backend KIND         jit (default where built with LLVM: the cpu backend with the\n"
+    "                         plan's fused kernels compiled by LLVM at start, cached on disk\n"
+    "                         in $XDG_CACHE_HOME/ptc/kernels), cpu (OpenBLAS GEMMs and fast\n"
+    "                         kernels; fused kernels interpreted, slowly) or ref (plain\n"
+    "                         reference kernels, fused kernels interpreted)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
     "  --trace FILE           write the measured timeline of up to 3 steps after the first\n"

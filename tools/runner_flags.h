@@ -19,6 +19,7 @@
 /* The usage text: printf it with the program, the model's name, its parameter count and a
  * description of the mesh (see ptc-runner.c). */
 extern const char ptrt_runner_usage[];
+extern const char ptrt_runner_usage_backend[]; /* printed after it */
 
 /* Parses argv (argv[0] is the program) into o, which ptrt_train_opts_default filled. model_lr is
  * the learning rate of the plan's optimizer line (the peak when --lr is not given). Returns 0 to

@@ -36,7 +36,8 @@ void ptrt_train_opts_default(ptrt_train_opts *o)
     o->max_norm = 1.0;
     o->keep = 3;
     o->val_batches = 4;
-    o->backend = PTRT_BACKEND_CPU;
+    /* the fast CPU backend with the plan's fused kernels compiled; interpreted without LLVM */
+    o->backend = ptrt_backend_jit ? PTRT_BACKEND_JIT : PTRT_BACKEND_CPU;
     o->timeout_s = 60;
     o->drop_rank = o->drop_index = -1;
 }
