@@ -43,7 +43,9 @@ key bias at pp=2,dp=2 ZeRO-3, jit); hence 1e-5. Everything else (lr 1e-3, betas,
 
 Usage: matrix.py PTC [--models a,b] [--quick]   (exit 0 all pass, 1 any failure)
 --quick leaves out sequence parallelism and ZeRO 1 and 2, and for moe_tiny all but its capacity
-variants on meshes with ep or pp (what CI runs under the sanitizers).
+variants on meshes with ep or pp, and runs the cpu backend (hand-written kernels, on the unfused
+plan) in place of ref, whose double-precision kernels take 10 times as long in a debug build
+with the sanitizers (what CI runs there; the full run covers ref).
 """
 import json
 import os
@@ -174,7 +176,7 @@ def compile_plan(ptc, model, args, work, tag):
 
 
 def run_plan(exe, backend):
-    if backend == 'ref':
+    if backend in ('ref', 'cpu'):
         exe += '-nofuse'
     log, weights = exe + '.' + backend + '.jsonl', exe + '.' + backend + '.safetensors'
     run = [exe, '--steps', str(STEPS), '--backend', backend, '--lr', '1e-3', '--schedule',
@@ -258,6 +260,9 @@ def main():
         if a.startswith('--models='):
             models = a.split('=', 1)[1].split(',')
     quick = '--quick' in sys.argv
+    if quick:
+        global BACKENDS
+        BACKENDS = ('cpu', 'jit')
     failures = passes = 0
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix='ptc-equiv-') as work:
