@@ -50,7 +50,7 @@ const char ptrt_runner_usage[] =
     "output:\n"
     "  --log FILE             one JSON object per step (step, loss, lr, grad_norm,\n"
     "                         tokens_per_s, step_ms; val_loss lines too); appended on --resume\n"
-    "  --quiet                no progress lines\n"
+    "  --quiet                no step lines (the summary and \"resumed from\" stay)\n"
     "  --dump-grads DIR       write every parameter's gradient (before clipping) of each step\n"
     "                         to DIR/grads_step_NNNNNNNN.safetensors, for checking\n"
     "  --print-plan           print the embedded plan (every rank program: buffers with their\n"

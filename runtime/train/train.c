@@ -83,7 +83,8 @@ struct shared {
     ptrt_inproc *inproc;
     ptrt_comm *comm;
     int *all;            /* 0..nranks-1, the group of barriers */
-    int64_t B, T, vocab; /* global batch shape */
+    int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
+    int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
     entry *ents;
     int nparams, nents;
     ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
@@ -183,6 +184,16 @@ static int find_roles(shared *sh, char *err, size_t errn)
         sh->B = t.dims[0];
         sh->T = t.dims[1];
         sh->vocab = pg->bufs[tok].bound;
+    }
+    /* every token of a file but the first is also a target: below the cross-entropy's classes
+     * as well as the embedding's rows */
+    for (int k = 0; k < sh->nranks; k++) {
+        const run *r = &sh->runs[k];
+        int64_t classes = r->targets >= 0 ? program_of(sh, k)->bufs[r->targets].bound : 0;
+        if (classes > 0 && (sh->vocab <= 0 || classes < sh->vocab)) {
+            sh->classes = classes;
+            sh->vocab = classes;
+        }
     }
     return 0;
 }
@@ -391,6 +402,13 @@ static int open_data(run *r, char *err, size_t errn)
         if (!paths[i])
             continue;
         *dst[i] = ptrt_data_open(paths[i], (int)sh->vocab, err, errn);
+        if (!*dst[i] && sh->classes && strstr(err, "vocabulary size")) {
+            size_t n = strlen(err);
+            ptc_fmt(err + n, errn - n,
+                    " (the model's cross_entropy has %lld classes, fewer than its embedding's "
+                    "rows: every token after the first is also a target)",
+                    (long long)sh->classes);
+        }
         if (!*dst[i] || ptrt_data_configure(*dst[i], (int)sh->B, (int)sh->T, i == 0 && o->shuffle,
                                             o->seed, err, errn) < 0)
             return 2;
@@ -459,8 +477,8 @@ static int load_initial(run *r)
     for (int k = 0; k < sh->nranks; k++)
         if (sh->runs[k].data)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
-    if (!o->quiet)
-        fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
+    /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
+    fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
     return 1;
 }
 
@@ -588,7 +606,8 @@ static void loop(run *r)
             if (failed(sh))
                 return;
             if (lead && !o->quiet)
-                fprintf(out, "val loss %.6f\n", vl);
+                fprintf(out, "step %*lld/%lld | val loss %.6f\n",
+                        (int)(o->steps >= 1000 ? 5 : 3), (long long)t, (long long)o->steps, vl);
             if (lead && sh->log)
                 fprintf(sh->log, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t, vl);
         }
@@ -599,7 +618,7 @@ static void loop(run *r)
         }
     }
     double el = now() - t0;
-    if (lead && !o->quiet && done)
+    if (lead && done) /* the run's summary, under --quiet too */
         fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n", (long long)done,
                 el, first_loss, last_loss, (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
     if (lead && o->profile && done > 1)

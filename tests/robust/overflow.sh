@@ -4,7 +4,8 @@
 # checkpoint whose step is near INT64_MAX (steps are limited to 2^62; the file is resealed with a
 # valid checksum by the test tool forge_step, given as PTC_FORGE_STEP), and --optim values that
 # the model's optimizer line would refuse. Ids: random targets of ptc --run stay below
-# cross_entropy's classes when the embedding has more rows.
+# cross_entropy's classes when the embedding has more rows, and a token file's ids are checked
+# against the classes as well as the rows.
 source "$(dirname "$0")/lib.sh"
 forge=${PTC_FORGE_STEP:-$(dirname "$ptc")/../tests/forge_step}
 case $forge in /*) ;; *) forge=$start/$forge ;; esac
@@ -77,4 +78,11 @@ EOF2
 for seed in 1 2 3; do
   check "ptc --run, 256 rows and 10 classes (seed $seed)" 0 "" "$ptc" --run --seed $seed cls.ptm
 done
+# a token file: every token but the first is also a target, so ids must be below the classes too
+printf 'Some text with bytes well above 10.' > cls.txt
+"$tokenize" cls.txt -o cls.bin > /dev/null 2>&1 && "$ptc" cls.ptm -o cls_exe > /dev/null 2>&1 ||
+  bad "cls.ptm setup" "could not tokenize or compile"
+check "--data with tokens past the 10 classes" 2 \
+  "cls\.bin: token [0-9]+ at position 0 is not below the vocabulary size 10 \(the model's cross_entropy has 10 classes" \
+  ./cls_exe --data cls.bin --steps 1
 finish

@@ -3,7 +3,8 @@
 # what to change: a --place that names a dimension the parameter lacks (it was an internal
 # error) or matches nothing (it was ignored), a model without parameters given to training, --lr 0
 # (the language says lr > 0), a batch that dp does not divide (name the const), a mesh axis over
-# its limit (say the limit), an unknown op written as another framework writes it (did you mean).
+# its limit (say the limit), an unknown op written as another framework writes it (did you mean);
+# --quiet keeping the run's summary and "resumed from", the val loss line naming its step.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -25,6 +26,20 @@ check "a model without parameters, --train" 1 "noparams\.ptm:1:7: error: model m
 check "a model without parameters, only checked (fine)" 0 "" "$ptc" noparams.ptm
 
 "$ptc" "$m" -o exe > /dev/null 2>&1 || bad "setup" "cannot compile $m"
+# --quiet leaves out the step lines, not the run's summary nor the checkpoint it resumed from;
+# the val loss line names its step
+check "--quiet (fine)" 0 "" ./exe --quiet --steps 2 --checkpoint-dir ck
+grep -Eq "^done: 2 steps in" out.txt && ! grep -q "^step" out.txt && ok "--quiet prints the summary alone" "" ||
+  bad "--quiet prints the summary alone" "$(head -c 300 out.txt)"
+check "--quiet --resume (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck --resume
+grep -q "^resumed from .*step_00000002.safetensors (step 2)" out.txt && ok "--quiet --resume says where it resumed" "" ||
+  bad "--quiet --resume says where it resumed" "$(head -c 300 out.txt)"
+head -c 20000 "$src/examples/data/corpus.txt" > val.txt
+"$tokenize" val.txt -o val.bin > /dev/null 2>&1 || bad "setup" "cannot tokenize"
+check "--val-every (fine)" 0 "" ./exe --steps 2 --data val.bin --val-data val.bin --val-every 2
+grep -Eq "^step +2/2 \| val loss [0-9.]+$" out.txt && ok "the val loss line names its step" "" ||
+  bad "the val loss line names its step" "$(grep val out.txt | head -2)"
+
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
 check "--min-lr above the peak" 2 "--min-lr 0\.01 is above the peak learning rate 0\.001 \(--lr\)" ./exe --quiet --steps 1 --lr 1e-3 --min-lr 0.01

@@ -24,7 +24,7 @@ check "ptc-tokenize > /dev/full" 2 "ptc-tokenize: writing to standard output fai
 check "runner --print-plan > /dev/full" 2 "writing to standard output failed: No space left on device" "${full[@]}" "$exe" --print-plan
 check "runner --help > /dev/full" 2 "writing to standard output failed" "${full[@]}" "$exe" --help
 check "runner progress lines > /dev/full" 1 "writing to standard output failed: No space left on device" "${full[@]}" "$exe" --steps 2
-check "runner --quiet > /dev/full (nothing printed: fine)" 0 "" "${full[@]}" "$exe" --steps 1 --quiet
+check "runner --quiet > /dev/full (the summary line)" 1 "writing to standard output failed: No space left on device" "${full[@]}" "$exe" --steps 1 --quiet
 if device fulldev 1 7; then
   check "--save onto a full device" 1 "fulldev: write failed: No space left on device" "$exe" --quiet --steps 1 --save fulldev
   is_chardev fulldev && ok "--save: the full device is still a device" "" || bad "--save: the full device is still a device" "$(ls -l fulldev)"
