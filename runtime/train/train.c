@@ -479,6 +479,11 @@ static int load_initial(run *r)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
     /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
     fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
+    if (st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
+        fprintf(out,
+                "nothing to train: the checkpoint is at step %lld and --steps is %lld (give a "
+                "larger --steps to train on; the cosine schedule then stretches to it)\n",
+                (long long)st.step, (long long)o->steps);
     return 1;
 }
 

@@ -4,7 +4,8 @@
 # error) or matches nothing (it was ignored), a model without parameters given to training, --lr 0
 # (the language says lr > 0), a batch that dp does not divide (name the const), a mesh axis over
 # its limit (say the limit), an unknown op written as another framework writes it (did you mean);
-# --quiet keeping the run's summary and "resumed from", the val loss line naming its step.
+# --quiet keeping the run's summary and "resumed from", the val loss line naming its step; and
+# (item 5) a plan past the machine's memory refused with what it needs.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -34,11 +35,22 @@ grep -Eq "^done: 2 steps in" out.txt && ! grep -q "^step" out.txt && ok "--quiet
 check "--quiet --resume (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck --resume
 grep -q "^resumed from .*step_00000002.safetensors (step 2)" out.txt && ok "--quiet --resume says where it resumed" "" ||
   bad "--quiet --resume says where it resumed" "$(head -c 300 out.txt)"
+check "--resume at the last step (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck --resume
+grep -q "^nothing to train: the checkpoint is at step 3 and --steps is 3" out.txt &&
+  ok "--resume at --steps says there is nothing to train" "" ||
+  bad "--resume at --steps says there is nothing to train" "$(head -c 300 out.txt)"
 head -c 20000 "$src/examples/data/corpus.txt" > val.txt
 "$tokenize" val.txt -o val.bin > /dev/null 2>&1 || bad "setup" "cannot tokenize"
 check "--val-every (fine)" 0 "" ./exe --steps 2 --data val.bin --val-data val.bin --val-every 2
 grep -Eq "^step +2/2 \| val loss [0-9.]+$" out.txt && ok "the val loss line names its step" "" ||
   bad "the val loss line names its step" "$(grep val out.txt | head -2)"
+
+# a plan larger than the machine: refused at start with what could not be had and what the plan
+# needs, exit 1 (it aborted with status 134); activations of about 500 GB, past any overcommit
+"$ptc" -D d=4096 -D heads=32 -D layers=4 -D batch=512 "$src/examples/gpt2.ptm" -o huge > /dev/null 2>&1 ||
+  bad "setup" "cannot compile the huge gpt2"
+check "a plan past the machine's memory" 1 "rank 0: out of memory: cannot allocate the [a-z]+ arena of [0-9]+ bytes .* \(the plan needs [0-9]+ bytes .* for this rank in all; see ptc --emit memory\)" ./huge --steps 1
+rm -f huge
 
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
