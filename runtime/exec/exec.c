@@ -42,6 +42,10 @@ struct ptrt_exec {
     prepared *prep;
     int64_t step;
     int coll_index, drop;
+    /* the guard before the update: the instruction after which the gradient norm is final, and
+     * whether this step's norm was not finite (its update instructions were then skipped) */
+    int norm_at;
+    bool skipped_update;
     bool profile;
     bool tracing;
     double trace_t0;
@@ -194,6 +198,17 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
     for (int i = 0; i < pg->ninstrs; i++)
         prepare(x, i);
+    x->norm_at = -1;
+    if (pg->grad_norm >= 0)
+        for (int i = 0; i < pg->ninstrs; i++)
+            for (int k = 0; k < pg->instrs[i].nout; k++)
+                if (ptc_prog_root(pg, pg->instrs[i].out[k]) == ptc_prog_root(pg, pg->grad_norm))
+                    x->norm_at = i;
+    /* (only where the whole update follows the norm, as the lowering orders it: skipping a
+     * part would leave ranks disagreeing on the messages of the rest) */
+    for (int i = 0; i < x->norm_at; i++)
+        if (pg->instrs[i].phase == PTC_PHASE_UPDATE)
+            x->norm_at = -1;
     if (x->be->prepare && x->be->prepare(plan, &x->be_state, err, errn) < 0) {
         ptrt_exec_free(x);
         return NULL;
@@ -437,9 +452,14 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
     int n = e == PTRT_ENTRY_EVAL ? pg->neval : pg->ninstrs;
     x->step = step;
     x->coll_index = 0;
+    x->skipped_update = false;
     for (int k = 0; k < n; k++) {
         int i = e == PTRT_ENTRY_EVAL ? pg->eval[k] : k;
         const ptc_instr *in = &pg->instrs[i];
+        /* a non-finite gradient never reaches the weights: every rank holds the same norm (it is
+         * reduced over the whole mesh), so every rank skips the same updates and messages */
+        if (x->skipped_update && in->phase == PTC_PHASE_UPDATE)
+            continue;
         char msg[1536];
         msg[0] = 0;
         double t0 = x->profile || x->tracing ? seconds() : 0;
@@ -468,8 +488,15 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
                 ptc_fmt(err, errn, "%s: %s", what, msg);
             return -1;
         }
+        if (i == x->norm_at && e == PTRT_ENTRY_STEP)
+            x->skipped_update = !isfinite(*(const float *)ptrt_exec_data(x, pg->grad_norm));
     }
     return 0;
+}
+
+bool ptrt_exec_skipped_update(const ptrt_exec *x)
+{
+    return x->skipped_update;
 }
 
 int64_t ptrt_exec_high_water(const ptrt_exec *x, int region)

@@ -63,6 +63,9 @@ int ptrt_exec_random_input(ptrt_exec *x, int b, const char *key, uint64_t seed, 
  * collectives). Returns 0, or -1 with a message naming the instruction and where in the model
  * it came from. */
 int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t errn);
+/* Whether the last step's gradient norm was not finite: its update-phase instructions after the
+ * norm were skipped (the weights and optimizer state are the step before's). */
+bool ptrt_exec_skipped_update(const ptrt_exec *x);
 
 /* Bytes of region's arena from its start to the end of the last 16-bit unit written since the
  * executor was made (the canary scan), or -1 without the canary. */

@@ -570,6 +570,16 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
         return -1;
     *loss = loss_of(r);
     *norm = sqrt(*(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->grad_norm));
+    if (isfinite(*loss) && ptrt_exec_skipped_update(r->x)) {
+        char msg[512];
+        ptc_fmt(msg, sizeof msg,
+                "training diverged at step %lld: the gradient norm is not finite (%g), the loss "
+                "%g: stopped before the update, so nothing of step %lld reached the weights, the "
+                "optimizer state or a file (try a lower --lr or --grad-clip)",
+                (long long)t, fabs(*norm), *loss, (long long)t);
+        fail(sh, r->rank, 1, msg);
+        return -1;
+    }
     if (!isfinite(*loss)) {
         char msg[256];
         ptc_fmt(msg, sizeof msg,

@@ -5,7 +5,8 @@
 # (the language says lr > 0), a batch that dp does not divide (name the const), a mesh axis over
 # its limit (say the limit), an unknown op written as another framework writes it (did you mean);
 # --quiet keeping the run's summary and "resumed from", the val loss line naming its step; and
-# (item 5) a plan past the machine's memory refused with what it needs.
+# (item 5) a plan past the machine's memory refused with what it needs; (item 1) a non-finite
+# gradient norm stopping the run before the update.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -51,6 +52,23 @@ grep -Eq "^step +2/2 \| val loss [0-9.]+$" out.txt && ok "the val loss line name
   bad "setup" "cannot compile the huge gpt2"
 check "a plan past the machine's memory" 1 "rank 0: out of memory: cannot allocate the [a-z]+ arena of [0-9]+ bytes .* \(the plan needs [0-9]+ bytes .* for this rank in all; see ptc --emit memory\)" ./huge --steps 1
 rm -f huge
+
+# (item 1) a gradient that is not finite with a finite loss (sqrt's gradient at 0): the run stops
+# before the update, at 1 rank and at dp=2 ZeRO-3, and writes no checkpoint and no --save
+cat > nan.ptm << 'EOF2'
+model m(x: f32[4, 8]) {
+    param w : [8, 8] init zeros
+    return mean(mean(sqrt(x @ w), axis=-1), axis=-1)
+}
+EOF2
+for mesh in "" "--mesh dp=2 --zero 3"; do
+  # shellcheck disable=SC2086
+  "$ptc" $mesh nan.ptm -o nan_exe > /dev/null 2>&1 || bad "setup" "cannot compile nan.ptm $mesh"
+  rm -rf nan_ck nan.st
+  check "a non-finite gradient norm ${mesh:-(1 rank)}" 1 "training diverged at step 1: the gradient norm is not finite \(nan\), the loss 0: stopped before the update" ./nan_exe --steps 2 --checkpoint-dir nan_ck --checkpoint-every 1 --save nan.st
+  [ ! -e nan.st ] && [ ! -e nan_ck/step_00000001.safetensors ] && ok "no file of the non-finite step ${mesh:-(1 rank)}" "" ||
+    bad "no file of the non-finite step ${mesh:-(1 rank)}" "$(ls nan_ck nan.st 2>&1)"
+done
 
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
