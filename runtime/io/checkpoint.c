@@ -33,20 +33,36 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
         snprintf(buf + k, n - k, "]");
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Each tensor's (name, shape) hashed alone, the hashes sorted: the same set of tensors gives the
+ * same hash in any order (a partitioned program lists its parameters in another order than the
+ * single-device one, and a checkpoint moves between meshes). */
 uint64_t ptrt_ckpt_config_hash(const ptrt_ckpt_param *p, int n, const char *extra)
 {
-    ptc_hash64_state h;
-    ptc_hash64_init(&h, 0x707463636b7074ULL);
+    uint64_t *each = ptc_xmalloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
     for (int i = 0; i < n; i++) {
+        ptc_hash64_state h;
+        ptc_hash64_init(&h, 0x707463636b7074ULL);
         ptc_hash64_update(&h, p[i].name, strlen(p[i].name) + 1);
         int nd = p[i].ndim < 0 ? 0 : p[i].ndim > PTRT_ST_MAXDIM ? PTRT_ST_MAXDIM : p[i].ndim;
         int64_t dims[PTRT_ST_MAXDIM + 1] = {p[i].ndim};
         for (int d = 0; d < nd; d++)
             dims[d + 1] = p[i].shape[d];
         ptc_hash64_update(&h, dims, sizeof(int64_t) * (size_t)(nd + 1));
+        each[i] = ptc_hash64_final(&h);
     }
+    qsort(each, (size_t)(n > 0 ? n : 0), sizeof(uint64_t), cmp_u64);
+    ptc_hash64_state h;
+    ptc_hash64_init(&h, 0x707463636b7074ULL);
+    ptc_hash64_update(&h, each, sizeof(uint64_t) * (size_t)(n > 0 ? n : 0));
     if (extra)
         ptc_hash64_update(&h, extra, strlen(extra));
+    free(each);
     uint64_t v = ptc_hash64_final(&h);
     return v ? v : 1;
 }
@@ -217,6 +233,8 @@ static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
     add_meta_u64(w, "ptc.step", (uint64_t)st->step, false);
     add_meta_u64(w, "ptc.data_position", st->data_position, false);
     add_meta_u64(w, "ptc.seed", st->seed, false);
+    if (st->total_steps > 0)
+        add_meta_u64(w, "ptc.total_steps", (uint64_t)st->total_steps, false);
     add_meta_u64(w, "ptc.config_hash", st->config_hash, true);
     for (int i = 0; i < n; i++)
         ptrt_st_add(w, p[i].name, PTRT_ST_F32, p[i].ndim, p[i].shape, p[i].value);
@@ -447,6 +465,11 @@ static int read_state(const ptrt_st_file *f, const char *path, uint64_t config_h
         meta_u64(f, path, "ptc.seed", 10, &st->seed, err, errn) != 0 ||
         meta_u64(f, path, "ptc.config_hash", 16, &st->config_hash, err, errn) != 0)
         return -1;
+    uint64_t total = 0;
+    if (ptrt_st_meta(f, "ptc.total_steps") &&
+        meta_u64(f, path, "ptc.total_steps", 10, &total, err, errn) != 0)
+        return -1;
+    st->total_steps = total <= (uint64_t)PTRT_CKPT_MAX_STEP ? (int64_t)total : 0;
     if (step > (uint64_t)PTRT_CKPT_MAX_STEP) {
         ptc_fmt(err, errn, "%s: step %" PRIu64 " out of range (at most %" PRId64 ")", path, step,
                 PTRT_CKPT_MAX_STEP);

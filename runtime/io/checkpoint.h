@@ -46,6 +46,7 @@ typedef struct ptrt_ckpt_state {
     uint64_t data_position; /* ptrt_data_position of the training loader */
     uint64_t seed;          /* the run's seed */
     uint64_t config_hash;   /* ptrt_ckpt_config_hash of the model and training setup */
+    int64_t total_steps;    /* the run's --steps when it was written (0: not recorded) */
 } ptrt_ckpt_state;
 
 /* A hash of the parameters' names and shapes plus `extra` (anything else that must match for a

@@ -429,7 +429,8 @@ static int save_checkpoint(run *r, int64_t t)
     ptrt_ckpt_state st = {.step = t,
                           .data_position = r->data ? ptrt_data_position(r->data) : 0,
                           .seed = sh->o->seed,
-                          .config_hash = sh->config_hash};
+                          .config_hash = sh->config_hash,
+                          .total_steps = sh->o->steps};
     if (ptrt_ckpt_save(sh->o->ckpt_dir, sh->full, sh->nents, &st, sh->o->keep, path, sizeof path,
                        err, sizeof err) < 0) {
         fail(sh, r->rank, 1, err);
@@ -479,6 +480,18 @@ static int load_initial(run *r)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
     /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
     fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
+    if (st.total_steps > 0 && st.total_steps != o->steps && o->schedule == PTRT_SCHED_COSINE &&
+        st.step < o->steps) {
+        double peak = o->lr >= 0 ? o->lr : sh->plan->optim.lr;
+        ptrt_train_opts was = *o;
+        was.steps = st.total_steps;
+        fprintf(out,
+                "note: the checkpoint's run was to train %lld steps, this one %lld: the cosine "
+                "schedule stretches to the new end (the learning rate of step %lld is %.3e, "
+                "%.3e in the run that wrote it)\n",
+                (long long)st.total_steps, (long long)o->steps, (long long)st.step + 1,
+                ptrt_lr_at(o, peak, st.step + 1), ptrt_lr_at(&was, peak, st.step + 1));
+    }
     if (st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
         fprintf(out,
                 "nothing to train: the checkpoint is at step %lld and --steps is %lld (give a "

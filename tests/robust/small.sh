@@ -36,6 +36,12 @@ grep -Eq "^done: 2 steps in" out.txt && ! grep -q "^step" out.txt && ok "--quiet
 check "--quiet --resume (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck --resume
 grep -q "^resumed from .*step_00000002.safetensors (step 2)" out.txt && ok "--quiet --resume says where it resumed" "" ||
   bad "--quiet --resume says where it resumed" "$(head -c 300 out.txt)"
+check "--resume with a larger --steps (fine)" 0 "" ./exe --quiet --steps 6 --checkpoint-dir ck --resume
+grep -Eq "^note: the checkpoint's run was to train 3 steps, this one 6: the cosine schedule stretches to the new end \(the learning rate of step 4 is [0-9.e+-]+, [0-9.e+-]+ in the run that wrote it\)" out.txt &&
+  ok "--resume with another --steps says the schedule stretches" "" ||
+  bad "--resume with another --steps says the schedule stretches" "$(head -c 400 out.txt)"
+rm -rf ck
+check "--quiet --steps 3 again (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck
 check "--resume at the last step (fine)" 0 "" ./exe --quiet --steps 3 --checkpoint-dir ck --resume
 grep -q "^nothing to train: the checkpoint is at step 3 and --steps is 3" out.txt &&
   ok "--resume at --steps says there is nothing to train" "" ||
