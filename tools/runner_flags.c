@@ -32,6 +32,9 @@ const char ptrt_runner_usage[] =
     "  --val-data FILE.bin    validation tokens; with --val-every N, the mean loss over\n"
     "  --val-every N          --val-batches N (default 4) batches is printed every N steps\n"
     "  --val-batches N\n"
+    "  --eval                 only the validation loss of the weights (--init-from FILE or\n"
+    "                         --resume --checkpoint-dir DIR; else the initial ones) over\n"
+    "                         --val-batches batches of --val-data: no update, nothing written\n"
     "optimizer (the model's optimizer line gives the kind and its other settings):\n"
     "  --lr X                 peak learning rate, > 0 (default: the model's)\n"
     "  --schedule KIND        cosine (default) or constant, after the warm-up\n"
@@ -184,6 +187,13 @@ static int check_all(FILE *errf, const char *prog, double model_lr, const ptrt_t
     char err[1024];
     if (o->val_every && !o->val_data)
         return bad(errf, prog, "--val-every needs --val-data");
+    if (o->eval && !o->val_data)
+        return bad(errf, prog, "--eval needs --val-data (the tokens to evaluate on)");
+    if (o->eval && (o->save || o->dump_grads || o->ckpt_every || (o->ckpt_dir && !o->resume)))
+        return bad(errf, prog, "--eval writes nothing: %s",
+                   o->save         ? "leave out --save"
+                   : o->dump_grads ? "leave out --dump-grads"
+                                   : "--checkpoint-dir only with --resume (to read from)");
     if (o->resume && !o->ckpt_dir)
         return bad(errf, prog, "--resume needs --checkpoint-dir");
     double peak = o->lr >= 0 ? o->lr : model_lr;
@@ -352,6 +362,8 @@ int ptrt_runner_parse(int argc, char **argv, double model_lr, ptrt_train_opts *o
             o->no_check = true;
         } else if (strcmp(a, "--shuffle") == 0) {
             o->shuffle = true;
+        } else if (strcmp(a, "--eval") == 0) {
+            o->eval = true;
         } else if (strcmp(a, "--resume") == 0) {
             o->resume = true;
         } else if (strcmp(a, "--profile") == 0) {

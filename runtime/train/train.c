@@ -463,8 +463,9 @@ static int load_initial(run *r)
     ptrt_ckpt_state st;
     char path[1024];
     alloc_full(sh);
-    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, sh->config_hash, &st, path,
-                               sizeof path, err, sizeof err);
+    /* (--eval reads the weights alone: the data and schedule the run had do not matter) */
+    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, o->eval ? 0 : sh->config_hash,
+                               &st, path, sizeof path, err, sizeof err);
     if (got < 0) {
         fail(sh, r->rank, 2, err);
         return -1;
@@ -480,8 +481,8 @@ static int load_initial(run *r)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
     /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
     fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
-    if (st.total_steps > 0 && st.total_steps != o->steps && o->schedule == PTRT_SCHED_COSINE &&
-        st.step < o->steps) {
+    if (!o->eval && st.total_steps > 0 && st.total_steps != o->steps &&
+        o->schedule == PTRT_SCHED_COSINE && st.step < o->steps) {
         double peak = o->lr >= 0 ? o->lr : sh->plan->optim.lr;
         ptrt_train_opts was = *o;
         was.steps = st.total_steps;
@@ -492,7 +493,7 @@ static int load_initial(run *r)
                 (long long)st.total_steps, (long long)o->steps, (long long)st.step + 1,
                 ptrt_lr_at(o, peak, st.step + 1), ptrt_lr_at(&was, peak, st.step + 1));
     }
-    if (st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
+    if (!o->eval && st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
         fprintf(out,
                 "nothing to train: the checkpoint is at step %lld and --steps is %lld (give a "
                 "larger --steps to train on; the cosine schedule then stretches to it)\n",
@@ -676,6 +677,26 @@ static void *rank_main(void *arg)
         scatter_full(r, 0, sh->nents);
     if (!sync_all(r, "start"))
         return NULL;
+    if (sh->o->eval) {
+        double vl = evaluate(r, sh->first - 1);
+        if (r->rank == 0 && !failed(sh)) {
+            FILE *out = sh->o->out ? sh->o->out : stdout;
+            char whose[1100];
+            if (sh->first > 1)
+                ptc_fmt(whose, sizeof whose, "the weights of step %lld", (long long)(sh->first - 1));
+            else if (sh->o->init_from)
+                ptc_fmt(whose, sizeof whose, "the weights of %s", sh->o->init_from);
+            else
+                ptc_fmt(whose, sizeof whose, "the initial weights of seed %llu",
+                        (unsigned long long)sh->o->seed);
+            fprintf(out, "val loss %.6f (%lld batches of %lld x %lld tokens, %s)\n", vl,
+                    (long long)sh->o->val_batches, (long long)sh->B, (long long)sh->T, whose);
+            if (sh->log)
+                fprintf(sh->log, "{\"step\": %lld, \"val_loss\": %.9g}\n",
+                        (long long)(sh->first - 1), vl);
+        }
+        return NULL;
+    }
     loop(r);
     return NULL;
 }

@@ -23,6 +23,7 @@ typedef struct ptrt_train_opts {
     int64_t steps;
     const char *data, *val_data; /* llm.c token files; data NULL = random batches */
     bool shuffle;
+    bool eval; /* --eval: the validation loss of the loaded weights only: no update, no file */
     uint64_t seed;
     double lr;      /* peak learning rate; < 0 = the model's optimizer line */
     double min_lr;  /* cosine floor; < 0 = lr / 10 */

@@ -6,7 +6,7 @@
 # its limit (say the limit), an unknown op written as another framework writes it (did you mean);
 # --quiet keeping the run's summary and "resumed from", the val loss line naming its step; and
 # (item 5) a plan past the machine's memory refused with what it needs; (item 1) a non-finite
-# gradient norm stopping the run before the update.
+# gradient norm stopping the run before the update; (item 12) --eval.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -75,6 +75,25 @@ for mesh in "" "--mesh dp=2 --zero 3"; do
   [ ! -e nan.st ] && [ ! -e nan_ck/step_00000001.safetensors ] && ok "no file of the non-finite step ${mesh:-(1 rank)}" "" ||
     bad "no file of the non-finite step ${mesh:-(1 rank)}" "$(ls nan_ck nan.st 2>&1)"
 done
+
+# (item 12) --eval: the validation loss of the weights it is given, the same as the training run
+# printed for them; nothing written
+"$tokenize" val.txt -o ev.bin > /dev/null 2>&1
+rm -rf evck
+check "train 3 steps with a val loss at the end (fine)" 0 "" ./exe --steps 3 --data ev.bin --val-data ev.bin --val-every 3 --checkpoint-dir evck
+want=$(sed -n 's/^step *3\/3 | val loss \([0-9.]*\)$/\1/p' out.txt)
+before=$(ls -l --time-style=full-iso evck)
+check "--eval --resume" 0 "" ./exe --eval --val-data ev.bin --resume --checkpoint-dir evck
+grep -q "^val loss $want (4 batches of 4 x 64 tokens, the weights of step 3)$" out.txt && [ -n "$want" ] &&
+  ok "--eval --resume gives the val loss the run printed ($want)" "" ||
+  bad "--eval --resume gives the val loss the run printed ($want)" "$(head -c 300 out.txt)"
+[ "$(ls -l --time-style=full-iso evck)" = "$before" ] && ok "--eval leaves the checkpoints as they were" "" ||
+  bad "--eval leaves the checkpoints as they were" "$(ls -l evck)"
+check "--eval --init-from" 0 "" ./exe --eval --val-data ev.bin --init-from evck/step_00000003.safetensors
+grep -q "^val loss $want " out.txt && ok "--eval --init-from: the same val loss" "" || bad "--eval --init-from: the same val loss" "$(head -c 300 out.txt)"
+check "--eval without --val-data" 2 "--eval needs --val-data" ./exe --eval
+check "--eval with --save" 2 "--eval writes nothing: leave out --save" ./exe --eval --val-data ev.bin --save x.st
+check "--eval with a --checkpoint-dir to write" 2 "--eval writes nothing: --checkpoint-dir only with --resume" ./exe --eval --val-data ev.bin --checkpoint-dir evck2
 
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
