@@ -92,3 +92,24 @@ double ptc_op_bytes(const ptc_type *in, int nin, const ptc_type *out, int nout)
         b += (double)ptc_type_numel(&out[k]) * ptc_dtype_size(out[k].dtype);
     return b;
 }
+
+double ptc_graph_model_flops(const ptc_graph *g)
+{
+    double total = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op != PTC_OP_MATMUL && n->op != PTC_OP_ATTENTION && n->op != PTC_OP_MOE_FFN)
+            continue;
+        ptc_type in[PTC_MAX_RESULTS * 2], out[PTC_MAX_RESULTS];
+        int nin = n->nin < PTC_MAX_RESULTS * 2 ? n->nin : PTC_MAX_RESULTS * 2;
+        int nout = n->nout < PTC_MAX_RESULTS ? n->nout : PTC_MAX_RESULTS;
+        for (int k = 0; k < nin; k++)
+            in[k] = g->values[n->in[k]].type;
+        for (int k = 0; k < nout; k++)
+            out[k] = g->values[n->out[k]].type;
+        ptc_attrs a = n->attrs;
+        a.causal = false; /* PaLM's count: the masked half counts too */
+        total += 3.0 * ptc_op_flops(n->op, &a, in, nin, out, nout);
+    }
+    return total;
+}

@@ -293,6 +293,11 @@ void ptc_print_dot(const ptc_graph *g, FILE *f);
 double ptc_op_flops(ptc_op op, const ptc_attrs *a, const ptc_type *in, int nin,
                     const ptc_type *out, int nout);
 double ptc_op_bytes(const ptc_type *in, int nin, const ptc_type *out, int nout);
+/* Model FLOPs of one training step of the forward graph g (single device, before autodiff), as
+ * PaLM counts them for MFU: three times the forward's matrix products (the backward makes two of
+ * each) and attention's 4 b s^2 d, masked or not (PaLM's 12 L H Q T a token); recomputation and
+ * elementwise work do not count. */
+double ptc_graph_model_flops(const ptc_graph *g);
 
 /* Parameters (PARAM nodes) in graph order, and their total element count (INT64_MAX when the
  * sum would be larger: the front end refuses models beyond 2^46 parameters, but a parsed plan

@@ -999,6 +999,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
     p->zero = o->zero;
     p->seq_parallel = o->seq_parallel;
     p->logical_params = o->logical_params;
+    p->model_flops = o->model_flops;
     p->notes = ptc_arena_strdup(p->arena, o->notes ? o->notes : "");
     p->rank_program = ptc_arena_alloc(p->arena, sizeof(int) * (size_t)p->nranks);
 

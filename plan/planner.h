@@ -22,6 +22,7 @@ typedef struct ptc_lower_opts {
     int zero;
     bool seq_parallel;
     int64_t logical_params;
+    double model_flops; /* of a training step (ptc_graph_model_flops), for MFU; 0: unknown */
     /* keep the graph's gradient outputs (1..) readable after a step (single-device gradient
      * dumps); otherwise they are freed like any temporary */
     bool keep_grad_outputs;

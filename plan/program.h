@@ -200,6 +200,7 @@ typedef struct ptc_plan {
     int zero;
     bool seq_parallel;
     int64_t logical_params;
+    double model_flops; /* model FLOPs of a step (PaLM's count, for MFU); 0: unknown */
     const char *notes; /* what the compiler chose and why, one line each (may be empty) */
     int microbatches;   /* the step's batch in this many, run one after the other (1: none) */
     int pp_schedule;    /* ptc_pp_schedule (schedule.h) ordering microbatches and stages */

@@ -249,6 +249,8 @@ void ptc_plan_print(const ptc_plan *p, FILE *f)
     ptc_put_optim(f, &p->optim);
     fprintf(f, "\nzero %d\nseq_parallel %s\nparameters %lld\n", p->zero,
             p->seq_parallel ? "true" : "false", (long long)p->logical_params);
+    if (p->model_flops > 0)
+        fprintf(f, "model_flops %.17g\n", p->model_flops);
     bool pipelined = p->microbatches > 1;
     for (int a = 0; a < p->mesh.naxes; a++)
         pipelined |= strcmp(p->mesh.names[a], "pp") == 0;
@@ -778,6 +780,13 @@ static void load_header(loader *ld)
     ptc_lex_next(lx);
     ptc_lex_keyword(lx, "parameters");
     p->logical_params = lex_count(ld, 0, INT64_MAX, "parameter count");
+    if (ptc_lex_ident(lx, "model_flops")) {
+        ptc_lex_next(lx);
+        double v = ptc_lex_number(lx);
+        if (!(v >= 0 && v < 1e30) && !lx->failed)
+            ptc_lex_fail(lx, "%s", "model_flops out of range");
+        p->model_flops = v > 0 && v < 1e30 ? v : 0;
+    }
     if (ptc_lex_ident(lx, "schedule")) {
         ptc_lex_next(lx);
         const char *name = lx->kind == PTC_T_STR ? ptc_lex_string(lx, p->arena) : NULL;

@@ -248,6 +248,7 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
                          .logical_params = logical_params,
                          .keep_grad_outputs = g->mesh.naxes == 0,
                          .notes = notes,
+                         .model_flops = o->model_flops,
                          .fuse = !o->no_fuse,
                          .mesh = o->mesh,
                          .pp_schedule = o->pp_schedule,
@@ -370,6 +371,7 @@ int main(int argc, char **argv)
         return 1;
     }
     int64_t logical_params = ptc_graph_param_count(g);
+    o.model_flops = ptc_graph_model_flops(g); /* of the forward, before any pass */
     char notes[2048] = "";
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);

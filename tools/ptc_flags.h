@@ -29,6 +29,7 @@ typedef struct ptc_options {
     const char *emit;
     bool run, train, seq_parallel, summary;
     bool no_fuse; /* --no-fuse: every op its own kernel */
+    double model_flops; /* of a training step of the model (set by the driver), for MFU */
     const char *output, *dump_after, *runner;
     ptc_mesh mesh;
     int zero;

@@ -71,6 +71,9 @@ const char ptrt_runner_usage_backend[] =
     "  --trace FILE           write the measured timeline of up to 3 steps after the first\n"
     "                         (Chrome trace-event JSON, one row per rank: open it in\n"
     "                         Perfetto beside ptc --emit trace of the same plan)\n"
+    "  --peak-flops X         the hardware's FLOP/s, > 0, for the MFU of the step lines and\n"
+    "                         the summary (model FLOPs as PaLM counts them, over X); default:\n"
+    "                         the best of three 1024^3 f32 GEMMs measured at start\n"
     "  --profile              after the run, print the time spent per op kind (per step, the\n"
     "                         first step left out: it warms up)\n"
     "  --check-memory         fill every arena with a canary at start and, after the run,\n"
@@ -245,6 +248,7 @@ static bool takes_value(const char *a)
                                              "--comm-timeout",
                                              "--debug-drop-collective",
                                              "--threads",
+                                             "--peak-flops",
                                              NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
@@ -290,8 +294,10 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         }
         return 0;
     }
-    bool positive = strcmp(a, "--lr") == 0 || strcmp(a, "--comm-timeout") == 0;
+    bool positive = strcmp(a, "--lr") == 0 || strcmp(a, "--comm-timeout") == 0 ||
+                    strcmp(a, "--peak-flops") == 0;
     double *num = strcmp(a, "--lr") == 0             ? &o->lr
+                  : strcmp(a, "--peak-flops") == 0   ? &o->peak_flops
                   : strcmp(a, "--min-lr") == 0       ? &o->min_lr
                   : strcmp(a, "--grad-clip") == 0    ? &o->max_norm
                   : strcmp(a, "--comm-timeout") == 0 ? &o->timeout_s

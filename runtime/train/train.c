@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "checkpoint.h"
+#include "file.h"
 #include "cpu.h"
 #include "data.h"
 #include "exec.h"
@@ -85,6 +86,7 @@ struct shared {
     int *all;            /* 0..nranks-1, the group of barriers */
     int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
     int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
+    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start; 0: none */
     entry *ents;
     int nparams, nents;
     ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
@@ -522,6 +524,76 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
     ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g", worst, frac);
 }
 
+/* The CPU's FLOP rate for MFU, where no --peak-flops is given: after one to warm up (threads,
+ * pages), the best of three f32 GEMMs of 1024^3 on the backend's threads, about 0.1 s (what the
+ * machine's BLAS reaches on a large square product: a practical peak, below the vector units'
+ * nominal one). */
+static double measure_gemm(void)
+{
+    enum { N = 1024 };
+    float *a = ptc_xcalloc((size_t)N * N * 3, sizeof(float)), *b = a + N * N, *c = b + N * N;
+    for (int i = 0; i < N * N; i++)
+        a[i] = b[i] = (float)((i % 7) - 3) * 0.25f;
+    ptc_gemm g = {.m = N, .n = N, .k = N, .batch = 1, .lda = N, .ldb = N, .ldc = N,
+                  .alpha = 1, .beta = 0};
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now();
+        ptrt_backend_cpu.gemm(&g, a, b, c);
+        double dt = now() - t0;
+        if (rep > 0 && dt > 0 && 2.0 * N * N * N / dt > best)
+            best = 2.0 * N * N * N / dt;
+    }
+    free(a);
+    return best;
+}
+
+/* measure_gemm, kept beside the kernel cache ($XDG_CACHE_HOME/ptc or ~/.cache/ptc) by the CPU's
+ * model name and the thread count, so that a machine measures it once and not every start (runs
+ * of a test suite start thousands of times); a cache that cannot be read or written costs only
+ * the measurement. */
+static double measure_peak(int threads)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[2048] = "", path[2400] = "", cpu[256] = "?";
+    if (xdg && *xdg)
+        ptc_fmt(dir, sizeof dir, "%s/ptc", xdg);
+    else if (home && *home)
+        ptc_fmt(dir, sizeof dir, "%s/.cache/ptc", home);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            ptc_fmt(cpu, sizeof cpu, "%s", line);
+            break;
+        }
+    if (f)
+        fclose(f);
+    if (*dir)
+        ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d", dir,
+                (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads);
+    size_t len;
+    char *text = *path ? ptc_read_file_max(path, 64, &len) : NULL;
+    double v = text ? strtod(text, NULL) : 0;
+    free(text);
+    if (v > 0 && isfinite(v))
+        return v;
+    v = measure_gemm();
+    char buf[64], err[256];
+    int n = snprintf(buf, sizeof buf, "%.6g\n", v);
+    if (*path) {
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) { /* ~/.cache itself may be missing */
+            *slash = 0;
+            mkdir(dir, 0755);
+            *slash = '/';
+        }
+        mkdir(dir, 0755);
+        ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
+    }
+    return v;
+}
+
 static void progress(run *r, int64_t t, double loss, double lr, double norm, double dt,
                      double elapsed, int64_t done)
 {
@@ -531,17 +603,24 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
     char eta[32], moe[96], moe_json[128];
     fmt_eta(eta, sizeof eta, elapsed / (double)done * (double)(o->steps - t));
     moe_balance(r, moe, sizeof moe, moe_json, sizeof moe_json);
+    char mfu[48] = "", mfu_json[96] = "";
+    if (sh->plan->model_flops > 0 && sh->peak_flops > 0 && dt > 0) {
+        double m = sh->plan->model_flops / dt / sh->peak_flops;
+        ptc_fmt(mfu, sizeof mfu, " | MFU %.1f%%", 100 * m);
+        ptc_fmt(mfu_json, sizeof mfu_json, ", \"model_flops_per_s\": %.6g, \"mfu\": %.6g",
+                sh->plan->model_flops / dt, m);
+    }
     if (!o->quiet)
         fprintf(o->out ? o->out : stdout,
-                "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms | "
+                "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s%s | %.1f ms | "
                 "eta %s%s\n",
                 (int)(o->steps >= 1000 ? 5 : 3), (long long)t, (long long)o->steps, loss, lr, norm,
-                tokps, dt * 1e3, eta, moe);
+                tokps, mfu, dt * 1e3, eta, moe);
     if (sh->log) {
         fprintf(sh->log,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g%s}\n",
-                (long long)t, loss, lr, norm, tokps, dt * 1e3, moe_json);
+                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g%s%s}\n",
+                (long long)t, loss, lr, norm, tokps, dt * 1e3, mfu_json, moe_json);
         fflush(sh->log);
     }
 }
@@ -647,9 +726,16 @@ static void loop(run *r)
         }
     }
     double el = now() - t0;
-    if (lead && done) /* the run's summary, under --quiet too */
-        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s\n", (long long)done,
+    if (lead && done) { /* the run's summary, under --quiet too */
+        fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s", (long long)done,
                 el, first_loss, last_loss, (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
+        if (sh->plan->model_flops > 0 && sh->peak_flops > 0 && el > 0)
+            fprintf(out, ", %.3g GFLOP/s of model FLOPs, MFU %.1f%% of %.3g GFLOP/s (%s)",
+                    sh->plan->model_flops * (double)done / el * 1e-9,
+                    100 * sh->plan->model_flops * (double)done / el / sh->peak_flops,
+                    sh->peak_flops * 1e-9, o->peak_flops > 0 ? "--peak-flops" : "measured GEMM");
+        fputc('\n', out);
+    }
     if (lead && o->profile && done > 1)
         ptrt_exec_print_profile(r->x, out, done - 1);
 }
@@ -771,6 +857,9 @@ static int setup(shared *sh, char *err, size_t errn)
         sh->comm = ptrt_inproc_comm(sh->inproc);
     }
     ptrt_cpu_set_threads(o->threads);
+    sh->peak_flops = o->peak_flops > 0 ? o->peak_flops
+                     : sh->plan->model_flops > 0 && !o->eval ? measure_peak(o->threads)
+                                                             : 0;
     sh->first = 1;
     ptrt_exec_opts xo = {.backend = o->backend == PTRT_BACKEND_JIT   ? ptrt_backend_jit
                                     : o->backend == PTRT_BACKEND_CPU ? &ptrt_backend_cpu

@@ -44,6 +44,7 @@ typedef struct ptrt_train_opts {
     int64_t val_every, val_batches;
     ptrt_backend_kind backend;
     int threads;
+    double peak_flops; /* --peak-flops: the hardware's FLOP/s for MFU; 0: measure a GEMM */
     double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
     bool profile;     /* print the time per op kind after the run (the first step left out) */
     bool quiet;

@@ -6,7 +6,8 @@
 # its limit (say the limit), an unknown op written as another framework writes it (did you mean);
 # --quiet keeping the run's summary and "resumed from", the val loss line naming its step; and
 # (item 5) a plan past the machine's memory refused with what it needs; (item 1) a non-finite
-# gradient norm stopping the run before the update; (item 12) --eval.
+# gradient norm stopping the run before the update; (item 12) --eval; (item 13) model FLOPs and
+# MFU.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -94,6 +95,25 @@ grep -q "^val loss $want " out.txt && ok "--eval --init-from: the same val loss"
 check "--eval without --val-data" 2 "--eval needs --val-data" ./exe --eval
 check "--eval with --save" 2 "--eval writes nothing: leave out --save" ./exe --eval --val-data ev.bin --save x.st
 check "--eval with a --checkpoint-dir to write" 2 "--eval writes nothing: --checkpoint-dir only with --resume" ./exe --eval --val-data ev.bin --checkpoint-dir evck2
+
+# (item 13) model FLOPs and MFU. gpt2_tiny (d=64, 2 layers, 4 heads, vocab 256, batch 4 x 64):
+# matrix products of 2 (64x192 + 64x64 + 64x256 + 256x64) + 64x256 = 114,688 weights, 6 flops a
+# weight a token over 256 tokens: 176,160,768; attention 3 x 4 b s^2 d = 12,582,912 a layer, two
+# layers: 25,165,824; PaLM's count 201,326,592
+check "--emit program (fine)" 0 "" "$ptc" --emit program "$m"
+grep -q "^model_flops 201326592$" out.txt && ok "the plan's model FLOPs are PaLM's count" "" ||
+  bad "the plan's model FLOPs are PaLM's count" "$(grep model_flops out.txt)"
+check "--peak-flops 1e11 (fine)" 0 "" ./exe --steps 2 --peak-flops 1e11 --log mfu.jsonl
+grep -Eq "^step +2/2 \| .* tok/s \| MFU [0-9.]+% \|" out.txt && grep -Eq "MFU [0-9.]+% of 100 GFLOP/s \(--peak-flops\)$" out.txt &&
+  ok "MFU in the step line and the summary" "" || bad "MFU in the step line and the summary" "$(tail -2 out.txt)"
+"$python" -c '
+import json, sys
+for r in map(json.loads, open("mfu.jsonl")):
+    if "loss" in r:
+        assert abs(r["mfu"] - r["model_flops_per_s"] / 1e11) < 1e-6 * r["mfu"], r
+        assert abs(r["model_flops_per_s"] * r["step_ms"] / 1e3 - 201326592) < 1e-3 * 201326592, r
+' && ok "--log: mfu = model FLOPs / step time / peak" "" || bad "--log: mfu = model FLOPs / step time / peak" "$(head -2 mfu.jsonl)"
+check "--peak-flops 0" 2 "--peak-flops expects a positive number, got '0'" ./exe --steps 1 --peak-flops 0
 
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0
