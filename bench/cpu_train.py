@@ -6,7 +6,8 @@ overrides) it writes one set of initial weights and one token file, then trains
   - ptc: the executable `ptc MODEL.ptm -o EXE` writes, on the fast CPU backend, and
   - PyTorch: the same model written with torch.nn.functional (fused layer_norm, tanh GELU,
     cross_entropy; attention as matmul, causal mask, softmax, matmul, as torch 1.13 has no fused
-    CPU attention), weights in nn.Linear's [out, in] layout,
+    CPU attention; under PyTorch 2, run from a venv's python, scaled_dot_product_attention and
+    AdamW(fused=True), its fastest eager CPU setting), weights in nn.Linear's [out, in] layout,
 from those weights on those batches with the same AdamW (the model's optimizer line, weight decay
 on matrices only), a constant learning rate and gradient clipping at 1.0. The first --warmup steps
 are not timed. It prints one table (tokens/s of each and the ratio ptc/torch), the loss of the
@@ -61,7 +62,15 @@ MODELS = {
     # to the head, context 256; a batch of 8 sequences of 256 tokens
     "gpt2_20m": ("examples/gpt2.ptm", {"vocab": 8192, "ctx": 256, "d": 512, "heads": 8,
                                        "layers": 5, "batch": 8, "seq": 256}, 5, 2),
+    # the two configurations of the codegen issue (16): (a) small and wide-vocabulary, (b) wider
+    "issue16_a": ("examples/gpt2.ptm", {"vocab": 4096, "ctx": 128, "d": 256, "heads": 4,
+                                        "layers": 4, "batch": 8, "seq": 128}, 20, 3),
+    "issue16_b": ("examples/gpt2.ptm", {"vocab": 8192, "ctx": 256, "d": 768, "heads": 12,
+                                        "layers": 2, "batch": 4, "seq": 256}, 8, 2),
 }
+# PyTorch 2 (run this script with a venv's python that has it): its fastest eager CPU setting,
+# scaled_dot_product_attention and AdamW(fused=True); torch 1.13 has neither
+TORCH2 = hasattr(F, "scaled_dot_product_attention")
 
 
 def initial_weights(params, seed):
@@ -104,9 +113,13 @@ class TorchGPT2:
             a = F.layer_norm(x, (d,), P[h + "ln_1.g"], P[h + "ln_1.b"], self.eps)
             q, k, v = F.linear(a, P[h + "attn.w_qkv"], P[h + "attn.b_qkv"]).split(d, dim=2)
             q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / (d // H) ** 0.5)
-            att = F.softmax(att.masked_fill(self.future, float("-inf")), dim=-1)
-            y = (att @ v).transpose(1, 2).contiguous().view(B, T, d)
+            if TORCH2:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / (d // H) ** 0.5)
+                att = F.softmax(att.masked_fill(self.future, float("-inf")), dim=-1)
+                y = att @ v
+            y = y.transpose(1, 2).contiguous().view(B, T, d)
             x = x + F.linear(y, P[h + "attn.w_o"], P[h + "attn.b_o"])
             a = F.layer_norm(x, (d,), P[h + "ln_2.g"], P[h + "ln_2.b"], self.eps)
             a = F.gelu(F.linear(a, P[h + "mlp.w_fc"], P[h + "mlp.b_fc"]), approximate="tanh")
@@ -124,7 +137,7 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup):
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
                                {"params": no_decay, "weight_decay": 0.0}],
                               lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"],
-                              foreach=True)
+                              **({"fused": True} if TORCH2 else {"foreach": True}))
     params = list(net.P.values())
     losses, t0 = [], None
     for k in range(warmup + steps):

@@ -10,12 +10,14 @@
 #include "train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "file.h"
@@ -941,10 +943,52 @@ static void teardown(shared *sh)
     pthread_mutex_destroy(&sh->lock);
 }
 
+/* One run writes a checkpoint directory at a time: an exclusive lock on DIR/.lock (a POSIX record
+ * lock: the system drops it when the process ends, however it ends) held for the whole run; the lock file
+ * holds the pid, for the message. Returns the descriptor, -1 without a directory or under
+ * --eval (it only reads), or -2 with a message when another run holds it. */
+static int lock_ckpt_dir(const ptrt_train_opts *o, char *err, size_t errn)
+{
+    if (!o->ckpt_dir || o->eval)
+        return -1;
+    char path[4200];
+    ptc_fmt(path, sizeof path, "%s/.lock", o->ckpt_dir);
+    mkdir(o->ckpt_dir, 0777);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1; /* (the checkpoint writes report an unusable directory themselves) */
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_SETLK, &lk) < 0) {
+        char pid[32] = "", who[48] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        if (*pid)
+            ptc_fmt(who, sizeof who, " (pid %s)", pid);
+        ptc_fmt(err, errn,
+                "--checkpoint-dir %s: another run%s is writing it; two runs in one directory "
+                "would overwrite each other's checkpoints",
+                o->ckpt_dir, who);
+        close(fd);
+        return -2;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)n, 0) < 0) {
+        /* the pid is only for the message */
+    }
+    return fd;
+}
+
 int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t errn)
 {
     shared sh = {.plan = plan, .o = o, .t_base = now()};
     pthread_mutex_init(&sh.lock, NULL);
+    int lock = lock_ckpt_dir(o, err, errn);
+    if (lock == -2) {
+        pthread_mutex_destroy(&sh.lock);
+        return 2;
+    }
     int rc = setup(&sh, err, errn);
     if (!rc && o->resume && !o->ckpt_dir) {
         ptc_fmt(err, errn, "--resume needs --checkpoint-dir");
@@ -977,5 +1021,7 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
     if (!rc && o->trace)
         rc = write_trace(&sh, err, errn);
     teardown(&sh);
+    if (lock >= 0)
+        close(lock);
     return rc;
 }

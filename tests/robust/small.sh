@@ -7,7 +7,7 @@
 # --quiet keeping the run's summary and "resumed from", the val loss line naming its step; and
 # (item 5) a plan past the machine's memory refused with what it needs; (item 1) a non-finite
 # gradient norm stopping the run before the update; (item 12) --eval; (item 13) model FLOPs and
-# MFU.
+# MFU; (item 11) one run at a time in a checkpoint directory.
 source "$(dirname "$0")/lib.sh"
 m=$src/examples/gpt2_tiny.ptm
 check "--place wte=tp:S5" 2 "--place 'wte=tp:S5': parameter 'wte' f32\[256,64\] has 2 dimensions \(S0 to S1\)" "$ptc" --mesh tp=2 --place wte=tp:S5 "$m"
@@ -114,6 +114,17 @@ for r in map(json.loads, open("mfu.jsonl")):
         assert abs(r["model_flops_per_s"] * r["step_ms"] / 1e3 - 201326592) < 1e-3 * 201326592, r
 ' && ok "--log: mfu = model FLOPs / step time / peak" "" || bad "--log: mfu = model FLOPs / step time / peak" "$(head -2 mfu.jsonl)"
 check "--peak-flops 0" 2 "--peak-flops expects a positive number, got '0'" ./exe --steps 1 --peak-flops 0
+
+# (item 11) two runs writing one checkpoint directory at once: the second is refused, naming the
+# first; the directory is free again once the first has ended (however it ended)
+rm -rf lkdir
+./exe --steps 100000 --checkpoint-dir lkdir --quiet > /dev/null 2>&1 &
+first=$!
+for _ in $(seq 100); do [ -s lkdir/.lock ] && break; sleep 0.05; done
+check "a second run in the same --checkpoint-dir" 2 "--checkpoint-dir lkdir: another run \(pid $first\) is writing it" ./exe --steps 1 --checkpoint-dir lkdir
+kill -9 $first 2> /dev/null
+wait $first 2> /dev/null
+check "the same directory after the first was killed (fine)" 0 "" ./exe --steps 1 --checkpoint-dir lkdir --quiet
 
 check "--lr 0" 2 "--lr expects a positive number, got '0'" ./exe --quiet --steps 1 --lr 0
 check "--lr 0.0" 2 "--lr expects a positive number, got '0\.0'" ./exe --quiet --steps 1 --lr 0.0

@@ -172,7 +172,8 @@ else
   cp flip/latest flip.latest
   cmp -s "ck/$ck" "flip/$ck" && bad "setup: flip" "the byte flip did not change the file"
   check "one byte flipped in the tensor data" 2 "flip/$ck: checksum mismatch \\(file corrupted\\?\\)" "${resume[@]}" --checkpoint-dir flip
-  if cmp -s flip.latest flip/latest && [ "$(find flip -newer flip.latest | wc -l)" -eq 0 ]; then
+  # (.lock: the run's lock on the directory, not a checkpoint)
+  if cmp -s flip.latest flip/latest && [ "$(find flip -newer flip.latest ! -name .lock | wc -l)" -eq 0 ]; then
     ok "refused resume leaves the directory alone" "latest and the files unchanged"
   else
     bad "refused resume leaves the directory alone" "flip/ was modified: $(ls flip)"
