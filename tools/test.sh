@@ -21,7 +21,7 @@ if [ "$quick" != --quick ]; then
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "slow|equivalence"
   python3 tests/equivalence/matrix.py build-asan/tools/ptc --quick
 
-  echo "== fuzzers: front end, flags, checkpoints, token files, safetensors (2 minutes in all) =="
-  tests/fuzz/run.sh 120
+  echo "== fuzzers: front end, flags, checkpoints, token files, safetensors (90 s in all) =="
+  tests/fuzz/run.sh 90
 fi
 echo "== all tests passed =="
