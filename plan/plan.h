@@ -90,6 +90,8 @@ typedef struct ptc_plan_print_opts {
  * peak is, bytes sent by axis and kind, the largest tensors, warnings), then the detail:
  * parameter placements, communication by layer, and the program. */
 void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f);
+/* "1.84 MiB", "512 B": bytes in the unit the printers use (binary units, 2 decimals). */
+void ptc_human_bytes(int64_t b, char *buf, size_t n);
 /* The mixture-of-experts lines of program's summary (print_moe.c): per moe layer the experts
  * this rank holds, the dispatch buffers reserved and the all-to-all and count-exchange bytes,
  * and the experts' memory. Prints nothing for a program without moe layers. */

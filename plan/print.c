@@ -21,8 +21,7 @@ static void put_count(FILE *f, int64_t n)
     }
 }
 
-/* "1.84 MiB", "512 B" */
-static void human_bytes(int64_t b, char *buf, size_t n)
+void ptc_human_bytes(int64_t b, char *buf, size_t n)
 {
     double x = (double)b;
     const char *u = "B";
@@ -38,23 +37,15 @@ static void human_bytes(int64_t b, char *buf, size_t n)
         snprintf(buf, n, "%.2f %s", x, u);
 }
 
+/* "1,929,379 (1.84 MiB)" */
 static void put_bytes(FILE *f, int64_t b)
 {
     put_count(f, b);
-    double x = (double)b;
-    const char *u = "B";
-    if (x >= 1 << 30) {
-        x /= 1 << 30;
-        u = "GiB";
-    } else if (x >= 1 << 20) {
-        x /= 1 << 20;
-        u = "MiB";
-    } else if (x >= 1 << 10) {
-        x /= 1 << 10;
-        u = "KiB";
+    if (b >= 1024) {
+        char h[32];
+        ptc_human_bytes(b, h, sizeof h);
+        fprintf(f, " (%s)", h);
     }
-    if (b >= 1024)
-        fprintf(f, " (%.2f %s)", x, u);
 }
 
 static void put_ranks(FILE *f, const ptc_program *pg)
@@ -367,8 +358,8 @@ static void pipeline_section(FILE *f, const ptc_plan *p)
         snprintf(inflight, sizeof inflight, "%d (%d)", si->inflight, pi.inflight_schedule[s]);
         fprintf(f, "  %-6d %-14s %-10s ", s, ranks, inflight);
         char b1[32], b2[32];
-        human_bytes(st.param_bytes + st.grad_bytes + st.optim_bytes, b1, sizeof b1);
-        human_bytes(st.peak_act_bytes, b2, sizeof b2);
+        ptc_human_bytes(st.param_bytes + st.grad_bytes + st.optim_bytes, b1, sizeof b1);
+        ptc_human_bytes(st.peak_act_bytes, b2, sizeof b2);
         fprintf(f, "%13s %17s  %s\n", b1, b2, si->layers);
     }
     fputs("  (in flight: microbatches whose forward has begun and whose backward has not ended, in"

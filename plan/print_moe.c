@@ -13,22 +13,9 @@
 
 static void put_bytes(FILE *f, int64_t b)
 {
-    const char *u = "B";
-    double x = (double)b;
-    if (x >= 1 << 30) {
-        x /= 1 << 30;
-        u = "GiB";
-    } else if (x >= 1 << 20) {
-        x /= 1 << 20;
-        u = "MiB";
-    } else if (x >= 1 << 10) {
-        x /= 1 << 10;
-        u = "KiB";
-    }
-    if (b >= 1024)
-        fprintf(f, "%.2f %s", x, u);
-    else
-        fprintf(f, "%lld B", (long long)b);
+    char h[32];
+    ptc_human_bytes(b, h, sizeof h);
+    fputs(h, f);
 }
 
 static bool experts_op(ptc_op op)
