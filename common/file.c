@@ -248,6 +248,31 @@ int ptc_file_commit(ptc_file_file *f, char *err, size_t errn)
     return rc;
 }
 
+char *ptc_file_cache_dir(const char *sub, char *buf, size_t n)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        ptc_fmt(buf, n, "%s/ptc%s%s", xdg, *sub ? "/" : "", sub);
+    else if (home && *home)
+        ptc_fmt(buf, n, "%s/.cache/ptc%s%s", home, *sub ? "/" : "", sub);
+    else
+        return NULL;
+    return ptc_file_mkdirs(buf) ? buf : NULL;
+}
+
+bool ptc_file_mkdirs(char *path)
+{
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            int rc = mkdir(path, 0755);
+            *p = '/';
+            if (rc < 0 && errno != EEXIST)
+                return false;
+        }
+    return mkdir(path, 0755) == 0 || errno == EEXIST;
+}
+
 int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, size_t errn)
 {
     ptc_file_file f;

@@ -65,6 +65,14 @@ int ptc_file_open_regular(const char *path, size_t *size, char *err, size_t errn
  * gets their number), or NULL with a message naming path. */
 char *ptc_file_read_all(const char *path, size_t max, size_t *len, char *err, size_t errn);
 
+/* ptc's cache directory for `sub` ("kernels": compiled kernels; "": measurements kept per
+ * machine): $XDG_CACHE_HOME/ptc/SUB, else $HOME/.cache/ptc/SUB, made (mkdir -p) when missing.
+ * Returns buf, or NULL when neither variable is set or the directory cannot be had (a cache
+ * then only costs what it would have saved). */
+char *ptc_file_cache_dir(const char *sub, char *buf, size_t n);
+/* mkdir -p path (its '/'s restored on return); false when the directory cannot be had. */
+bool ptc_file_mkdirs(char *path);
+
 /* Writes n bytes to path atomically (create + write + commit). */
 int ptc_file_write_file(const char *path, const void *p, size_t n, char *err, size_t errn);
 

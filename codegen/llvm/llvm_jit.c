@@ -141,33 +141,6 @@ static LLVMModuleRef build(LLVMContextRef C, const ptc_kir *k, const char *symbo
     return M;
 }
 
-static char *default_cache_dir(void)
-{
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char buf[4096];
-    if (xdg && *xdg)
-        ptc_fmt(buf, sizeof buf, "%s/ptc/kernels", xdg);
-    else if (home && *home)
-        ptc_fmt(buf, sizeof buf, "%s/.cache/ptc/kernels", home);
-    else
-        return NULL;
-    return ptc_xstrdup(buf);
-}
-
-/* mkdir -p; false when the directory cannot be had */
-static bool make_dirs(char *path)
-{
-    for (char *p = path + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            int rc = mkdir(path, 0755);
-            *p = '/';
-            if (rc < 0 && errno != EEXIST)
-                return false;
-        }
-    return mkdir(path, 0755) == 0 || errno == EEXIST;
-}
-
 static uint64_t cache_key(uint64_t kernel_hash)
 {
     char buf[8192];
@@ -221,13 +194,16 @@ static ptc_kfn compile_locked(const ptc_kir *k, uint64_t h, const char *cache_di
 {
     char symbol[64], *path = NULL;
     snprintf(symbol, sizeof symbol, "ptck_%016llx", (unsigned long long)h);
-    char *dir = cache_dir ? (*cache_dir ? ptc_xstrdup(cache_dir) : NULL) : default_cache_dir();
-    if (dir && make_dirs(dir)) {
+    char buf[4096], *dir = NULL;
+    if (!cache_dir)
+        dir = ptc_file_cache_dir("kernels", buf, sizeof buf);
+    else if (*cache_dir && strlen(cache_dir) < sizeof buf)
+        dir = ptc_file_mkdirs(strcpy(buf, cache_dir)) ? buf : NULL;
+    if (dir) {
         size_t n = strlen(dir) + 64;
         path = ptc_xmalloc(n);
         snprintf(path, n, "%s/%016llx.o", dir, (unsigned long long)cache_key(h));
     }
-    free(dir);
     LLVMMemoryBufferRef obj = object_of(k, symbol, path, err, errn);
     free(path);
     if (!obj)

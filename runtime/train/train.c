@@ -556,14 +556,8 @@ static double measure_gemm(void)
  * the measurement. */
 static double measure_peak(int threads)
 {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char dir[2048] = "", path[2400] = "", cpu[256] = "?";
-    if (xdg && *xdg)
-        ptc_fmt(dir, sizeof dir, "%s/ptc", xdg);
-    else if (home && *home)
-        ptc_fmt(dir, sizeof dir, "%s/.cache/ptc", home);
+    char dir[2048], path[2400] = "", cpu[256] = "?", line[512];
     FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
     while (f && fgets(line, sizeof line, f))
         if (strncmp(line, "model name", 10) == 0) {
             ptc_fmt(cpu, sizeof cpu, "%s", line);
@@ -571,7 +565,7 @@ static double measure_peak(int threads)
         }
     if (f)
         fclose(f);
-    if (*dir)
+    if (ptc_file_cache_dir("", dir, sizeof dir))
         ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d", dir,
                 (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads);
     size_t len;
@@ -583,16 +577,8 @@ static double measure_peak(int threads)
     v = measure_gemm();
     char buf[64], err[256];
     int n = snprintf(buf, sizeof buf, "%.6g\n", v);
-    if (*path) {
-        char *slash = strrchr(dir, '/');
-        if (slash && slash != dir) { /* ~/.cache itself may be missing */
-            *slash = 0;
-            mkdir(dir, 0755);
-            *slash = '/';
-        }
-        mkdir(dir, 0755);
+    if (*path)
         ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
-    }
     return v;
 }
 
