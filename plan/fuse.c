@@ -35,6 +35,7 @@
 typedef struct group {
     int first, n;    /* instructions [first, first + n) */
     int kind;        /* G_CHAIN, G_CE, G_ADAMW */
+    uint64_t seed;   /* G_CE: bit m set when member m computes the gradient's seed (ce_seed) */
 } group;
 
 enum { G_CHAIN, G_CE, G_ADAMW };
@@ -328,7 +329,7 @@ static bool shares_bytes(const fz *z, const ptc_instr *a, const ptc_instr *b)
  * touching L or T, the seed dl computable first, and nothing reading L after: the instructions
  * from the cross-entropy to its gradient, else 0. (Between them: the loss scaled and reduced over
  * dp, the seed made of constants.) */
-static int ce_at(const fz *z, int i)
+static int ce_at(const fz *z, int i, uint64_t *seedmask)
 {
     if (!is_kernel(z, i, PTC_OP_CROSS_ENTROPY))
         return 0;
@@ -371,6 +372,9 @@ static int ce_at(const fz *z, int i)
         z->pg->bufs[rl].kind != PTC_BUF_TEMP || z->pg->bufs[rl].region != z->pg->bufs[dL].region ||
         z->pg->bufs[rl].bytes < z->pg->bufs[dL].bytes)
         return 0;
+    *seedmask = 0;
+    for (int m = 1; m < j - i; m++)
+        *seedmask |= (uint64_t)seed[m] << m;
     return j - i + 1;
 }
 
@@ -994,10 +998,8 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
         int rowloss = new_temp(z, &rt, PTC_REGION_ACT);
         snprintf(name, sizeof name, "f%d_cross_entropy_with_grad", kernel_no);
         b.k = ptc_kir_new(name);
-        bool seed[CE_SPAN];
-        ce_seed(z, g->first, g->first + g->n - 1, seed);
         for (int m = 1; m < g->n - 1; m++) /* the gradient's seed first */
-            if (seed[m])
+            if (g->seed >> m & 1)
                 ptc_prog_add_instr(z->p, z->pg, &old[g->first + m]);
         build_ce(&b, rowloss);
         emit_fused(z, &b, (ptc_phase)ce->phase, ce);
@@ -1115,12 +1117,13 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
     int ng = 0;
     for (int i = 0; i < n;) {
         int len;
-        if ((len = ce_at(&z, i)) > 0)
-            groups[ng++] = (group){i, len, G_CE};
+        uint64_t seed = 0;
+        if ((len = ce_at(&z, i, &seed)) > 0)
+            groups[ng++] = (group){i, len, G_CE, seed};
         else if ((len = adamw_at(&z, i)) > 0)
-            groups[ng++] = (group){i, len, G_ADAMW};
+            groups[ng++] = (group){i, len, G_ADAMW, 0};
         else if ((len = chain_at(&z, i)) > 0)
-            groups[ng++] = (group){i, len, G_CHAIN};
+            groups[ng++] = (group){i, len, G_CHAIN, 0};
         i += len > 0 ? len : 1;
     }
     remat *rs = ptc_xmalloc(sizeof(remat) * (size_t)(n ? n : 1));
@@ -1154,13 +1157,11 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
             /* the seed, the fused kernel and the mean of its row losses, where the loss was;
              * then what lay between the loss and its gradient, each as it was */
             const group *g = &groups[gi++];
-            bool seed[CE_SPAN];
-            ce_seed(&z, g->first, g->first + g->n - 1, seed);
             replace(&z, g, old, p->nkernels);
             for (int k = before; k < pg->ninstrs && in_eval[i]; k++)
                 new_eval[neval++] = k;
             for (int m = 1; m < g->n - 1; m++) {
-                if (seed[m])
+                if (g->seed >> m & 1)
                     continue;
                 int at = pg->ninstrs;
                 for (int q = 0; q < nr; q++)
