@@ -601,25 +601,11 @@ static int infer_any(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_
     case PTC_OP_ROPE:
     case PTC_OP_CROSS_ENTROPY:
     case PTC_OP_MSE: return infer_model_op(op, in, at, out, err, errn) < 0 ? -1 : 1;
-    case PTC_OP_MOE:
-    case PTC_OP_MOE_TOPK:
-    case PTC_OP_MOE_TOPK_GRAD:
-    case PTC_OP_MOE_COUNT:
-    case PTC_OP_MOE_PREFIX:
-    case PTC_OP_MOE_ROUTE:
-    case PTC_OP_MOE_FRAC:
-    case PTC_OP_MOE_STATS:
-    case PTC_OP_MOE_FFN:
-    case PTC_OP_MOE_FFN_GRAD:
-    case PTC_OP_MOE_EP_COUNT:
-    case PTC_OP_MOE_PACK:
-    case PTC_OP_MOE_UNPACK:
-    case PTC_OP_MOE_COMBINE:
-    case PTC_OP_MOE_COMBINE_GRAD:
-    case PTC_OP_MOE_EP_FFN:
-    case PTC_OP_MOE_EP_FFN_GRAD:
     case PTC_OP_ALL_TO_ALL_V: return ptc_infer_moe(op, in, nin, at, out, err, errn);
-    default: return infer_internal(op, in, nin, at, out, err, errn);
+    default:
+        if (ptc_op_is_moe(op))
+            return ptc_infer_moe(op, in, nin, at, out, err, errn);
+        return infer_internal(op, in, nin, at, out, err, errn);
     }
 }
 

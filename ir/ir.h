@@ -263,6 +263,9 @@ ptc_attrs ptc_attrs_default(ptc_op op);
 int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *attrs, ptc_type *out, char *err,
               size_t errn);
 
+/* Whether op is moe or one of its internal pieces (moe.c): what ptc_infer_moe and the reference
+ * kernels of ref_moe.c handle. */
+bool ptc_op_is_moe(ptc_op op);
 /* Shape inference of moe and its internal pieces (moe.c; ptc_infer calls it). */
 int ptc_infer_moe(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_type *out, char *err,
                   size_t errn);

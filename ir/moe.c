@@ -347,3 +347,27 @@ int ptc_infer_moe(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_typ
     default: return infer_routing(op, in, at, out, err, errn);
     }
 }
+
+bool ptc_op_is_moe(ptc_op op)
+{
+    switch (op) {
+    case PTC_OP_MOE:
+    case PTC_OP_MOE_TOPK:
+    case PTC_OP_MOE_TOPK_GRAD:
+    case PTC_OP_MOE_COUNT:
+    case PTC_OP_MOE_PREFIX:
+    case PTC_OP_MOE_ROUTE:
+    case PTC_OP_MOE_FRAC:
+    case PTC_OP_MOE_STATS:
+    case PTC_OP_MOE_FFN:
+    case PTC_OP_MOE_FFN_GRAD:
+    case PTC_OP_MOE_EP_COUNT:
+    case PTC_OP_MOE_PACK:
+    case PTC_OP_MOE_UNPACK:
+    case PTC_OP_MOE_COMBINE:
+    case PTC_OP_MOE_COMBINE_GRAD:
+    case PTC_OP_MOE_EP_FFN:
+    case PTC_OP_MOE_EP_FFN_GRAD: return true;
+    default: return false;
+    }
+}

@@ -187,7 +187,7 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
     default:
         /* moe and its pieces in ref_moe.c; rank-dependent ops in ref_spmd.c; the other internal
          * ops (autodiff, optimizer) in ref_grad.c */
-        if (ptrt_ref_is_moe(n->op))
+        if (ptc_op_is_moe(n->op))
             return ptrt_ref_run_moe(n, it, in, ot, out, err, errn);
         if (ptc_ops[n->op].flags & (PTC_F_RANKDEP | PTC_F_SPMD))
             return ptrt_ref_run_spmd(n, it, in, ot, out, err, errn);

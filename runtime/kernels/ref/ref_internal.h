@@ -45,7 +45,6 @@ int ptrt_ref_run_spmd(const ptrt_kcall *k, const ptc_type *it, void *const *in,
                       const ptc_type *ot, void *const *out, char *err, size_t errn);
 
 /* ref_moe.c: moe and its pieces (ops.def, "mixture of experts") */
-bool ptrt_ref_is_moe(ptc_op op);
 int ptrt_ref_run_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const ptc_type *ot,
                      void *const *out, char *err, size_t errn);
 

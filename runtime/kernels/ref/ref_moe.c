@@ -21,30 +21,6 @@
 
 #include "ref_internal.h"
 
-bool ptrt_ref_is_moe(ptc_op op)
-{
-    switch (op) {
-    case PTC_OP_MOE:
-    case PTC_OP_MOE_TOPK:
-    case PTC_OP_MOE_TOPK_GRAD:
-    case PTC_OP_MOE_COUNT:
-    case PTC_OP_MOE_PREFIX:
-    case PTC_OP_MOE_ROUTE:
-    case PTC_OP_MOE_FRAC:
-    case PTC_OP_MOE_STATS:
-    case PTC_OP_MOE_FFN:
-    case PTC_OP_MOE_FFN_GRAD:
-    case PTC_OP_MOE_EP_COUNT:
-    case PTC_OP_MOE_PACK:
-    case PTC_OP_MOE_UNPACK:
-    case PTC_OP_MOE_COMBINE:
-    case PTC_OP_MOE_COMBINE_GRAD:
-    case PTC_OP_MOE_EP_FFN:
-    case PTC_OP_MOE_EP_FFN_GRAD: return true;
-    default: return false;
-    }
-}
-
 /* ---- the gate and the routing ---- */
 
 /* Per row of p[rows, E]: the top_k experts by p (a tie goes to the lower index) and their weights,
