@@ -19,6 +19,14 @@ typedef struct ptc_define {
     double value;
 } ptc_define;
 
+/* What a compile learned about the model, for a caller that compiles it again with other
+ * consts: the consts that the first two dimensions of the model's first i32 input are written as
+ * (`tokens: i32[batch, seq]` gives "batch" and "seq"), "" where a dimension is not a const's
+ * name. */
+typedef struct ptc_frontend_info {
+    char batch_const[64], seq_const[64];
+} ptc_frontend_info;
+
 typedef struct ptc_frontend_opts {
     const ptc_define *defines;
     int ndefines;
@@ -33,6 +41,7 @@ typedef struct ptc_frontend_opts {
     int batch_split;
     int microbatches;
     const char *batch_axes;
+    ptc_frontend_info *info; /* filled when not NULL */
 } ptc_frontend_opts;
 
 /* Compiles the .ptm source `src` (srclen bytes, need not be NUL-terminated; `path` is the name used

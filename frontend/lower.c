@@ -777,6 +777,22 @@ static int check_batch_split(ptc_lower *L, const ptc_formal *f, int dp, int mb, 
                           by, f->name, (long long)size, what, split);
 }
 
+/* The consts the first two dims of the first i32 input are written as (ptc_frontend_info). */
+static void input_dim_consts(ptc_lower *L, const ptc_decl *m, ptc_frontend_info *info)
+{
+    memset(info, 0, sizeof *info);
+    const ptc_formal *f = m->formals;
+    while (f && f->val.dtype != PTC_I32)
+        f = f->next;
+    const ptc_arg *d = f && f->type ? f->type->dims : NULL;
+    for (int k = 0; k < 2 && d; k++, d = d->next) {
+        const ptc_expr *e = d->value;
+        if (e && e->kind == PTC_E_NAME && ptc_lower_find_decl(L, PTC_D_CONST, e->name))
+            snprintf(k ? info->seq_const : info->batch_const, sizeof info->seq_const, "%s",
+                     e->name);
+    }
+}
+
 /* model NAME(ARGS) { BODY }: one INPUT per argument, the body, and its scalar loss. */
 static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
 {
@@ -787,6 +803,8 @@ static int lower_model(ptc_lower *L, ptc_decl *m, const ptc_frontend_opts *opts)
     for (const ptc_formal *f = m->formals; f; f = f->next)
         if (check_batch_split(L, f, split, opts ? opts->microbatches : 0, axes) < 0)
             return -1;
+    if (opts && opts->info)
+        input_dim_consts(L, m, opts->info);
     for (const ptc_formal *f = m->formals; f; f = f->next) {
         ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);
         at.name = f->name;

@@ -831,10 +831,13 @@ static void finish(lw *L)
         if (value_buf(L, st[k]) >= 0) /* a layer of this program's stage */
             pg->stats[pg->nstats++] = value_buf(L, st[k]);
     free(st);
-    int nout = L->o->keep_grad_outputs && g->noutputs > 1 ? g->noutputs - 1 : 0;
+    int first = L->o->forward_outputs ? 0 : 1;
+    int nout = (L->o->keep_grad_outputs || L->o->forward_outputs) && g->noutputs > first
+                   ? g->noutputs - first
+                   : 0;
     pg->outputs = ptc_arena_alloc(L->p->arena, sizeof(int) * (size_t)(nout ? nout : 1));
     for (int i = 0; i < nout; i++) {
-        int b = value_buf(L, g->outputs[1 + i]);
+        int b = value_buf(L, g->outputs[first + i]);
         if (b >= 0)
             pg->outputs[pg->noutputs++] = b;
     }

@@ -33,11 +33,20 @@ typedef struct ptc_lower_opts {
     int virtual_stages; /* model chunks per pipeline rank (interleaved) */
     /* run the fusion pass (fuse.c) before memory planning */
     bool fuse;
+    /* every graph output is a program output, readable after a run (a forward-only plan: the
+     * sampling program's logits); otherwise output 0 is the gradient norm and 1.. gradients */
+    bool forward_outputs;
 } ptc_lower_opts;
 
 /* Lowers g (every rank runs the same program: g is an SPMD program or single-device). Returns the
  * plan with its memory planned, or NULL with a message. */
 ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size_t errn);
+
+/* The sampling program of a language model (sample.c): the forward pass of one device up to the
+ * logits of g's cross-entropy (g: the model's graph after the passes that run without training,
+ * no mesh), the logits its one output. NULL with the reason in why when the model has no such
+ * logits or cannot predict a next token (an attention that is not causal). */
+ptc_plan *ptc_lower_sample(const ptc_graph *g, bool fuse, char *why, size_t whyn);
 
 /* The fusion pass (fuse.c): runs of kernels become generated kernels (fused instructions), their
  * intermediates leave the program. On a lowered plan before memory planning. */

@@ -67,7 +67,18 @@ void ptc_plan_free(ptc_plan *p)
     for (int k = 0; k < p->nkernels; k++)
         ptc_kir_free(p->kernels[k]);
     free(p->kernels);
+    ptc_plan_free(p->sample);
     ptc_arena_free(p->arena);
+}
+
+int64_t ptc_plan_sample_window(const ptc_plan *p)
+{
+    const ptc_program *pg = p->nprograms ? &p->programs[0] : NULL;
+    for (int b = 0; pg && b < pg->nbufs; b++)
+        if (pg->bufs[b].kind == PTC_BUF_INPUT && pg->bufs[b].role == PTC_ROLE_TOKENS &&
+            pg->bufs[b].type.rank == 2)
+            return pg->bufs[b].type.dims[1];
+    return 0;
 }
 
 int ptc_plan_add_kernel(ptc_plan *p, ptc_kir *k)

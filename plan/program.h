@@ -211,6 +211,10 @@ typedef struct ptc_plan {
     /* the generated kernels fused instructions run (kernel IR, codegen/kir.h); owned */
     struct ptc_kir **kernels;
     int nkernels;
+    /* what an executable samples text with (plan/sample.c): the forward pass of one device to
+     * the logits, owned; or NULL with the reason in no_sample (NULL too: not asked for) */
+    struct ptc_plan *sample;
+    const char *no_sample;
 } ptc_plan;
 
 /* Operands of a fused instruction: its kernel's parameters, inputs then results. */
@@ -224,6 +228,10 @@ int ptc_prog_add_buffer(ptc_plan *p, ptc_program *pg, const ptc_buffer *b);
 int ptc_prog_add_instr(ptc_plan *p, ptc_program *pg, const ptc_instr *in);
 /* Adds a kernel to the plan's table (the plan owns it from then on); returns its index. */
 int ptc_plan_add_kernel(ptc_plan *p, struct ptc_kir *k);
+
+/* The window of a sampling plan (ptc_plan.sample): the sequence length of its [batch, seq] token
+ * input; 0 when it has none. */
+int64_t ptc_plan_sample_window(const ptc_plan *p);
 
 /* The buffer whose bytes b uses (b itself unless it is a view). */
 static inline int ptc_prog_root(const ptc_program *pg, int b)

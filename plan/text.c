@@ -266,6 +266,14 @@ void ptc_plan_print(const ptc_plan *p, FILE *f)
         ptc_kir_print(p->kernels[k], f);
     for (int k = 0; k < p->nprograms; k++)
         ptc_plan_print_program(p, k, f);
+    if (p->sample) {
+        fputs("sample\n", f);
+        ptc_plan_print(p->sample, f);
+    } else if (p->no_sample) {
+        fputs("no_sample ", f);
+        ptc_put_string(f, p->no_sample);
+        fputc('\n', f);
+    }
 }
 
 /* ---- loading ---- */
@@ -810,17 +818,21 @@ static void load_header(loader *ld)
     }
 }
 
-ptc_plan *ptc_plan_load(const char *text, char *err, size_t errn)
+/* A plan from the lexer's position: its header and programs, then what the executable samples
+ * with: "sample" and the sampling plan (which may be followed by the next, of a shorter window),
+ * or "no_sample" and the reason. */
+static ptc_plan *load_plan(ptc_lexer *lx, bool nested)
 {
-    loader ld = {0};
+    loader ld = {.lx = *lx};
     ld.p = ptc_plan_new();
-    ptc_lex_init(&ld.lx, text, err, errn);
     load_header(&ld);
     if (!ld.lx.failed)
         ld.p->rank_program = ptc_arena_alloc(ld.p->arena, sizeof(int) * (size_t)ld.p->nranks);
     for (int r = 0; !ld.lx.failed && r < ld.p->nranks; r++)
         ld.p->rank_program[r] = -1;
-    for (int k = 0; !ld.lx.failed && ld.lx.kind != PTC_T_EOF; k++) {
+    for (int k = 0; !ld.lx.failed && ld.lx.kind != PTC_T_EOF && !ptc_lex_ident(&ld.lx, "sample") &&
+                    !ptc_lex_ident(&ld.lx, "no_sample");
+         k++) {
         load_program(&ld, k);
         for (int i = 0; !ld.lx.failed && i < ld.pg->nranks; i++) {
             int r = ld.pg->ranks[i];
@@ -832,11 +844,33 @@ ptc_plan *ptc_plan_load(const char *text, char *err, size_t errn)
     for (int r = 0; !ld.lx.failed && r < ld.p->nranks; r++)
         if (ld.p->rank_program[r] < 0)
             ptc_lex_fail(&ld.lx, "a rank has no program%s", "");
+    if (!ld.lx.failed && ptc_lex_ident(&ld.lx, "sample")) { /* (nested: a shorter window) */
+        ptc_lex_next(&ld.lx);
+        ld.p->sample = load_plan(&ld.lx, true);
+        if (ld.p->sample && ld.p->sample->nranks != 1)
+            ptc_lex_fail(&ld.lx, "the sampling plan must have one rank%s", "");
+    } else if (!ld.lx.failed && !nested && ptc_lex_ident(&ld.lx, "no_sample")) {
+        ptc_lex_next(&ld.lx);
+        ld.p->no_sample = ptc_lex_string(&ld.lx, ld.p->arena);
+    }
+    if (!ld.lx.failed && !nested && ld.lx.kind != PTC_T_EOF)
+        ptc_lex_fail(&ld.lx, "unexpected text after the plan%s", "");
     char msg[1024];
-    if (!ld.lx.failed && ptc_plan_verify(ld.p, msg, sizeof msg) < 0)
-        ptc_fmt(err, errn, "the plan does not verify: %s", msg);
-    else if (!ld.lx.failed)
+    if (!ld.lx.failed && ptc_plan_verify(ld.p, msg, sizeof msg) < 0) {
+        ptc_fmt(ld.lx.err, ld.lx.errn, "the %splan does not verify: %s", nested ? "sampling " : "",
+                msg);
+        ld.lx.failed = true;
+    }
+    *lx = ld.lx;
+    if (!ld.lx.failed)
         return ld.p;
     ptc_plan_free(ld.p);
     return NULL;
+}
+
+ptc_plan *ptc_plan_load(const char *text, char *err, size_t errn)
+{
+    ptc_lexer lx;
+    ptc_lex_init(&lx, text, err, errn);
+    return load_plan(&lx, false);
 }

@@ -200,7 +200,95 @@ static int find_runner(const ptc_options *o, char *path, size_t n)
     return access(path, R_OK) == 0 ? 0 : -1;
 }
 
-static int write_executable(const ptc_plan *plan, const ptc_options *o)
+/* One sampling plan: the model compiled again with defs, run through the passes that run
+ * without training, on one device, cut at the logits (plan/sample.c). NULL with the reason. */
+static ptc_plan *sample_plan(const ptc_options *o, const char *src, size_t len,
+                             const ptc_define *defs, int ndefs, ptc_frontend_info *info, char *why,
+                             size_t whyn)
+{
+    char *msgs = NULL; /* (not shown: a variant that does not compile is left out) */
+    size_t nmsgs = 0;
+    FILE *quiet = open_memstream(&msgs, &nmsgs);
+    ptc_diag diag;
+    ptc_diag_init(&diag, quiet, o->file, src, len);
+    ptc_frontend_opts fo = {.defines = defs, .ndefines = ndefs, .info = info};
+    ptc_graph *g = ptc_frontend_compile(o->file, src, len, &fo, &diag);
+    fclose(quiet);
+    free(msgs);
+    if (!g) {
+        ptc_fmt(why, whyn, "the model does not compile with %s", ndefs ? defs[ndefs - 1].name : "");
+        return NULL;
+    }
+    char err[2048];
+    ptc_compile_opts co = {.train = false, .verify_each = true};
+    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
+    ptc_plan *p = NULL;
+    if (ptc_run_passes(&ctx) < 0)
+        ptc_fmt(why, whyn, "the forward passes failed: %s", err);
+    else
+        p = ptc_lower_sample(ctx.g, !o->no_fuse, why, whyn);
+    ptc_pass_ctx_free(&ctx);
+    ptc_graph_free(ctx.g);
+    return p;
+}
+
+/* What the executable samples text with (--sample). The model is compiled again (the step graph
+ * has replaced the forward one) with its batch const (the first dimension of its token input,
+ * when that is a const's name) set to 1: one sequence is generated, and a window of the whole
+ * batch would cost batch times more. When the sequence length is a const too, plans for windows
+ * of half, a quarter, ... of it (down to 16) follow in a chain (plan->sample->sample), so that a
+ * short text runs a short window; the runner takes the shortest that holds the text. The -D
+ * defines of the command line hold, but for those two. A model without a sampling program gets
+ * the reason in the plan, for the runner's message. */
+static void add_sample_plan(ptc_plan *plan, const ptc_options *o, const char *src, size_t len)
+{
+    char why[1024] = "";
+    int n = o->ndefines;
+    ptc_define *defs = ptc_xmalloc(sizeof *defs * (size_t)(n + 2));
+    memcpy(defs, o->defines, sizeof *defs * (size_t)n);
+    ptc_frontend_info info;
+    ptc_plan *full = sample_plan(o, src, len, defs, n, &info, why, sizeof why);
+    if (!full) {
+        plan->no_sample = ptc_arena_strdup(plan->arena, why);
+        free(defs);
+        return;
+    }
+    /* the command line's own values of the batch and seq consts give way */
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(defs[i].name, info.batch_const) != 0 && strcmp(defs[i].name, info.seq_const))
+            defs[k++] = defs[i];
+    if (*info.batch_const) {
+        defs[k++] = (ptc_define){.name = info.batch_const, .value = 1};
+        char ignored[1024];
+        ptc_frontend_info again;
+        ptc_plan *one = sample_plan(o, src, len, defs, k, &again, ignored, sizeof ignored);
+        if (one) {
+            ptc_plan_free(full);
+            full = one;
+        } else {
+            k--; /* a model that cannot take a batch of 1 samples from whole batches */
+        }
+    }
+    plan->sample = full;
+    ptc_plan *last = full;
+    int64_t T = ptc_plan_sample_window(full);
+    for (int64_t t = T / 2; *info.seq_const && T % 2 == 0 && t >= 16; T = t, t /= 2) {
+        char ignored[1024];
+        ptc_frontend_info again;
+        defs[k] = (ptc_define){.name = info.seq_const, .value = (double)t};
+        ptc_plan *shorter = sample_plan(o, src, len, defs, k + 1, &again, ignored, sizeof ignored);
+        if (!shorter || ptc_plan_sample_window(shorter) != t) {
+            ptc_plan_free(shorter);
+            break;
+        }
+        last->sample = shorter;
+        last = shorter;
+    }
+    free(defs);
+}
+
+static int write_executable(ptc_plan *plan, const ptc_options *o, const char *src, size_t len)
 {
     char runner[4200], err[1024];
     if (find_runner(o, runner, sizeof runner) < 0) {
@@ -212,13 +300,14 @@ static int write_executable(const ptc_plan *plan, const ptc_options *o)
                 runner);
         return 2;
     }
+    add_sample_plan(plan, o, src, len);
     char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
     ptc_plan_print(plan, f);
     fclose(f);
     int rc = 0;
-    if (ptrt_plan_write_exe(runner, text, len, o->output, err, sizeof err) < 0) {
+    if (ptrt_plan_write_exe(runner, text, tlen, o->output, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: error: -o %s: %s\n", o->output, err);
         rc = 2;
     } else {
@@ -293,7 +382,7 @@ static int emit_trace(const ptc_plan *plan)
 
 /* Prints or writes what the options ask for. */
 static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params, const char *notes,
-                ptc_diag *diag)
+                ptc_diag *diag, const char *src, size_t len)
 {
     /* a training step is always lowered to its plan and checked before launch, whatever is
      * printed */
@@ -330,7 +419,7 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
         for (int k = 0; k < plan->nkernels; k++)
             ptc_kir_print(plan->kernels[k], stdout);
     else if (o->output)
-        rc = write_executable(plan, o);
+        rc = write_executable(plan, o, src, len);
     ptc_plan_free(plan);
     return rc;
 }
@@ -380,7 +469,7 @@ int main(int argc, char **argv)
         rc = compile_step(&g, &o, &diag, notes, sizeof notes);
     }
     if (!rc)
-        rc = emit(g, &o, logical_params, notes, &diag);
+        rc = emit(g, &o, logical_params, notes, &diag, src, len);
     if (!rc && o.run)
         rc = run_forward(g, &o, logical_params);
     int out = check_stdout();

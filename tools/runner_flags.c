@@ -60,6 +60,14 @@ const char ptrt_runner_usage[] =
     "                         arena offsets, instructions) and exit\n";
 /* the second half (one string literal may hold 4095 characters in ISO C) */
 const char ptrt_runner_usage_backend[] =
+    "sampling (byte-level tokens, as ptc-tokenize writes them):\n"
+    "  --sample N             generate N bytes with the final weights and print them; without\n"
+    "                         --steps, instead of training: from --init-from FILE, --resume\n"
+    "                         --checkpoint-dir DIR or the initial weights, writing nothing\n"
+    "  --prompt TEXT          the text to continue (default: a newline)\n"
+    "  --temperature T        divide the logits by T >= 0; 0 takes the likeliest byte\n"
+    "                         (default 1)\n"
+    "  --top-k K              draw among the K likeliest bytes; 0: all (default 0)\n"
     "backend:\n"
     "  --backend KIND         jit (default where built with LLVM: the cpu backend with the\n"
     "                         plan's fused kernels compiled by LLVM at start, cached on disk\n"
@@ -185,7 +193,7 @@ static int check_not_input(FILE *errf, const char *prog, const char *flag, const
 }
 
 /* Paths and combinations, once every flag is read. */
-static int check_all(FILE *errf, const char *prog, double model_lr, const ptrt_train_opts *o)
+static int check_all(FILE *errf, const char *prog, double model_lr, ptrt_train_opts *o)
 {
     char err[1024];
     if (o->val_every && !o->val_data)
@@ -199,6 +207,21 @@ static int check_all(FILE *errf, const char *prog, double model_lr, const ptrt_t
                                    : "--checkpoint-dir only with --resume (to read from)");
     if (o->resume && !o->ckpt_dir)
         return bad(errf, prog, "--resume needs --checkpoint-dir");
+    if (!o->sample && (o->prompt || o->temperature != 1 || o->top_k))
+        return bad(errf, prog, "%s needs --sample N (the bytes to generate)",
+                   o->prompt ? "--prompt" : o->top_k ? "--top-k" : "--temperature");
+    if (o->sample && o->eval)
+        return bad(errf, prog, "--sample and --eval: give one of them");
+    o->sample_only = o->sample && !o->steps_given;
+    if (o->sample_only &&
+        (o->save || o->dump_grads || o->ckpt_every || o->log || o->trace ||
+         (o->ckpt_dir && !o->resume)))
+        return bad(errf, prog, "--sample without --steps trains nothing and writes nothing: %s",
+                   o->save         ? "leave out --save (or give --steps to train first)"
+                   : o->dump_grads ? "leave out --dump-grads"
+                   : o->log        ? "leave out --log"
+                   : o->trace      ? "leave out --trace"
+                                   : "--checkpoint-dir only with --resume (to read from)");
     double peak = o->lr >= 0 ? o->lr : model_lr;
     if (o->min_lr > peak)
         return bad(errf, prog, "--min-lr %g is above the peak learning rate %g (%s)", o->min_lr,
@@ -249,6 +272,10 @@ static bool takes_value(const char *a)
                                              "--debug-drop-collective",
                                              "--threads",
                                              "--peak-flops",
+                                             "--sample",
+                                             "--prompt",
+                                             "--temperature",
+                                             "--top-k",
                                              NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
@@ -274,6 +301,8 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         {"--checkpoint-every", 0, INT64_MAX},
         {"--keep", 0, INT_MAX},
         {"--threads", 0, 1024},
+        {"--sample", 1, 1 << 24},
+        {"--top-k", 0, INT64_MAX},
     };
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
         if (strcmp(a, ints[k].flag) != 0)
@@ -283,14 +312,16 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
             return bad(errf, prog, "%s expects an integer from %lld to %lld, got '%s'", a,
                        (long long)ints[k].lo, (long long)ints[k].hi, v);
         switch (k) {
-        case 0: o->steps = n; break;
+        case 0: o->steps = n, o->steps_given = true; break;
         case 1: o->seed = (uint64_t)n; break;
         case 2: o->val_every = n; break;
         case 3: o->val_batches = n; break;
         case 4: o->warmup = n; break;
         case 5: o->ckpt_every = n; break;
         case 6: o->keep = (int)n; break;
-        default: o->threads = (int)n; break;
+        case 7: o->threads = (int)n; break;
+        case 8: o->sample = n; break;
+        default: o->top_k = n; break;
         }
         return 0;
     }
@@ -301,6 +332,7 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
                   : strcmp(a, "--min-lr") == 0       ? &o->min_lr
                   : strcmp(a, "--grad-clip") == 0    ? &o->max_norm
                   : strcmp(a, "--comm-timeout") == 0 ? &o->timeout_s
+                  : strcmp(a, "--temperature") == 0  ? &o->temperature
                                                      : NULL;
     if (num) {
         if (parse_num(v, positive, num) < 0)
@@ -317,6 +349,12 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
                        : strcmp(a, "--trace") == 0          ? &o->trace
                        : strcmp(a, "--dump-grads") == 0     ? &o->dump_grads
                                                             : NULL;
+    if (strcmp(a, "--prompt") == 0) {
+        if (!*v)
+            return bad(errf, prog, "--prompt expects some text to continue, got ''");
+        o->prompt = v;
+        return 0;
+    }
     if (str) {
         if (!*v)
             return bad(errf, prog, "%s expects a %s name, got ''", a,

@@ -43,6 +43,14 @@ void ptrt_train_opts_default(ptrt_train_opts *o)
     o->backend = ptrt_backend_jit ? PTRT_BACKEND_JIT : PTRT_BACKEND_CPU;
     o->timeout_s = 60;
     o->drop_rank = o->drop_index = -1;
+    o->temperature = 1;
+}
+
+const ptrt_backend *ptrt_backend_of(ptrt_backend_kind k)
+{
+    return k == PTRT_BACKEND_JIT ? ptrt_backend_jit
+           : k == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
+                                   : &ptrt_backend_ref;
 }
 
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
@@ -467,8 +475,10 @@ static int load_initial(run *r)
     ptrt_ckpt_state st;
     char path[1024];
     alloc_full(sh);
-    /* (--eval reads the weights alone: the data and schedule the run had do not matter) */
-    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, o->eval ? 0 : sh->config_hash,
+    /* (--eval and --sample read the weights alone: the data and schedule the run had do not
+     * matter) */
+    bool reads = o->eval || o->sample_only;
+    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, reads ? 0 : sh->config_hash,
                                &st, path, sizeof path, err, sizeof err);
     if (got < 0) {
         fail(sh, r->rank, 2, err);
@@ -485,7 +495,7 @@ static int load_initial(run *r)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
     /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
     fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
-    if (!o->eval && st.total_steps > 0 && st.total_steps != o->steps &&
+    if (!reads && st.total_steps > 0 && st.total_steps != o->steps &&
         o->schedule == PTRT_SCHED_COSINE && st.step < o->steps) {
         double peak = o->lr >= 0 ? o->lr : sh->plan->optim.lr;
         ptrt_train_opts was = *o;
@@ -497,7 +507,7 @@ static int load_initial(run *r)
                 (long long)st.total_steps, (long long)o->steps, (long long)st.step + 1,
                 ptrt_lr_at(o, peak, st.step + 1), ptrt_lr_at(&was, peak, st.step + 1));
     }
-    if (!o->eval && st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
+    if (!reads && st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
         fprintf(out,
                 "nothing to train: the checkpoint is at step %lld and --steps is %lld (give a "
                 "larger --steps to train on; the cosine schedule then stretches to it)\n",
@@ -728,6 +738,17 @@ static void loop(run *r)
         ptrt_exec_print_profile(r->x, out, done - 1);
 }
 
+/* What weights the run holds after step `step` (0: none run), for messages. */
+static void whose_weights(const shared *sh, int64_t step, char *buf, size_t n)
+{
+    if (step > 0)
+        ptc_fmt(buf, n, "the weights of step %lld", (long long)step);
+    else if (sh->o->init_from)
+        ptc_fmt(buf, n, "the weights of %s", sh->o->init_from);
+    else
+        ptc_fmt(buf, n, "the initial weights of seed %llu", (unsigned long long)sh->o->seed);
+}
+
 static void *rank_main(void *arg)
 {
     run *r = arg;
@@ -751,18 +772,14 @@ static void *rank_main(void *arg)
         scatter_full(r, 0, sh->nents);
     if (!sync_all(r, "start"))
         return NULL;
+    if (sh->o->sample_only)
+        return NULL;
     if (sh->o->eval) {
         double vl = evaluate(r, sh->first - 1);
         if (r->rank == 0 && !failed(sh)) {
             FILE *out = sh->o->out ? sh->o->out : stdout;
             char whose[1100];
-            if (sh->first > 1)
-                ptc_fmt(whose, sizeof whose, "the weights of step %lld", (long long)(sh->first - 1));
-            else if (sh->o->init_from)
-                ptc_fmt(whose, sizeof whose, "the weights of %s", sh->o->init_from);
-            else
-                ptc_fmt(whose, sizeof whose, "the initial weights of seed %llu",
-                        (unsigned long long)sh->o->seed);
+            whose_weights(sh, sh->first - 1, whose, sizeof whose);
             fprintf(out, "val loss %.6f (%lld batches of %lld x %lld tokens, %s)\n", vl,
                     (long long)sh->o->val_batches, (long long)sh->B, (long long)sh->T, whose);
             if (sh->log)
@@ -846,12 +863,11 @@ static int setup(shared *sh, char *err, size_t errn)
     }
     ptrt_cpu_set_threads(o->threads);
     sh->peak_flops = o->peak_flops > 0 ? o->peak_flops
-                     : sh->plan->model_flops > 0 && !o->eval ? measure_peak(o->threads)
-                                                             : 0;
+                     : sh->plan->model_flops > 0 && !o->eval && !o->sample_only
+                         ? measure_peak(o->threads)
+                         : 0;
     sh->first = 1;
-    ptrt_exec_opts xo = {.backend = o->backend == PTRT_BACKEND_JIT   ? ptrt_backend_jit
-                                    : o->backend == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
-                                                                     : &ptrt_backend_ref,
+    ptrt_exec_opts xo = {.backend = ptrt_backend_of(o->backend),
                          .comm = sh->comm,
                          .canary = o->check_memory};
     for (int k = 0; k < sh->nranks; k++) {
@@ -935,7 +951,7 @@ static void teardown(shared *sh)
  * --eval (it only reads), or -2 with a message when another run holds it. */
 static int lock_ckpt_dir(const ptrt_train_opts *o, char *err, size_t errn)
 {
-    if (!o->ckpt_dir || o->eval)
+    if (!o->ckpt_dir || o->eval || o->sample_only)
         return -1;
     char path[4200];
     ptc_fmt(path, sizeof path, "%s/.lock", o->ckpt_dir);
@@ -970,6 +986,13 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
 {
     shared sh = {.plan = plan, .o = o, .t_base = now()};
     pthread_mutex_init(&sh.lock, NULL);
+    if (o->sample && !plan->sample) {
+        ptc_fmt(err, errn, "--sample: this model cannot generate text: %s",
+                plan->no_sample ? plan->no_sample
+                                : "the executable carries no sampling program (compile it again)");
+        pthread_mutex_destroy(&sh.lock);
+        return 2;
+    }
     int lock = lock_ckpt_dir(o, err, errn);
     if (lock == -2) {
         pthread_mutex_destroy(&sh.lock);
@@ -1006,6 +1029,14 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
         rc = save_weights(&sh, err, errn);
     if (!rc && o->trace)
         rc = write_trace(&sh, err, errn);
+    if (!rc && o->sample) {
+        gather_full(&sh, 0, sh.nparams);
+        char whose[1100];
+        whose_weights(&sh, o->sample_only || sh.first > o->steps ? sh.first - 1 : o->steps,
+                      whose, sizeof whose);
+        rc = ptrt_sample(plan->sample, sh.full, sh.nparams, o, whose, o->out ? o->out : stdout,
+                         err, errn);
+    }
     teardown(&sh);
     if (lock >= 0)
         close(lock);

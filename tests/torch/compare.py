@@ -6,7 +6,7 @@ same initial weights and the same token batches, trains both for a few AdamW ste
 per step, the loss and every parameter's gradient, and after the last step every weight.
 
     /usr/bin/python3 tests/torch/compare.py --ptc build/tools/ptc --model examples/gpt2_tiny.ptm \
-        [--backend ref|cpu] [--steps 3] [--workdir DIR] [-D NAME=VALUE ...] [--verbose]
+        [--backend ref|cpu|jit] [--steps 3] [--workdir DIR] [-D NAME=VALUE ...] [--verbose]
 
 Exit status: 0 every quantity within the tolerance, 1 a mismatch (or ptc failed to compile or
 run), 2 bad usage, 77 torch is not importable (ctest's skip code).
@@ -224,6 +224,9 @@ class GPT2:
         return p
 
     def loss(self, P, tokens, targets):
+        return cross_entropy(self.logits(P, tokens), targets)
+
+    def logits(self, P, tokens):
         x = P["wte"][tokens.long()] + P["wpe"][: self.seq]
         for i in range(self.layers):
             h = f"h.{i}."
@@ -235,7 +238,7 @@ class GPT2:
             x = x + gelu(m @ P[h + "mlp.w_fc"] + P[h + "mlp.b_fc"]) @ P[h + "mlp.w_proj"] \
                 + P[h + "mlp.b_proj"]
         x = layernorm(x, P["ln_f.g"], P["ln_f.b"], self.eps)
-        return cross_entropy(x @ P["wte"].T, targets)
+        return x @ P["wte"].T
 
 
 class Llama:
@@ -268,6 +271,9 @@ class Llama:
         return p
 
     def loss(self, P, tokens, targets):
+        return cross_entropy(self.logits(P, tokens), targets)
+
+    def logits(self, P, tokens):
         x = P["tok_embeddings"][tokens.long()]
         for i in range(self.layers):
             h = f"layers.{i}."
@@ -280,7 +286,7 @@ class Llama:
             ff = h + "feed_forward."
             x = x + (silu(m @ P[ff + "w1"]) * (m @ P[ff + "w3"])) @ P[ff + "w2"]
         x = rmsnorm(x, P["norm.g"], self.eps)
-        return cross_entropy(x @ P["lm_head"], targets)
+        return x @ P["lm_head"]
 
 
 class MoE:
@@ -506,7 +512,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ptc", required=True, help="the ptc compiler")
     ap.add_argument("--model", required=True, help="a gpt2*.ptm, llama*.ptm or moe*.ptm file")
-    ap.add_argument("--backend", default="ref", choices=["ref", "cpu"])
+    ap.add_argument("--backend", default="ref", choices=["ref", "cpu", "jit"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1234, help="seed of the weights and tokens")
@@ -518,6 +524,10 @@ def main():
     ap.add_argument("--free-running", action="store_true",
                     help="compare gradients and final weights along PyTorch's own trajectory "
                          "(default: along ptc's, see README.md)")
+    ap.add_argument("--sample", type=int, default=0, metavar="N",
+                    help="then generate N bytes greedily (--temperature 0) from the final "
+                         "weights with the executable's --sample, and PyTorch the same way: "
+                         "the texts must be equal (gpt2 and llama models)")
     ap.add_argument("--verbose", action="store_true", help="print every tensor's error")
     args = ap.parse_args()
 
@@ -642,7 +652,46 @@ def main():
                     numpy_weights(follow), args.verbose, gate=not args.free_running)
     compare_tensors(report, f"weights after {steps}, free-running", final, numpy_weights(free),
                     args.verbose, gate=args.free_running)
+    if args.sample:
+        compare_sample(report, model, exe, os.path.join(wd, "final.safetensors"), final, args)
     return report_done(report, wd, args)
+
+
+def compare_sample(report, model, exe, path, weights, args):
+    """Greedy text from the executable's sampling program (--sample, temperature 0) against the
+    same greedy loop on PyTorch's forward pass. PyTorch pads the window after the context with
+    zeros, ptc with the last byte: a causal model reads neither, so the texts agree only if the
+    sampling program is causal as well as right. The smallest gap between the two likeliest
+    bytes is printed: a gap near fp32 rounding would make the comparison fragile."""
+    if not hasattr(model, "logits"):
+        report.fail("sample", "no logits for this model type in compare.py")
+        return
+    prompt = b"The quick brown fox "
+    cmd = [exe, "--init-from", path, "--sample", str(args.sample), "--temperature", "0",
+           "--prompt", prompt.decode(), "--quiet", "--backend", args.backend]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        report.fail("sample", f"{' '.join(cmd)} failed (exit {r.returncode}): "
+                              f"{r.stderr.decode(errors='replace')}")
+        return
+    got = r.stdout
+    P = {n: torch.tensor(weights[n], dtype=torch.float64) for n in weights}
+    T, ctx, gap = model.seq, list(prompt), float("inf")
+    with torch.no_grad():
+        for _ in range(args.sample):
+            window = ctx[-T:]
+            row = torch.zeros(1, T, dtype=torch.int32)
+            row[0, :len(window)] = torch.tensor(window, dtype=torch.int32)
+            logits = model.logits(P, row)[0, len(window) - 1, :256]
+            top = torch.topk(logits, 2)
+            gap = min(gap, float(top.values[0] - top.values[1]))
+            ctx.append(int(top.indices[0]))
+    want = bytes(ctx) + b"\n"
+    same = got == want
+    print(f"sample: {args.sample} greedy bytes {'equal' if same else 'DIFFER'}; smallest gap "
+          f"between the two likeliest logits {gap:.3g}")
+    if not same:
+        report.fail("sample", f"ptc {got!r}\n  torch {want!r}")
 
 
 def torch_state(init, params, opt, lr, dtype):
