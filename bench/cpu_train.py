@@ -43,7 +43,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
 # to the hypervisor, and on the 2-vCPU VM this was written on that made PyTorch's steps 2 to 25
 # times slower (gpt2_tiny at 2 threads: 363 ms a step against 36 ms passive and 14 ms at 1 thread).
 # Passive waiting is PyTorch's best setting there, so it is the default here (set before torch
-# loads libgomp; an OMP_WAIT_POLICY in the environment wins). ptc does not use OpenMP.
+# loads libgomp; an OMP_WAIT_POLICY in the environment wins). ptc's GEMMs (oneDNN, which is built
+# on OpenMP) run one OpenMP thread per ptc thread, so no OpenMP team waits.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:

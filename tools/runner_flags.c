@@ -71,7 +71,7 @@ const char ptrt_runner_usage_backend[] =
     "backend:\n"
     "  --backend KIND         jit (default where built with LLVM: the cpu backend with the\n"
     "                         plan's fused kernels compiled by LLVM at start, cached on disk\n"
-    "                         in $XDG_CACHE_HOME/ptc/kernels), cpu (OpenBLAS GEMMs and fast\n"
+    "                         in $XDG_CACHE_HOME/ptc/kernels), cpu (oneDNN/OpenBLAS GEMMs, fast\n"
     "                         kernels; fused kernels interpreted, slowly) or ref (plain\n"
     "                         reference kernels, fused kernels interpreted)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"

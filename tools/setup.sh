@@ -9,7 +9,7 @@ shift || true
 
 # graphviz: the README's `ptc --emit dot FILE | dot -Tsvg` (tests/robust/setup.sh runs it)
 pkgs=(build-essential cmake ninja-build pkg-config flex bison libcriterion-dev
-      libopenblas-dev libopenblas0-pthread llvm-dev clang libclang-rt-dev
+      libdnnl2 libopenblas0-pthread llvm-dev clang libclang-rt-dev
       python3-torch python3-numpy graphviz)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -561,7 +561,7 @@ static double measure_gemm(void)
 }
 
 /* measure_gemm, kept beside the kernel cache ($XDG_CACHE_HOME/ptc or ~/.cache/ptc) by the CPU's
- * model name and the thread count, so that a machine measures it once and not every start (runs
+ * model name, the GEMM library and the thread count, so that a machine measures it once and not every start (runs
  * of a test suite start thousands of times); a cache that cannot be read or written costs only
  * the measurement. */
 static double measure_peak(int threads)
@@ -575,6 +575,9 @@ static double measure_peak(int threads)
         }
     if (f)
         fclose(f);
+    /* (and by the GEMM library: each has its own peak) */
+    size_t cl = strlen(cpu);
+    ptc_fmt(cpu + cl, sizeof cpu - cl, " %s", ptrt_cpu_blas_name());
     if (ptc_file_cache_dir("", dir, sizeof dir))
         ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d", dir,
                 (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads);
@@ -728,10 +731,12 @@ static void loop(run *r)
         fprintf(out, "done: %lld steps in %.2f s, loss %.6f -> %.6f, %.0f tok/s", (long long)done,
                 el, first_loss, last_loss, (double)(sh->B * sh->T * done) / (el > 0 ? el : 1));
         if (sh->plan->model_flops > 0 && sh->peak_flops > 0 && el > 0)
-            fprintf(out, ", %.3g GFLOP/s of model FLOPs, MFU %.1f%% of %.3g GFLOP/s (%s)",
+            fprintf(out, ", %.3g GFLOP/s of model FLOPs, MFU %.1f%% of %.3g GFLOP/s (%s%s%s)",
                     sh->plan->model_flops * (double)done / el * 1e-9,
                     100 * sh->plan->model_flops * (double)done / el / sh->peak_flops,
-                    sh->peak_flops * 1e-9, o->peak_flops > 0 ? "--peak-flops" : "measured GEMM");
+                    sh->peak_flops * 1e-9, o->peak_flops > 0 ? "--peak-flops" : "measured ",
+                    o->peak_flops > 0 ? "" : ptrt_cpu_blas_name(),
+                    o->peak_flops > 0 ? "" : " GEMM");
         fputc('\n', out);
     }
     if (lead && o->profile && done > 1)

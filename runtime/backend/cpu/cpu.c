@@ -14,15 +14,6 @@
 #include "kir.h"
 #include "ref.h"
 
-int ptrt_cpu_has_blas(void)
-{
-#ifdef PTC_HAVE_OPENBLAS
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 void ptrt_cpu_set_threads(int n)
 {
     ptrt_cpu_pool_set_threads(n);

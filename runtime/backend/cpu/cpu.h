@@ -11,9 +11,11 @@
 int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
 /* Threads for GEMMs and parallel kernels, the calling thread included (0 = one per online CPU).
- * OpenBLAS itself is kept to one thread: the backend splits GEMMs across its own threads. */
+ * The GEMM library itself is kept to one thread: the backend splits GEMMs across its own threads. */
 void ptrt_cpu_set_threads(int n);
-/* Whether GEMMs go to OpenBLAS in this build. */
+/* Whether GEMMs go to a library (oneDNN or OpenBLAS, opened at the first GEMM), and its name
+ * ("onednn", "openblas SkylakeX", "plain loop"). */
 int ptrt_cpu_has_blas(void);
+const char *ptrt_cpu_blas_name(void);
 
 #endif

@@ -1,31 +1,112 @@
 /* cpu_gemm.c - GEMM and matmul for the fast CPU backend.
  *
- * The GEMM is OpenBLAS's sgemm (through CBLAS) kept to one thread; the pool splits C by rows or
- * columns into pieces of whole 16-wide blocks, one sgemm each. The split depends only on the shapes
- * and the thread count, so a run repeats bit for bit; OpenBLAS's edge tiles may round differently
- * when the split points move, so two thread counts may differ in the last bit. Without OpenBLAS a
- * plain loop takes its place (slower, same contract).
+ * The GEMM is a library's sgemm kept to one thread; the pool splits C by rows or columns into
+ * pieces of whole 16-wide blocks, one sgemm each. The split depends only on the shapes and the
+ * thread count, so a run repeats bit for bit; a library's edge tiles may round differently when
+ * the split points move, so two thread counts may differ in the last bit.
+ *
+ * The library is opened with dlopen at the first GEMM: the first of oneDNN's dnnl_sgemm
+ * (Debian's libdnnl2), OpenBLAS's cblas_sgemm and a plain loop (same contract, slow) that is
+ * there. oneDNN comes first because it picks its kernels for the CPU it runs on by itself; OpenBLAS
+ * runs the kernels OPENBLAS_CORETYPE names where that is set (this project's build machines pin
+ * Haswell's AVX2 kernels, as older OpenBLAS builds failed on their processors), and it is left as
+ * set. Measured on this project's shapes, one thread (bench/results/gemm_libraries_2026-11-24.md,
+ * Xeon with AVX-512): oneDNN 87 GFLOP/s, OpenBLAS 50 with Haswell's kernels and 91 with the
+ * Cooperlake ones it detects when not pinned, MKL (PyPI only) 89. PTC_GEMM=onednn|openblas|plain
+ * picks one, for measurements; ptrt_cpu_blas_name says which runs.
  *
  * Matmul with NumPy-style broadcasting of the leading dimensions becomes one GEMM per distinct
  * pair of matrices: when the right operand is a single matrix (x[B,S,d] @ w[d,f]) the left
  * operand's leading dims fold into rows and it is one GEMM in all; many small batched matrices run
  * one serial GEMM per batch, the batches split across the pool.
  */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
 
-#ifdef PTC_HAVE_OPENBLAS
-#include <cblas.h>
+/* CBLAS's row-major sgemm, and oneDNN's (row-major, 'N'/'T'; returns a dnnl_status_t) */
+typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
+                               const float *a, int lda, const float *b, int ldb, float beta,
+                               float *c, int ldc);
+typedef int (*dnnl_sgemm_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                             float *c, int64_t ldc);
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
+static struct {
+    cblas_sgemm_fn cblas;
+    dnnl_sgemm_fn dnnl;
+    void (*omp_set_num_threads)(int); /* oneDNN's OpenMP, one thread per calling thread */
+    char name[64];
+} blas;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static _Thread_local bool omp_single; /* this thread's OpenMP team is set to one thread */
 
-static void blas_one_thread(void)
+/* fp = dlsym(h, name), without ISO C's object-to-function pointer cast */
+#define SYM(fp, h, name)                                                                          \
+    do {                                                                                          \
+        void *sym_ = dlsym(h, name);                                                              \
+        memcpy(&(fp), &sym_, sizeof sym_);                                                        \
+    } while (0)
+
+static bool open_onednn(void)
 {
-    openblas_set_num_threads(1);
+    void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return false;
+    SYM(blas.dnnl, h, "dnnl_sgemm");
+    SYM(blas.omp_set_num_threads, h, "omp_set_num_threads"); /* (from its libgomp) */
+    if (!blas.dnnl)
+        return false;
+    snprintf(blas.name, sizeof blas.name, "onednn");
+    return true;
 }
-#endif
+
+static bool open_openblas(void)
+{
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return false;
+    void (*set_threads)(int);
+    char *(*corename)(void);
+    SYM(blas.cblas, h, "cblas_sgemm");
+    SYM(set_threads, h, "openblas_set_num_threads");
+    SYM(corename, h, "openblas_get_corename");
+    if (!blas.cblas)
+        return false;
+    if (set_threads)
+        set_threads(1);
+    snprintf(blas.name, sizeof blas.name, "openblas %s", corename ? corename() : "");
+    return true;
+}
+
+static void open_blas(void)
+{
+    const char *want = getenv("PTC_GEMM");
+    bool any = !want || !*want;
+    if ((any || strcmp(want, "onednn") == 0) && open_onednn())
+        return;
+    blas.dnnl = NULL;
+    if ((any || strcmp(want, "openblas") == 0) && open_openblas())
+        return;
+    blas.cblas = NULL;
+    snprintf(blas.name, sizeof blas.name, "plain loop");
+}
+
+const char *ptrt_cpu_blas_name(void)
+{
+    pthread_once(&blas_once, open_blas);
+    return blas.name;
+}
+
+int ptrt_cpu_has_blas(void)
+{
+    pthread_once(&blas_once, open_blas);
+    return blas.cblas || blas.dnnl;
+}
 
 /* C = beta C for the k = 0 case and the plain loop's start. */
 static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
@@ -71,14 +152,22 @@ void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
         scale_c(m, n, beta, c, ldc);
         return;
     }
-#ifdef PTC_HAVE_OPENBLAS
-    pthread_once(&blas_once, blas_one_thread);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
-                (int)ldb, beta, c, (int)ldc);
-#else
-    ptrt_cpu_gemm_plain(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
+    pthread_once(&blas_once, open_blas);
+    if (blas.dnnl) {
+        if (!omp_single && blas.omp_set_num_threads) {
+            blas.omp_set_num_threads(1);
+            omp_single = true;
+        }
+        blas.dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
+                  c, ldc);
+    } else if (blas.cblas && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
+               lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
+        blas.cblas(CBLAS_ROW_MAJOR, trans_a ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                   trans_b ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m, (int)n, (int)k, alpha, a,
+                   (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    } else {
+        ptrt_cpu_gemm_plain(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
 }
 
 typedef struct gemm_job {
