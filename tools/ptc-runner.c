@@ -13,6 +13,7 @@
 
 #include "embed.h"
 #include "file.h"
+#include "mpicomm.h"
 #include "program.h"
 #include "runner_flags.h"
 #include "train.h"
@@ -69,5 +70,6 @@ int main(int argc, char **argv)
         rc = help || print_plan ? 2 : 1;
     ptc_plan_free(plan);
     free(text);
+    ptrt_mpi_finish(rc); /* under a launcher: MPI_Finalize, or MPI_Abort to end the job */
     return rc;
 }

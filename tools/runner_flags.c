@@ -76,6 +76,9 @@ const char ptrt_runner_usage_backend[] =
     "                         reference kernels, fused kernels interpreted)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
+    "  --ranks-per-process K  under mpirun or srun (one process per MPI rank), run K ranks of\n"
+    "                         the plan as threads in each process (default 1); without a\n"
+    "                         launcher every rank is a thread of this process\n"
     "  --trace FILE           write the measured timeline of up to 3 steps after the first\n"
     "                         (Chrome trace-event JSON, one row per rank: open it in\n"
     "                         Perfetto beside ptc --emit trace of the same plan)\n"
@@ -276,6 +279,7 @@ static bool takes_value(const char *a)
                                              "--prompt",
                                              "--temperature",
                                              "--top-k",
+                                             "--ranks-per-process",
                                              NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
@@ -303,6 +307,7 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         {"--threads", 0, 1024},
         {"--sample", 1, 1 << 24},
         {"--top-k", 0, INT64_MAX},
+        {"--ranks-per-process", 1, 64},
     };
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
         if (strcmp(a, ints[k].flag) != 0)
@@ -321,7 +326,8 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         case 6: o->keep = (int)n; break;
         case 7: o->threads = (int)n; break;
         case 8: o->sample = n; break;
-        default: o->top_k = n; break;
+        case 9: o->top_k = n; break;
+        default: o->ranks_per_process = (int)n; break;
         }
         return 0;
     }

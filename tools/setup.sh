@@ -10,7 +10,7 @@ shift || true
 # graphviz: the README's `ptc --emit dot FILE | dot -Tsvg` (tests/robust/setup.sh runs it)
 pkgs=(build-essential cmake ninja-build pkg-config flex bison libcriterion-dev
       libdnnl2 libopenblas0-pthread llvm-dev clang libclang-rt-dev
-      python3-torch python3-numpy graphviz)
+      python3-torch python3-numpy graphviz openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

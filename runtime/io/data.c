@@ -227,12 +227,17 @@ static void shuffle_epoch(ptrt_data *d, uint64_t epoch)
 
 void ptrt_data_next_batch(ptrt_data *d, int32_t *inputs, int32_t *targets)
 {
-    PTC_ASSERT(d->B > 0 && d->per_epoch > 0);
+    ptrt_data_next_rows(d, 0, d->B, inputs, targets);
+}
+
+void ptrt_data_next_rows(ptrt_data *d, int row0, int row1, int32_t *inputs, int32_t *targets)
+{
+    PTC_ASSERT(d->B > 0 && d->per_epoch > 0 && 0 <= row0 && row0 <= row1 && row1 <= d->B);
     uint64_t epoch = d->pos / d->per_epoch, k = d->pos % d->per_epoch;
     if (d->shuffle && (!d->perm_valid || d->perm_epoch != epoch))
         shuffle_epoch(d, epoch);
     size_t T = (size_t)d->T;
-    for (size_t b = 0; b < (size_t)d->B; b++) {
+    for (size_t b = (size_t)row0; b < (size_t)row1; b++) {
         uint64_t w = k * (uint64_t)d->B + b;
         if (d->shuffle)
             w = d->perm[w];

@@ -56,6 +56,9 @@ int ptrt_data_configure(ptrt_data *d, int B, int T, bool shuffle, uint64_t seed,
 /* Fills inputs and targets (B*T int32 each, row-major [B][T]) with the next batch and advances.
  * ptrt_data_configure must have succeeded. */
 void ptrt_data_next_batch(ptrt_data *d, int32_t *inputs, int32_t *targets);
+/* The same for rows [row0, row1) of the batch alone (the rest of the arrays is left as it is):
+ * a data-parallel rank reads only its own sequences of the file, and advances. */
+void ptrt_data_next_rows(ptrt_data *d, int row0, int row1, int32_t *inputs, int32_t *targets);
 
 /* Batches served since position 0 (what a checkpoint saves). */
 uint64_t ptrt_data_position(const ptrt_data *d);

@@ -22,6 +22,7 @@
 #include "checkpoint.h"
 #include "file.h"
 #include "cpu.h"
+#include "mpicomm.h"
 #include "data.h"
 #include "exec.h"
 #include "inproc.h"
@@ -83,7 +84,8 @@ typedef struct run {
     ptrt_exec *x;
     int tokens, targets, lr, step, max_norm; /* input buffers, -1 if absent */
     ptrt_data *data, *val;
-    int32_t *gtok, *gtgt; /* the global batch */
+    int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
+    int row0, row1;
 } run;
 
 struct shared {
@@ -92,7 +94,9 @@ struct shared {
     int nranks;
     run *runs;
     ptrt_inproc *inproc;
+    ptrt_mpi *mpi; /* ranks in several processes (mpirun, srun); NULL: all ranks are threads */
     ptrt_comm *comm;
+    int first_local, nlocal; /* this process runs ranks [first_local, first_local + nlocal) */
     int *all;            /* 0..nranks-1, the group of barriers */
     int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
     int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
@@ -210,6 +214,23 @@ static int find_roles(shared *sh, char *err, size_t errn)
     return 0;
 }
 
+/* The buffer of kind named name in a program (not a view), or -1: ptrt_exec_find without the
+ * executor, which exists only for this process's ranks. */
+static int prog_find(const ptc_program *pg, int kind, const char *name)
+{
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        if (bf->view < 0 && bf->kind == kind && bf->name && strcmp(bf->name, name) == 0)
+            return b;
+    }
+    return -1;
+}
+
+static bool local(const shared *sh, int rank)
+{
+    return rank >= sh->first_local && rank < sh->first_local + sh->nlocal;
+}
+
 /* Every parameter, then every optimizer state, of every program, once by name. */
 static void find_entries(shared *sh)
 {
@@ -232,7 +253,7 @@ static void find_entries(shared *sh)
                 en->full = ptc_buffer_full_type(&sh->plan->mesh, bf);
                 en->buf = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
                 for (int r = 0; r < sh->nranks; r++)
-                    en->buf[r] = ptrt_exec_find(sh->runs[r].x, kind, bf->name);
+                    en->buf[r] = prog_find(program_of(sh, r), kind, bf->name);
                 sh->nparams += kind == PTC_BUF_PARAM;
             }
         }
@@ -254,21 +275,49 @@ static void alloc_full(shared *sh)
                 ptc_xmalloc(sizeof(float) * (size_t)ptc_type_numel(&sh->ents[i].full));
 }
 
-/* full <- every rank's local parts (replicated parts are written by each holder, identically). */
-static void gather_full(shared *sh, int first, int count)
+/* full <- every rank's local parts (replicated parts are written by each holder, identically).
+ * With several processes each holds its own ranks' parts: the full tensors are summed across the
+ * processes in doubles with a count of the holders of every element, and divided by it, which
+ * is exact (every holder has the same float). A collective of the processes then: one thread of
+ * each calls it at the same point. 0, or -1 (the run has failed). */
+static int gather_full(shared *sh, int first, int count)
 {
     alloc_full(sh);
-    for (int i = first; i < first + count; i++)
-        for (int r = 0; r < sh->nranks; r++) {
+    for (int i = first; i < first + count; i++) {
+        int64_t numel = ptc_type_numel(&sh->ents[i].full);
+        double *sum = NULL, *cnt = NULL;
+        if (sh->mpi) {
+            sum = ptc_xcalloc((size_t)(2 * numel + 1), sizeof(double));
+            cnt = sum + numel;
+        }
+        for (int r = sh->first_local; r < sh->first_local + sh->nlocal; r++) {
             int b = sh->ents[i].buf[r];
             if (b < 0)
                 continue;
             ptrt_exec *x = sh->runs[r].x;
             const float *loc = ptrt_exec_data(x, b);
             int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
-            for (int64_t k = 0; k < n; k++)
-                sh->full[i].value[ptrt_exec_global_index(x, b, k)] = loc[k];
+            for (int64_t k = 0; k < n; k++) {
+                int64_t g = ptrt_exec_global_index(x, b, k);
+                if (sum)
+                    sum[g] += loc[k], cnt[g] += 1;
+                else
+                    sh->full[i].value[g] = loc[k];
+            }
         }
+        if (sum) {
+            char err[512];
+            if (ptrt_mpi_sum(sh->mpi, sum, 2 * numel, err, sizeof err) < 0) {
+                fail(sh, sh->first_local, 1, err);
+                free(sum);
+                return -1;
+            }
+            for (int64_t g = 0; g < numel; g++)
+                sh->full[i].value[g] = cnt[g] > 0 ? (float)(sum[g] / cnt[g]) : 0.0f;
+            free(sum);
+        }
+    }
+    return 0;
 }
 
 /* This rank's parts <- full. */
@@ -339,7 +388,7 @@ static int random_batch(run *r, int64_t t)
 
 static void next_batch(run *r, ptrt_data *d)
 {
-    ptrt_data_next_batch(d, r->gtok, r->gtgt);
+    ptrt_data_next_rows(d, r->row0, r->row1, r->gtok, r->gtgt);
     feed(r, r->tokens, r->gtok);
     feed(r, r->targets, r->gtgt);
 }
@@ -426,18 +475,33 @@ static int open_data(run *r, char *err, size_t errn)
             return 2;
     }
     if (r->data || r->val) {
-        r->gtok = ptc_xmalloc(sizeof(int32_t) * (size_t)(sh->B * sh->T));
-        r->gtgt = ptc_xmalloc(sizeof(int32_t) * (size_t)(sh->B * sh->T));
+        r->gtok = ptc_xcalloc((size_t)(sh->B * sh->T), sizeof(int32_t));
+        r->gtgt = ptc_xcalloc((size_t)(sh->B * sh->T), sizeof(int32_t));
+        /* the rows of the batch this rank's token and target inputs hold: a data-parallel rank
+         * reads only its own sequences */
+        int64_t lo = sh->B, hi = 0;
+        int bufs[2] = {r->tokens, r->targets};
+        for (int i = 0; i < 2; i++) {
+            if (bufs[i] < 0)
+                continue;
+            int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[bufs[i]].type);
+            for (int64_t k = 0; k < n; k++) {
+                int64_t row = ptrt_exec_global_index(r->x, bufs[i], k) / sh->T;
+                lo = row < lo ? row : lo;
+                hi = row + 1 > hi ? row + 1 : hi;
+            }
+        }
+        r->row0 = (int)(lo < hi ? lo : 0);
+        r->row1 = (int)(lo < hi ? hi : 0);
     }
     return 0;
 }
 
-/* Rank 0: writes a checkpoint of every rank's state (after sync). */
+/* Rank 0: writes a checkpoint of every rank's state (after sync and gather_full). */
 static int save_checkpoint(run *r, int64_t t)
 {
     shared *sh = r->sh;
     char err[2048], path[1024];
-    gather_full(sh, 0, sh->nents);
     ptrt_ckpt_state st = {.step = t,
                           .data_position = r->data ? ptrt_data_position(r->data) : 0,
                           .seed = sh->o->seed,
@@ -721,8 +785,9 @@ static void loop(run *r)
                 fprintf(sh->log, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t, vl);
         }
         if (o->ckpt_dir && ((o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
-            if (!sync_all(r, "checkpoint") || (lead && save_checkpoint(r, t) < 0) ||
-                !sync_all(r, "checkpoint"))
+            if (!sync_all(r, "checkpoint") ||
+                (r->rank == sh->first_local && gather_full(sh, 0, sh->nents) < 0) ||
+                (lead && save_checkpoint(r, t) < 0) || !sync_all(r, "checkpoint"))
                 return;
         }
     }
@@ -761,8 +826,8 @@ static void *rank_main(void *arg)
     ptrt_exec_init_state(r->x, sh->o->seed);
     if (!sync_all(r, "start"))
         return NULL;
-    if (r->rank == 0 && (sh->o->init_from || sh->o->resume))
-        sh->loaded = load_initial(r) > 0;
+    if (r->rank == sh->first_local && (sh->o->init_from || sh->o->resume))
+        sh->loaded = load_initial(r) > 0; /* (every process reads the file) */
     if (r->rank == 0 && !failed(sh) && sh->o->log) {
         sh->log = fopen(sh->o->log, sh->first > 1 ? "a" : "w");
         if (!sh->log) {
@@ -799,7 +864,12 @@ static void *rank_main(void *arg)
 
 static int save_weights(shared *sh, char *err, size_t errn)
 {
-    gather_full(sh, 0, sh->nparams);
+    if (gather_full(sh, 0, sh->nparams) < 0) {
+        ptc_fmt(err, errn, "%s", sh->err);
+        return 1;
+    }
+    if (sh->mpi && ptrt_mpi_process(sh->mpi) != 0)
+        return 0; /* (process 0 writes) */
     ptrt_st_writer *w = ptrt_st_writer_new();
     for (int i = 0; i < sh->nparams; i++)
         ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
@@ -861,7 +931,18 @@ static int setup(shared *sh, char *err, size_t errn)
         return 1;
     sh->runs = ptc_xcalloc((size_t)sh->nranks, sizeof *sh->runs);
     sh->all = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
-    if (sh->nranks > 1) {
+    sh->first_local = 0;
+    sh->nlocal = sh->nranks;
+    if (sh->mpi) {
+        if (o->trace || o->dump_grads) {
+            ptc_fmt(err, errn, "%s works on ranks that are threads of one process, not under an "
+                               "MPI launcher yet", o->trace ? "--trace" : "--dump-grads");
+            return 2;
+        }
+        sh->comm = ptrt_mpi_comm(sh->mpi);
+        sh->first_local = ptrt_mpi_first_rank(sh->mpi);
+        sh->nlocal = sh->nranks / ptrt_mpi_nprocesses(sh->mpi);
+    } else if (sh->nranks > 1) {
         if (!(sh->inproc = ptrt_inproc_new(sh->nranks, o->timeout_s, err, errn)))
             return 1;
         sh->comm = ptrt_inproc_comm(sh->inproc);
@@ -881,18 +962,19 @@ static int setup(shared *sh, char *err, size_t errn)
         r->sh = sh;
         r->rank = k;
         xo.drop = k == o->drop_rank ? o->drop_index : -1;
-        if (!(r->x = ptrt_exec_new(sh->plan, k, &xo, err, errn)))
+        if (local(sh, k) && !(r->x = ptrt_exec_new(sh->plan, k, &xo, err, errn)))
             return 1;
     }
     if (find_roles(sh, err, errn) < 0)
         return 2;
     find_entries(sh);
-    for (int k = 0; k < sh->nranks; k++) {
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++) {
         int rc = open_data(&sh->runs[k], err, errn);
         if (rc)
             return rc;
     }
-    set_config_hash(sh, sh->runs[0].data ? ptrt_data_ntokens(sh->runs[0].data) : 0);
+    const run *r0 = &sh->runs[sh->first_local];
+    set_config_hash(sh, r0->data ? ptrt_data_ntokens(r0->data) : 0);
     return 0;
 }
 
@@ -901,7 +983,7 @@ static int check_memory(shared *sh, char *err, size_t errn)
 {
     FILE *out = sh->o->out ? sh->o->out : stdout;
     int rc = 0;
-    for (int k = 0; k < sh->nranks; k++) {
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++) {
         const ptc_program *pg = ptrt_exec_program(sh->runs[k].x);
         for (int reg = 0; reg < PTC_NREGIONS; reg++) {
             int64_t planned = pg->region_bytes[reg];
@@ -930,6 +1012,8 @@ static void teardown(shared *sh)
 {
     for (int k = 0; sh->runs && k < sh->nranks; k++) {
         run *r = &sh->runs[k];
+        if (!r->x)
+            continue; /* (another process's rank) */
         ptrt_data_close(r->data);
         ptrt_data_close(r->val);
         ptrt_exec_free(r->x);
@@ -945,6 +1029,7 @@ static void teardown(shared *sh)
     free(sh->all);
     free(sh->ents);
     ptrt_inproc_free(sh->inproc);
+    ptrt_mpi_free(sh->mpi);
     if (sh->log)
         fclose(sh->log);
     pthread_mutex_destroy(&sh->lock);
@@ -987,18 +1072,41 @@ static int lock_ckpt_dir(const ptrt_train_opts *o, char *err, size_t errn)
     return fd;
 }
 
-int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t errn)
+int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, size_t errn)
 {
-    shared sh = {.plan = plan, .o = o, .t_base = now()};
+    /* under an MPI launcher (mpirun, srun) this process runs its share of the ranks; the other
+     * processes' output would repeat process 0's, so it goes to /dev/null */
+    ptrt_train_opts opts = *o_user;
+    const ptrt_train_opts *o = &opts;
+    ptrt_mpi *mpi = NULL;
+    FILE *devnull = NULL;
+    if (ptrt_mpi_launched() || o->ranks_per_process > 1) {
+        if (!ptrt_mpi_launched()) {
+            ptc_fmt(err, errn, "--ranks-per-process needs an MPI launcher: mpirun -np N %s ...",
+                    "./EXE");
+            return 2;
+        }
+        int k = o->ranks_per_process > 0 ? o->ranks_per_process : 1;
+        if (!(mpi = ptrt_mpi_new(plan->nranks, k, o->timeout_s, err, errn)))
+            return 2;
+        if (ptrt_mpi_process(mpi) != 0) {
+            devnull = fopen("/dev/null", "w");
+            opts.out = devnull;
+            opts.log = NULL;
+        }
+    }
+    shared sh = {.plan = plan, .o = o, .t_base = now(), .mpi = mpi};
     pthread_mutex_init(&sh.lock, NULL);
     if (o->sample && !plan->sample) {
         ptc_fmt(err, errn, "--sample: this model cannot generate text: %s",
                 plan->no_sample ? plan->no_sample
                                 : "the executable carries no sampling program (compile it again)");
         pthread_mutex_destroy(&sh.lock);
+        ptrt_mpi_free(mpi);
         return 2;
     }
-    int lock = lock_ckpt_dir(o, err, errn);
+    /* (one process holds the checkpoint directory's lock for the job) */
+    int lock = mpi && ptrt_mpi_process(mpi) != 0 ? -1 : lock_ckpt_dir(o, err, errn);
     if (lock == -2) {
         pthread_mutex_destroy(&sh.lock);
         return 2;
@@ -1009,14 +1117,14 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
         rc = 2;
     }
     if (!rc) {
-        int started = sh.nranks;
-        if (sh.nranks == 1) {
-            rank_main(&sh.runs[0]);
+        int started = sh.nlocal, first = sh.first_local;
+        if (sh.nlocal == 1) {
+            rank_main(&sh.runs[first]);
         } else {
-            pthread_t *th = ptc_xcalloc((size_t)sh.nranks, sizeof *th);
-            for (int k = 0; k < sh.nranks; k++)
-                if (pthread_create(&th[k], NULL, rank_main, &sh.runs[k]) != 0) {
-                    fail(&sh, k, 1, "cannot start a rank thread");
+            pthread_t *th = ptc_xcalloc((size_t)sh.nlocal, sizeof *th);
+            for (int k = 0; k < sh.nlocal; k++)
+                if (pthread_create(&th[k], NULL, rank_main, &sh.runs[first + k]) != 0) {
+                    fail(&sh, first + k, 1, "cannot start a rank thread");
                     started = k; /* join those started */
                     break;
                 }
@@ -1034,8 +1142,11 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
         rc = save_weights(&sh, err, errn);
     if (!rc && o->trace)
         rc = write_trace(&sh, err, errn);
-    if (!rc && o->sample) {
-        gather_full(&sh, 0, sh.nparams);
+    if (!rc && o->sample && gather_full(&sh, 0, sh.nparams) < 0) {
+        ptc_fmt(err, errn, "%s", sh.err);
+        rc = 1;
+    }
+    if (!rc && o->sample && (!mpi || ptrt_mpi_process(mpi) == 0)) {
         char whose[1100];
         whose_weights(&sh, o->sample_only || sh.first > o->steps ? sh.first - 1 : o->steps,
                       whose, sizeof whose);
@@ -1043,6 +1154,8 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o, char *err, size_t
                          err, errn);
     }
     teardown(&sh);
+    if (devnull)
+        fclose(devnull);
     if (lock >= 0)
         close(lock);
     return rc;

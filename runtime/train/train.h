@@ -53,6 +53,7 @@ typedef struct ptrt_train_opts {
     int threads;
     double peak_flops; /* --peak-flops: the hardware's FLOP/s for MFU; 0: measure a GEMM */
     double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
+    int ranks_per_process; /* under an MPI launcher: ranks (threads) per process; 0 = 1 */
     bool profile;     /* print the time per op kind after the run (the first step left out) */
     bool quiet;
     bool check_memory; /* compare every arena's measured high-water mark with the plan */
