@@ -47,6 +47,8 @@ const char ptrt_runner_usage[] =
     "  --keep N               keep the newest N checkpoints (default 3; 0 keeps all)\n"
     "  --resume               continue from the newest checkpoint in --checkpoint-dir:\n"
     "                         weights, optimizer state, step and data position\n"
+    "  --checkpoint-on-signal on SIGTERM or SIGINT, finish the step, write its checkpoint\n"
+    "                         and stop (exit 1); the ranks agree on the step\n"
     "  --init-from FILE       start from weights in a safetensors file (e.g. saved from PyTorch)\n"
     "  --save FILE            write the final weights to FILE (safetensors); a device such as\n"
     "                         /dev/null is written in place, a file the run reads is refused\n"
@@ -210,6 +212,8 @@ static int check_all(FILE *errf, const char *prog, double model_lr, ptrt_train_o
                                    : "--checkpoint-dir only with --resume (to read from)");
     if (o->resume && !o->ckpt_dir)
         return bad(errf, prog, "--resume needs --checkpoint-dir");
+    if (o->ckpt_on_signal && !o->ckpt_dir)
+        return bad(errf, prog, "--checkpoint-on-signal needs --checkpoint-dir");
     if (!o->sample && (o->prompt || o->temperature != 1 || o->top_k))
         return bad(errf, prog, "%s needs --sample N (the bytes to generate)",
                    o->prompt ? "--prompt" : o->top_k ? "--top-k" : "--temperature");
@@ -416,6 +420,8 @@ int ptrt_runner_parse(int argc, char **argv, double model_lr, ptrt_train_opts *o
             o->eval = true;
         } else if (strcmp(a, "--resume") == 0) {
             o->resume = true;
+        } else if (strcmp(a, "--checkpoint-on-signal") == 0) {
+            o->ckpt_on_signal = true;
         } else if (strcmp(a, "--profile") == 0) {
             o->profile = true;
         } else if (strcmp(a, "--check-memory") == 0) {

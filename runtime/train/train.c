@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -751,6 +752,34 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     return 0;
 }
 
+/* --checkpoint-on-signal: SIGTERM or SIGINT (a scheduler's preemption, a launcher ending the job)
+ * sets this; the ranks agree on it after every step (a launcher signals the processes at
+ * different moments), then write a checkpoint of that step and stop. */
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig)
+{
+    got_signal = sig;
+}
+
+/* The signal every rank has seen by the end of step t (an allreduce of the largest), or 0; -1
+ * when the run has failed. */
+static int signalled(run *r, int64_t t)
+{
+    shared *sh = r->sh;
+    float mine = (float)got_signal, any = mine;
+    if (sh->nranks > 1) {
+        char err[1024];
+        ptrt_coll_desc d = {.group_name = "signal", .step = t, .index = -1};
+        if (sh->comm->ops->allreduce(sh->comm->impl, r->rank, sh->all, sh->nranks, &mine, &any, 1,
+                                     PTC_F32, PTRT_RED_MAX, &d, err, sizeof err) < 0) {
+            fail(sh, r->rank, 1, err);
+            return -1;
+        }
+    }
+    return (int)any;
+}
+
 static void loop(run *r)
 {
     shared *sh = r->sh;
@@ -784,11 +813,23 @@ static void loop(run *r)
             if (lead && sh->log)
                 fprintf(sh->log, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)t, vl);
         }
-        if (o->ckpt_dir && ((o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
+        int stop = o->ckpt_on_signal ? signalled(r, t) : 0;
+        if (stop < 0)
+            return;
+        if (o->ckpt_dir && (stop || (o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
             if (!sync_all(r, "checkpoint") ||
                 (r->rank == sh->first_local && gather_full(sh, 0, sh->nents) < 0) ||
                 (lead && save_checkpoint(r, t) < 0) || !sync_all(r, "checkpoint"))
                 return;
+        }
+        if (stop) {
+            char msg[512];
+            ptc_fmt(msg, sizeof msg,
+                    "stopped by a signal (%s) after step %lld, with a checkpoint of it in %s: "
+                    "continue with --resume",
+                    stop == SIGINT ? "SIGINT" : "SIGTERM", (long long)t, o->ckpt_dir);
+            fail(sh, r->rank, 1, msg);
+            return;
         }
     }
     double el = now() - t0;
@@ -1115,6 +1156,12 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
     if (!rc && o->resume && !o->ckpt_dir) {
         ptc_fmt(err, errn, "--resume needs --checkpoint-dir");
         rc = 2;
+    }
+    if (!rc && o->ckpt_on_signal) {
+        struct sigaction sa = {.sa_handler = on_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
     }
     if (!rc) {
         int started = sh.nlocal, first = sh.first_local;

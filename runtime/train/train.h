@@ -41,6 +41,7 @@ typedef struct ptrt_train_opts {
     int64_t ckpt_every; /* 0 = only at the end (when ckpt_dir is set) */
     int keep;           /* checkpoints kept; 0 = all */
     bool resume;
+    bool ckpt_on_signal; /* SIGTERM/SIGINT: checkpoint the step in progress, then stop */
     const char *init_from;
     const char *save;          /* final weights as safetensors, or NULL */
     const char *log;           /* JSON lines, or NULL */

@@ -129,5 +129,30 @@ else
   bad "a stopped process" "after ${dt} s: $(tail -4 stop.out)"
 fi
 
+# --checkpoint-on-signal: SIGTERM to the ranks (a scheduler's preemption) checkpoints the step
+# they agree on and stops, as threads and as processes; the checkpoint resumes
+for mode in threads processes; do
+  rm -rf sig && mkdir sig
+  if [ $mode = threads ]; then
+    (./g --data train.bin --steps 1000000 --threads 1 --quiet --checkpoint-dir sig --checkpoint-on-signal > sig.out 2>&1; echo "rc $?" >> sig.out) &
+  else
+    (mpirun_ 60 -np 4 ./g --data train.bin --steps 1000000 --threads 1 --quiet --checkpoint-dir sig --checkpoint-on-signal > sig.out 2>&1; echo "rc $?" >> sig.out) &
+  fi
+  job=$!
+  want=$([ $mode = threads ] && echo 1 || echo 4)
+  for _ in $(seq 100); do [ "$(pgrep -f -- '^./g --data train.bin --steps 1000000' | wc -l)" -ge "$want" ] && break; sleep 0.1; done
+  sleep 1.5
+  pkill -TERM -f -- '^./g --data train.bin --steps 1000000'
+  wait $job
+  step=$(grep -o "stopped by a signal (SIGTERM) after step [0-9]*" sig.out | grep -o "[0-9]*$" | head -1)
+  if [ -n "$step" ] && ! grep -q "^rc 0$" sig.out && [ -e "sig/$(printf 'step_%08d.safetensors' "$step")" ] &&
+    ./g --data train.bin --steps $((step + 2)) --threads 1 --quiet --resume --checkpoint-dir sig > sig2.out 2>&1 &&
+    grep -q "resumed from .*step_$(printf '%08d' "$step")" sig2.out; then
+    ok "--checkpoint-on-signal ($mode)" "stopped after step $step with its checkpoint, which resumes"
+  else
+    bad "--checkpoint-on-signal ($mode)" "$(tail -3 sig.out) / $(tail -2 sig2.out 2> /dev/null)"
+  fi
+done
+
 echo "$pass passed, $failed failed"
 [ $failed -eq 0 ]
