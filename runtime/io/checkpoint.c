@@ -198,6 +198,24 @@ static void remove_stale_temps(const char *dir)
     closedir(d);
 }
 
+/* The part files of a step (step_N.part_*), removed with it. */
+static void remove_parts(const char *dir, int64_t step)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "step_%08" PRId64 ".part_", step);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || strstr(e->d_name, ".tmp."))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
 static int prune(const char *dir, int keep, int64_t current, char *err, size_t errn)
 {
     int n, rc = 0;
@@ -206,6 +224,7 @@ static int prune(const char *dir, int keep, int64_t current, char *err, size_t e
     for (int i = keep; i < n && rc == 0; i++) {
         if (steps[i] == current)
             continue;
+        remove_parts(dir, steps[i]);
         char path[4096];
         snprintf(path, sizeof path, "%s/step_%08" PRId64 ".safetensors", dir, steps[i]);
         if (step_of(strrchr(path, '/') + 1) == steps[i] && unlink(path) != 0 && errno != ENOENT) {
@@ -225,10 +244,28 @@ static void add_meta_u64(ptrt_st_writer *w, const char *key, uint64_t v, bool he
     ptrt_st_add_meta(w, key, buf);
 }
 
+/* Tensor i of a checkpoint of nparts parts is in part i % nparts (part 0: the step file). */
+static bool in_part(int i, int part, int nparts)
+{
+    return nparts <= 1 || i % nparts == part;
+}
+
+/* The file of part `part` (> 0) of a step: step_N.part_P-of-K.safetensors. */
+static void part_name(char *buf, size_t n, const char *dir, int64_t step, int part, int nparts)
+{
+    ptc_fmt(buf, n, "%s/step_%08" PRId64 ".part_%03d-of-%03d.safetensors", dir, step, part,
+            nparts);
+}
+
 static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
-                            const ptrt_ckpt_state *st, char *err, size_t errn)
+                            const ptrt_ckpt_state *st, int part, int nparts, char *err,
+                            size_t errn)
 {
     ptrt_st_writer *w = ptrt_st_writer_new();
+    if (nparts > 1) {
+        add_meta_u64(w, "ptc.part", (uint64_t)part, false);
+        add_meta_u64(w, "ptc.parts", (uint64_t)nparts, false);
+    }
     ptrt_st_add_meta(w, "ptc.format", FORMAT_VERSION);
     add_meta_u64(w, "ptc.step", (uint64_t)st->step, false);
     add_meta_u64(w, "ptc.data_position", st->data_position, false);
@@ -237,12 +274,13 @@ static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
         add_meta_u64(w, "ptc.total_steps", (uint64_t)st->total_steps, false);
     add_meta_u64(w, "ptc.config_hash", st->config_hash, true);
     for (int i = 0; i < n; i++)
-        ptrt_st_add(w, p[i].name, PTRT_ST_F32, p[i].ndim, p[i].shape, p[i].value);
+        if (in_part(i, part, nparts))
+            ptrt_st_add(w, p[i].name, PTRT_ST_F32, p[i].ndim, p[i].shape, p[i].value);
     char name[1024];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < n; i++) {
             const float *mom = k == 0 ? p[i].m : p[i].v;
-            if (!mom)
+            if (!mom || !in_part(i, part, nparts))
                 continue;
             snprintf(name, sizeof name, "optim.%c.%s", k == 0 ? 'm' : 'v', p[i].name);
             ptrt_st_add(w, name, PTRT_ST_F32, p[i].ndim, p[i].shape, mom);
@@ -252,9 +290,38 @@ static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
     return rc;
 }
 
+int ptrt_ckpt_save_part(const char *dir, const ptrt_ckpt_param *p, int n,
+                        const ptrt_ckpt_state *st, int part, int nparts, char *err, size_t errn)
+{
+    if (part < 1 || part >= nparts || nparts > PTRT_CKPT_MAX_PARTS || st->step < 0 ||
+        st->step > PTRT_CKPT_MAX_STEP) {
+        ptc_fmt(err, errn, "%s: bad checkpoint part %d of %d", dir, part, nparts);
+        return -1;
+    }
+    if (!*dir || mkdir_p(dir, err, errn) != 0) {
+        if (!*dir)
+            ptc_fmt(err, errn, "the checkpoint directory has an empty name");
+        return -1;
+    }
+    char file[4096];
+    part_name(file, sizeof file, dir, st->step, part, nparts);
+    return write_checkpoint(file, p, n, st, part, nparts, err, errn);
+}
+
 int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_ckpt_state *st,
                    int keep, char *path, size_t pathn, char *err, size_t errn)
 {
+    return ptrt_ckpt_save_sharded(dir, p, n, st, 1, keep, path, pathn, err, errn);
+}
+
+int ptrt_ckpt_save_sharded(const char *dir, const ptrt_ckpt_param *p, int n,
+                           const ptrt_ckpt_state *st, int nparts, int keep, char *path,
+                           size_t pathn, char *err, size_t errn)
+{
+    if (nparts < 1 || nparts > PTRT_CKPT_MAX_PARTS) {
+        ptc_fmt(err, errn, "%s: a checkpoint of %d parts", dir, nparts);
+        return -1;
+    }
     if (st->step < 0 || st->step > PTRT_CKPT_MAX_STEP) {
         ptc_fmt(err, errn, "%s: cannot save a checkpoint for step %" PRId64, dir, st->step);
         return -1;
@@ -273,7 +340,7 @@ int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_
         ptc_fmt(err, errn, "%s: directory name too long", dir);
         return -1;
     }
-    if (write_checkpoint(file, p, n, st, err, errn) != 0)
+    if (write_checkpoint(file, p, n, st, 0, nparts, err, errn) != 0)
         return -1;
     char line[80];
     snprintf(line, sizeof line, "%s\n", base);
@@ -377,11 +444,13 @@ static char **expected_names(const ptrt_ckpt_param *p, int n, bool moments, int 
 
 /* Every mismatch between the file and the parameters, all reported. With !moments (init-from),
  * optim.* tensors are neither expected nor unexpected. */
-static void match(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
-                  problems *pr)
+static void match_part(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
+                       int part, int nparts, problems *pr)
 {
     char name[1024];
     for (int i = 0; i < n; i++) {
+        if (!in_part(i, part, nparts))
+            continue;
         expect_tensor(f, p[i].name, p + i, pr);
         for (int k = 0; moments && k < 2; k++) {
             if (!(k == 0 ? p[i].m : p[i].v))
@@ -408,12 +477,19 @@ static void match(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool m
     free(names);
 }
 
+static void match(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
+                  problems *pr)
+{
+    match_part(f, p, n, moments, 0, 1, pr);
+}
+
 /* Copies the matched tensors into the trainer's arrays (match found no problem). */
-static void fill(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments)
+static void fill_part(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
+                      int part, int nparts)
 {
     char name[1024], e[8];
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < (moments ? 3 : 1); k++) {
+        for (int k = 0; k < (moments ? 3 : 1) && in_part(i, part, nparts); k++) {
             float *dst = k == 0 ? p[i].value : k == 1 ? p[i].m : p[i].v;
             if (!dst)
                 continue;
@@ -426,6 +502,11 @@ static void fill(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool mo
             int rc = ptrt_st_to_f32(t, dst, e, sizeof e);
             PTC_ASSERT(rc == 0);
         }
+}
+
+static void fill(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments)
+{
+    fill_part(f, p, n, moments, 0, 1);
 }
 
 static int meta_u64(const ptrt_st_file *f, const char *path, const char *key, int base,
@@ -487,6 +568,59 @@ static int read_state(const ptrt_st_file *f, const char *path, uint64_t config_h
     return 0;
 }
 
+/* The directory of a file's path ("." for a bare name). */
+static void dir_of(const char *path, char *dir, size_t n)
+{
+    ptc_fmt(dir, n, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        ptc_fmt(dir, n, ".");
+    else if (slash == dir)
+        dir[1] = 0; /* "/file" */
+    else
+        *slash = 0;
+}
+
+/* The parts of a sharded checkpoint (its step file says "ptc.parts"), opened and checked to be
+ * parts of the same step and run; files[0] is the step file. */
+static int open_parts(ptrt_st_file *f, const char *path, const ptrt_ckpt_state *got,
+                      ptrt_st_file **files, int *nparts, char *err, size_t errn)
+{
+    uint64_t k = 1;
+    if (ptrt_st_meta(f, "ptc.parts") && meta_u64(f, path, "ptc.parts", 10, &k, err, errn) != 0)
+        return -1;
+    if (k < 1 || k > PTRT_CKPT_MAX_PARTS) {
+        ptc_fmt(err, errn, "%s: \"ptc.parts\" is %" PRIu64 ", out of range", path, k);
+        return -1;
+    }
+    *nparts = (int)k;
+    files[0] = f;
+    char dir[4096];
+    dir_of(path, dir, sizeof dir);
+    for (int q = 1; q < *nparts; q++) {
+        char file[4200];
+        part_name(file, sizeof file, dir, got->step, q, *nparts);
+        if (!(files[q] = ptrt_st_open(file, err, errn))) {
+            size_t len = strlen(err);
+            ptc_fmt(err + len, errn - len, " (part %d of the %d of checkpoint %s)", q, *nparts,
+                    path);
+            return -1;
+        }
+        ptrt_ckpt_state ps;
+        uint64_t part = 0;
+        if (read_state(files[q], file, got->config_hash, &ps, err, errn) != 0 ||
+            meta_u64(files[q], file, "ptc.part", 10, &part, err, errn) != 0)
+            return -1;
+        if (ps.step != got->step || part != (uint64_t)q) {
+            ptc_fmt(err, errn, "%s: is part %" PRIu64 " of step %" PRId64
+                    ", not part %d of step %" PRId64 " (%s)",
+                    file, part, ps.step, q, got->step, path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int ptrt_ckpt_load(const char *path, const ptrt_ckpt_param *p, int n, uint64_t config_hash,
                    ptrt_ckpt_state *st, char *err, size_t errn)
 {
@@ -494,17 +628,31 @@ int ptrt_ckpt_load(const char *path, const ptrt_ckpt_param *p, int n, uint64_t c
     if (!f)
         return -1;
     ptrt_ckpt_state got;
-    problems pr = {.file = path, .err = err, .errn = errn};
+    ptrt_st_file *files[PTRT_CKPT_MAX_PARTS] = {0};
+    int nparts = 1;
     int rc = read_state(f, path, config_hash, &got, err, errn);
-    if (rc == 0) {
-        match(f, p, n, true, &pr);
+    if (rc == 0)
+        rc = open_parts(f, path, &got, files, &nparts, err, errn);
+    files[0] = f;
+    for (int q = 0; q < nparts && rc == 0; q++) {
+        char pf[4200];
+        if (q) {
+            char dir[4096];
+            dir_of(path, dir, sizeof dir);
+            part_name(pf, sizeof pf, dir, got.step, q, nparts);
+        }
+        problems pr = {.file = q ? pf : path, .err = err, .errn = errn};
+        match_part(files[q], p, n, true, q, nparts, &pr);
         rc = problems_done(&pr);
     }
     if (rc == 0) {
-        fill(f, p, n, true);
+        for (int q = 0; q < nparts; q++)
+            fill_part(files[q], p, n, true, q, nparts);
         *st = got;
     }
-    ptrt_st_close(f);
+    for (int q = 0; q < nparts; q++)
+        if (files[q])
+            ptrt_st_close(files[q]);
     return rc;
 }
 

@@ -61,6 +61,21 @@ uint64_t ptrt_ckpt_config_hash(const ptrt_ckpt_param *p, int n, const char *extr
 int ptrt_ckpt_save(const char *dir, const ptrt_ckpt_param *p, int n, const ptrt_ckpt_state *st,
                    int keep, char *path, size_t pathn, char *err, size_t errn);
 
+/* Sharded checkpoints, as processes write them (issue 13): tensor i (of p) goes to part i % nparts;
+ * part 0 is the step file DIR/step_N.safetensors, which also holds the run's state and
+ * "ptc.parts", the others DIR/step_N.part_P-of-K.safetensors. Every process q > 0 writes its part
+ * (ptrt_ckpt_save_part, atomically), and once all are written process 0 writes the step file
+ * and moves DIR/latest (ptrt_ckpt_save_sharded): a checkpoint is whole before latest names it.
+ * Loading (ptrt_ckpt_load) reads the parts the step file names, checks that they are parts of the
+ * same step and run, and takes each tensor from its part; pruning removes a step's parts with
+ * it. ptrt_ckpt_save is ptrt_ckpt_save_sharded with one part. */
+#define PTRT_CKPT_MAX_PARTS 1024
+int ptrt_ckpt_save_part(const char *dir, const ptrt_ckpt_param *p, int n,
+                        const ptrt_ckpt_state *st, int part, int nparts, char *err, size_t errn);
+int ptrt_ckpt_save_sharded(const char *dir, const ptrt_ckpt_param *p, int n,
+                           const ptrt_ckpt_state *st, int nparts, int keep, char *path,
+                           size_t pathn, char *err, size_t errn);
+
 /* The newest checkpoint of DIR: DIR/latest if it exists, else the step file with the highest
  * step. Returns 1 with its path in path[pathn], 0 when DIR has none (or does not exist), -1 with
  * a message when DIR/latest is unreadable or names a missing file. */

@@ -508,13 +508,32 @@ static int save_checkpoint(run *r, int64_t t)
                           .seed = sh->o->seed,
                           .config_hash = sh->config_hash,
                           .total_steps = sh->o->steps};
-    if (ptrt_ckpt_save(sh->o->ckpt_dir, sh->full, sh->nents, &st, sh->o->keep, path, sizeof path,
-                       err, sizeof err) < 0) {
+    int nparts = sh->mpi ? ptrt_mpi_nprocesses(sh->mpi) : 1;
+    if (ptrt_ckpt_save_sharded(sh->o->ckpt_dir, sh->full, sh->nents, &st, nparts, sh->o->keep,
+                               path, sizeof path, err, sizeof err) < 0) {
         fail(sh, r->rank, 1, err);
         return -1;
     }
     if (!sh->o->quiet)
         fprintf(sh->o->out ? sh->o->out : stdout, "checkpoint: %s\n", path);
+    return 0;
+}
+
+/* The first rank of process q > 0: part q of the checkpoint of step t (after gather_full). */
+static int save_part(run *r, int64_t t)
+{
+    shared *sh = r->sh;
+    char err[2048];
+    ptrt_ckpt_state st = {.step = t,
+                          .data_position = r->data ? ptrt_data_position(r->data) : 0,
+                          .seed = sh->o->seed,
+                          .config_hash = sh->config_hash,
+                          .total_steps = sh->o->steps};
+    if (ptrt_ckpt_save_part(sh->o->ckpt_dir, sh->full, sh->nents, &st, ptrt_mpi_process(sh->mpi),
+                            ptrt_mpi_nprocesses(sh->mpi), err, sizeof err) < 0) {
+        fail(sh, r->rank, 1, err);
+        return -1;
+    }
     return 0;
 }
 
@@ -817,9 +836,13 @@ static void loop(run *r)
         if (stop < 0)
             return;
         if (o->ckpt_dir && (stop || (o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
+            /* (with several processes each writes its part of the tensors, in parallel; then
+             * process 0 the step file, which names them, and latest) */
             if (!sync_all(r, "checkpoint") ||
                 (r->rank == sh->first_local && gather_full(sh, 0, sh->nents) < 0) ||
-                (lead && save_checkpoint(r, t) < 0) || !sync_all(r, "checkpoint"))
+                (r->rank == sh->first_local && r->rank != 0 && save_part(r, t) < 0) ||
+                !sync_all(r, "checkpoint") || (lead && save_checkpoint(r, t) < 0) ||
+                !sync_all(r, "checkpoint"))
                 return;
         }
         if (stop) {

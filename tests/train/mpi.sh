@@ -38,7 +38,7 @@ head -c 40000 "$src/examples/data/corpus.txt" > corpus.txt
 "$tokenize" corpus.txt -o train.bin > /dev/null || exit 1
 "$ptc" --mesh dp=2,tp=2 "$src/examples/gpt2_tiny.ptm" -o g > /dev/null || exit 1
 "$ptc" "$src/examples/gpt2_tiny.ptm" -o one > /dev/null || exit 1
-if ! ldd ./g | grep -q libmpi; then
+if ! ldd ./g | grep libmpi > /dev/null; then
   echo "skipped: this build has no MPI (apt-get install libopenmpi-dev, then build again)"
   exit 77
 fi
@@ -75,6 +75,18 @@ EOF
 # ---- a checkpoint of 4 processes resumes on 2 processes, on threads and on 1 rank ----
 mpirun_ 120 -np 4 ./g --data train.bin --steps 3 --threads 1 --quiet --checkpoint-dir ck > ck.out 2>&1 ||
   bad "checkpoint by 4 processes" "exit $?: $(tail -3 ck.out)"
+if [ -e ck/step_00000003.safetensors ] && [ -e ck/step_00000003.part_001-of-004.safetensors ] &&
+  [ -e ck/step_00000003.part_003-of-004.safetensors ]; then
+  ok "checkpoint by 4 processes" "the step file and parts 1-3, one written by each process"
+else
+  bad "checkpoint by 4 processes" "files: $(ls ck | tr '\n' ' ')"
+fi
+cp -r ck ck_broken && rm ck_broken/step_00000003.part_002-of-004.safetensors
+./g "${common[@]}" --resume --checkpoint-dir ck_broken > broken.out 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "step_00000003.part_002-of-004.safetensors.*part 2 of the 4" broken.out &&
+  ok "a missing part" "refused: $(grep -o 'error: .*' broken.out | cut -c1-150)" ||
+  bad "a missing part" "exit $rc: $(tail -2 broken.out)"
 for v in mixed threads one; do cp -r ck ck_$v; done
 mpirun_ 120 -np 2 ./g --ranks-per-process 2 "${common[@]}" --resume --checkpoint-dir ck_mixed --log r_mixed.jsonl > r1.out 2>&1 ||
   bad "resume on 2 processes" "$(tail -3 r1.out)"
@@ -90,6 +102,12 @@ import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:3])
 sys.exit(0 if len(a) == len(b) == 3 and max(abs(x - y) / abs(y) for x, y in zip(a, b)) < 1e-5 else 1)
 EOF
+
+# --keep removes old steps with their parts
+mpirun_ 120 -np 4 ./g --data train.bin --steps 4 --threads 1 --quiet --checkpoint-dir kp --checkpoint-every 1 --keep 2 > kp.out 2>&1 ||
+  bad "--keep with parts" "$(tail -3 kp.out)"
+[ "$(ls kp | grep -c '^step_')" -eq 8 ] && ok "--keep with parts" "2 steps x (step file + 3 parts) kept" ||
+  bad "--keep with parts" "files: $(ls kp | tr '\n' ' ')"
 
 # ---- faults ----
 mpirun_ 60 -np 3 ./g --steps 1 --quiet > n3.out 2>&1
