@@ -130,9 +130,12 @@ class TorchGPT2:
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def train_torch(model, init, eps, opt, tokens, steps, warmup):
-    """Returns (timed seconds, losses of every step)."""
+def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False):
+    """Returns (timed seconds, losses of every step). compiled: the loss (forward, and through
+    AOTAutograd its backward) under torch.compile (Inductor's C++/OpenMP kernels on the CPU),
+    compiled in the warm-up steps."""
     net = TorchGPT2(model, init, eps)
+    loss_fn = torch.compile(net.loss) if compiled else net.loss
     decay = [p for n, p in net.P.items() if p.dim() >= 2]
     no_decay = [p for n, p in net.P.items() if p.dim() < 2]
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
@@ -146,7 +149,7 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup):
             t0 = time.perf_counter()
         x, y = batch_at(tokens, k, model.batch, model.seq)
         optim.zero_grad(set_to_none=True)
-        loss = net.loss(x, y)
+        loss = loss_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optim.step()
@@ -221,6 +224,7 @@ def bench_model(name, args, wd):
 
     eps = op_attr(text, "layernorm", "eps", 1e-5)
     ptc_s, torch_s, base_s, ptc_loss, torch_loss, base_loss = [], [], [], None, None, None
+    comp_s, comp_loss = [], None
     for _ in range(args.repeat):  # alternate, so a change in the machine's load hits all
         s, ptc_loss = train_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
         ptc_s.append(s)
@@ -229,27 +233,36 @@ def bench_model(name, args, wd):
             base_s.append(s)
         s, torch_loss = train_torch(model, init, eps, opt, tokens, steps, warmup)
         torch_s.append(s)
+        if args.torch_compile:
+            s, comp_loss = train_torch(model, init, eps, opt, tokens, steps, warmup, True)
+            comp_s.append(s)
     ptc_tps = steps * B * T / statistics.median(ptc_s)
     torch_tps = steps * B * T / statistics.median(torch_s)
     base_tps = steps * B * T / statistics.median(base_s) if base_s else None
+    comp_tps = steps * B * T / statistics.median(comp_s) if comp_s else None
     return {"model": name, "file": os.path.relpath(path, ROOT), "defines": dflags,
             "params": nparams, "batch": B, "seq": T, "steps": steps, "warmup": warmup,
             "ptc_tok_s": ptc_tps, "torch_tok_s": torch_tps, "ratio": ptc_tps / torch_tps,
             "base_tok_s": base_tps, "base_ratio": ptc_tps / base_tps if base_tps else None,
             "ptc_s": ptc_s, "torch_s": torch_s, "base_s": base_s,
             "loss1": (ptc_loss[0], torch_loss[0]), "loss_last": (ptc_loss[-1], torch_loss[-1]),
-            "base_loss1": base_loss[0] if base_loss else None}
+            "base_loss1": base_loss[0] if base_loss else None,
+            "compile_tok_s": comp_tps, "compile_ratio": ptc_tps / comp_tps if comp_tps else None,
+            "compile_s": comp_s, "compile_loss1": comp_loss[0] if comp_loss else None}
 
 
 def table(rows):
     base = any(r["base_tok_s"] for r in rows)
+    comp = any(r.get("compile_tok_s") for r in rows)
     head = (f"{'model':<10} {'params':>11} {'batch x seq':>11} {'ptc tok/s':>10} "
             f"{'torch tok/s':>11} {'ptc/torch':>9}" +
+            (f" {'compile tok/s':>13} {'ptc/compile':>11}" if comp else "") +
             (f" {'base tok/s':>10} {'ptc/base':>8}" if base else "") +
             f"  {'loss step 1 ptc / torch':<25}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        extra = f" {r['base_tok_s']:>10.0f} {r['base_ratio']:>8.2f}" if base else ""
+        extra = (f" {r['compile_tok_s']:>13.0f} {r['compile_ratio']:>11.2f}" if comp else "") + \
+            (f" {r['base_tok_s']:>10.0f} {r['base_ratio']:>8.2f}" if base else "")
         lines.append(f"{r['model']:<10} {r['params']:>11,} {r['batch']:>5} x {r['seq']:<5}"
                      f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}"
                      f"{extra}  {r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
@@ -274,7 +287,9 @@ def write_results(out_dir, rows, info, command, args):
             cmd = " ".join([r["file"]] + r["defines"])
             f.write(f"- {r['model']}: `{cmd}`, {r['steps']} timed "
                     f"steps after {r['warmup']} warm-up; seconds per run ptc {r['ptc_s']}, torch "
-                    f"{r['torch_s']}" + (f", baseline {r['base_s']} (loss step 1 "
+                    f"{r['torch_s']}" + (f", torch.compile {r['compile_s']} (loss step 1 "
+                                         f"{r['compile_loss1']:.6f})" if r.get('compile_s') else "")
+                    + (f", baseline {r['base_s']} (loss step 1 "
                                          f"{r['base_loss1']:.6f})" if r['base_s'] else "") +
                     f"; loss after the last step ptc {r['loss_last'][0]:.6f}, "
                     f"torch {r['loss_last'][1]:.6f}\n")
@@ -297,6 +312,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each side this many times, alternating; the median counts")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also train the PyTorch model under torch.compile (PyTorch 2)")
     ap.add_argument("--baseline", help="another build's ptc, run side by side (e.g. an older "
                     "commit's build/tools/ptc)")
     args = ap.parse_args()
@@ -308,7 +325,9 @@ def main():
             ap.error(f"{exe} is not an executable: build first (cmake --build build)")
     args.torch_threads = args.torch_threads or args.threads
     torch.set_num_threads(args.torch_threads)
-    command = "/usr/bin/python3 " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    if args.torch_compile and not hasattr(torch, "compile"):
+        ap.error("--torch-compile needs PyTorch 2 (run this script with a venv's python)")
+    command = sys.executable + " " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     rows = []
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as wd:
         for m in args.models.split(","):

@@ -498,16 +498,23 @@ static int open_data(run *r, char *err, size_t errn)
     return 0;
 }
 
+/* What a checkpoint of step t records besides the tensors. */
+static ptrt_ckpt_state ckpt_state(const run *r, int64_t t)
+{
+    const shared *sh = r->sh;
+    return (ptrt_ckpt_state){.step = t,
+                             .data_position = r->data ? ptrt_data_position(r->data) : 0,
+                             .seed = sh->o->seed,
+                             .config_hash = sh->config_hash,
+                             .total_steps = sh->o->steps};
+}
+
 /* Rank 0: writes a checkpoint of every rank's state (after sync and gather_full). */
 static int save_checkpoint(run *r, int64_t t)
 {
     shared *sh = r->sh;
     char err[2048], path[1024];
-    ptrt_ckpt_state st = {.step = t,
-                          .data_position = r->data ? ptrt_data_position(r->data) : 0,
-                          .seed = sh->o->seed,
-                          .config_hash = sh->config_hash,
-                          .total_steps = sh->o->steps};
+    ptrt_ckpt_state st = ckpt_state(r, t);
     int nparts = sh->mpi ? ptrt_mpi_nprocesses(sh->mpi) : 1;
     if (ptrt_ckpt_save_sharded(sh->o->ckpt_dir, sh->full, sh->nents, &st, nparts, sh->o->keep,
                                path, sizeof path, err, sizeof err) < 0) {
@@ -524,11 +531,7 @@ static int save_part(run *r, int64_t t)
 {
     shared *sh = r->sh;
     char err[2048];
-    ptrt_ckpt_state st = {.step = t,
-                          .data_position = r->data ? ptrt_data_position(r->data) : 0,
-                          .seed = sh->o->seed,
-                          .config_hash = sh->config_hash,
-                          .total_steps = sh->o->steps};
+    ptrt_ckpt_state st = ckpt_state(r, t);
     if (ptrt_ckpt_save_part(sh->o->ckpt_dir, sh->full, sh->nents, &st, ptrt_mpi_process(sh->mpi),
                             ptrt_mpi_nprocesses(sh->mpi), err, sizeof err) < 0) {
         fail(sh, r->rank, 1, err);
@@ -1181,7 +1184,9 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
         rc = 2;
     }
     if (!rc && o->ckpt_on_signal) {
-        struct sigaction sa = {.sa_handler = on_signal};
+        /* SA_RESTART: a signal must not fail a system call in progress (MPI's transports do
+         * not all retry on EINTR: without it a run under mpirun corrupted its heap now and then) */
+        struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);

@@ -139,31 +139,31 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "the plan has 4 ranks, but the launcher started 3 processes" n3.out &&
   ok "3 processes for 4 ranks" "refused: $(grep -m1 'the plan has' n3.out | cut -c1-120)" ||
   bad "3 processes for 4 ranks" "exit $rc: $(head -3 n3.out)"
+# fault SIGNAL NTH TIMEOUT OUT: a 4-process run with --comm-timeout TIMEOUT, SIGNAL sent to its
+# NTH process a second after all four run; the output in OUT, the victim's pid in $victim and the
+# seconds the job took after the signal in $dt
+fault() {
+  local sig=$1 nth=$2 limit=$3 out=$4
+  (mpirun_ 60 -np 4 ./g --steps 1000000 --threads 1 --quiet --comm-timeout "$limit" > "$out" 2>&1
+    echo "rc $?" >> "$out") &
+  local job=$! t0
+  for _ in $(seq 100); do [ "$(pgrep -f -- '^./g --steps 1000000' | wc -l)" -ge 4 ] && break; sleep 0.1; done
+  sleep 1
+  victim=$(pgrep -f -- "^./g --steps 1000000" | sed -n "${nth}p")
+  t0=$(date +%s)
+  kill -"$sig" "$victim" 2> /dev/null
+  wait $job
+  dt=$(($(date +%s) - t0))
+}
 # kill -9: Open MPI's runtime notices the death at once and ends the job, naming the process
-(mpirun_ 60 -np 4 ./g --steps 1000000 --threads 1 --quiet --comm-timeout 10 > kill.out 2>&1; echo "rc $?" >> kill.out) &
-job=$!
-for _ in $(seq 100); do [ "$(pgrep -f -- '--steps 1000000' | wc -l)" -ge 5 ] && break; sleep 0.1; done
-sleep 1
-victim=$(pgrep -f -- "^./g --steps 1000000" | sed -n 3p)
-t0=$(date +%s)
-kill -9 "$victim" 2> /dev/null
-wait $job
-dt=$(($(date +%s) - t0))
+fault KILL 3 10 kill.out
 if ! grep -q "^rc 0$" kill.out && grep -Eq "rank [0-9]+ .*exited on signal 9" kill.out && [ $dt -le 15 ]; then
   ok "SIGKILL of one process" "job ended in ${dt} s: $(grep -m1 'exited on signal' kill.out)"
 else
   bad "SIGKILL of one process" "after ${dt} s: $(tail -4 kill.out)"
 fi
 # a hang (SIGSTOP): the others time out naming the rank, collective, group and step; exit non-zero
-(mpirun_ 60 -np 4 ./g --steps 1000000 --threads 1 --quiet --comm-timeout 3 > stop.out 2>&1; echo "rc $?" >> stop.out) &
-job=$!
-for _ in $(seq 100); do [ "$(pgrep -f -- '--steps 1000000' | wc -l)" -ge 5 ] && break; sleep 0.1; done
-sleep 1
-victim=$(pgrep -f -- "^./g --steps 1000000" | sed -n 2p)
-t0=$(date +%s)
-kill -STOP "$victim" 2> /dev/null
-wait $job
-dt=$(($(date +%s) - t0))
+fault STOP 2 3 stop.out
 kill -CONT "$victim" 2> /dev/null
 if ! grep -q "^rc 0$" stop.out && grep -Eq "timed out after 3 s waiting for rank [0-9]+ \(process [0-9]+\)" stop.out && [ $dt -le 20 ]; then
   ok "a stopped process" "job ended in ${dt} s: $(grep -m1 -o 'rank [0-9]*: [a-z_]* on group.*' stop.out | cut -c1-150)"
