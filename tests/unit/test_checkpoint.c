@@ -408,3 +408,83 @@ Test(checkpoint, empty_directory_name)
     cr_assert_eq(ptrt_ckpt_latest("", path, sizeof path, err, sizeof err), -1);
     cr_assert(strstr(err, "empty name"), "%s", err);
 }
+
+/* A checkpoint in 3 parts (as 3 processes write it): each part holds tensors i % 3 == part; the
+ * step file names the parts; loading takes each tensor from its part; a missing part, or a part
+ * of another step, is refused by name; pruning removes parts with their step. */
+static void save_parts(const model *m, int64_t step, int keep)
+{
+    ptrt_ckpt_state st = state_at(step, 77);
+    char err[512], path[512];
+    for (int q = 1; q < 3; q++)
+        cr_assert_eq(ptrt_ckpt_save_part(ckdir, m->p, NP, &st, q, 3, err, sizeof err), 0, "%s",
+                     err);
+    cr_assert_eq(ptrt_ckpt_save_sharded(ckdir, m->p, NP, &st, 3, keep, path, sizeof path, err,
+                                        sizeof err),
+                 0, "%s", err);
+}
+
+static bool exists_part(int64_t step, int part)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/step_%08lld.part_%03d-of-003.safetensors", ckdir, (long long)step,
+             part);
+    return access(p, F_OK) == 0;
+}
+
+Test(checkpoint, sharded_save_and_resume)
+{
+    model a, b;
+    model_init(&a, 1, true);
+    save_parts(&a, 7, 0);
+    cr_assert(exists_step(7) && exists_part(7, 1) && exists_part(7, 2));
+    model_init(&b, -5, true);
+    ptrt_ckpt_state st;
+    char err[512];
+    cr_assert_eq(ptrt_ckpt_resume(ckdir, b.p, NP, 77, &st, NULL, 0, err, sizeof err), 1, "%s",
+                 err);
+    cr_assert(same(&a, &b, 0) && same(&a, &b, 1) && same(&a, &b, 2), "every part's tensors");
+    cr_assert_eq(st.step, 7);
+    /* the step file alone holds part 0: wte (i = 0) but not w_qkv (i = 1) */
+    char p[256];
+    snprintf(p, sizeof p, "%s/step_00000007.safetensors", ckdir);
+    ptrt_st_file *f = ptrt_st_open(p, err, sizeof err);
+    cr_assert(f, "%s", err);
+    cr_assert(ptrt_st_find(f, "wte") && !ptrt_st_find(f, "h.0.attn.w_qkv"));
+    cr_assert_str_eq(ptrt_st_meta(f, "ptc.parts"), "3");
+    ptrt_st_close(f);
+}
+
+Test(checkpoint, sharded_missing_or_foreign_part_is_refused)
+{
+    model a, b;
+    model_init(&a, 1, true);
+    save_parts(&a, 7, 0);
+    char from[256], to[256], err[1024];
+    snprintf(from, sizeof from, "%s/step_00000007.part_002-of-003.safetensors", ckdir);
+    snprintf(to, sizeof to, "%s/moved", ckdir);
+    cr_assert_eq(rename(from, to), 0);
+    model_init(&b, -5, true);
+    ptrt_ckpt_state st;
+    cr_assert_eq(ptrt_ckpt_resume(ckdir, b.p, NP, 77, &st, NULL, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "part_002-of-003") && strstr(err, "part 2 of the 3"), "%s", err);
+    cr_assert(same(&b, &b, 0));
+    /* part 2 of another step in its place */
+    ptrt_ckpt_state other = state_at(8, 77);
+    cr_assert_eq(ptrt_ckpt_save_part(ckdir, a.p, NP, &other, 2, 3, err, sizeof err), 0, "%s", err);
+    snprintf(from, sizeof from, "%s/step_00000008.part_002-of-003.safetensors", ckdir);
+    snprintf(to, sizeof to, "%s/step_00000007.part_002-of-003.safetensors", ckdir);
+    cr_assert_eq(rename(from, to), 0);
+    cr_assert_eq(ptrt_ckpt_resume(ckdir, b.p, NP, 77, &st, NULL, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "is part 2 of step 8, not part 2 of step 7"), "%s", err);
+}
+
+Test(checkpoint, sharded_prune_removes_parts)
+{
+    model a;
+    model_init(&a, 1, true);
+    for (int64_t s = 1; s <= 3; s++)
+        save_parts(&a, s, 2);
+    cr_assert(!exists_step(1) && !exists_part(1, 1) && !exists_part(1, 2), "step 1 and its parts");
+    cr_assert(exists_step(2) && exists_part(2, 2) && exists_step(3) && exists_part(3, 1));
+}
