@@ -52,7 +52,7 @@ int ptrt_mpi_first_rank(const ptrt_mpi *m)
 {
     return 0;
 }
-int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, char *err, size_t errn)
+int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t errn)
 {
     return 0;
 }
@@ -665,13 +665,19 @@ int ptrt_mpi_first_rank(const ptrt_mpi *m)
     return m->proc * m->K;
 }
 
-int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, char *err, size_t errn)
+int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t errn)
 {
     for (int64_t i = 0; i < n;) { /* in pieces an int counts */
-        int k = n - i > (1 << 28) ? 1 << 28 : (int)(n - i);
-        if (MPI_Allreduce(MPI_IN_PLACE, v + i, k, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) !=
-            MPI_SUCCESS) {
-            ptc_fmt(err, errn, "process %d: MPI_Allreduce failed", m->proc);
+        int k = n - i > (1 << 28) ? 1 << 28 : (int)(n - i), rc;
+        if (root < 0)
+            rc = MPI_Allreduce(MPI_IN_PLACE, v + i, k, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        else if (root == m->proc)
+            rc = MPI_Reduce(MPI_IN_PLACE, v + i, k, MPI_DOUBLE, MPI_SUM, root, MPI_COMM_WORLD);
+        else
+            rc = MPI_Reduce(v + i, NULL, k, MPI_DOUBLE, MPI_SUM, root, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) {
+            ptc_fmt(err, errn, "process %d: summing the full tensors across processes failed",
+                    m->proc);
             return -1;
         }
         i += k;

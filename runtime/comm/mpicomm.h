@@ -42,9 +42,9 @@ int ptrt_mpi_process(const ptrt_mpi *m);    /* this process's MPI rank */
 int ptrt_mpi_nprocesses(const ptrt_mpi *m); /* the job's processes */
 int ptrt_mpi_first_rank(const ptrt_mpi *m); /* the first plan rank this process runs */
 /* v[i] = the sum over processes of v[i] (doubles: exact for the counts and replicated values the
- * training loop merges); called by one thread of every process at the same point. 0, or -1 with
- * a message. */
-int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, char *err, size_t errn);
+ * training loop merges), at process `root`, or at every process when root < 0; called by one
+ * thread of every process at the same point. 0, or -1 with a message. */
+int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t errn);
 /* Ends MPI for the process: MPI_Finalize after success, MPI_Abort(rc) after a failure (so the
  * other processes end at once, rather than at their timeout). Does nothing without MPI. */
 void ptrt_mpi_finish(int rc);

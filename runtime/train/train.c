@@ -276,12 +276,17 @@ static void alloc_full(shared *sh)
                 ptc_xmalloc(sizeof(float) * (size_t)ptc_type_numel(&sh->ents[i].full));
 }
 
+/* Which process a tensor of gather_full is for: every one, process 0, or its checkpoint part's. */
+enum { TO_ALL = -1, TO_PART = -2 };
+
 /* full <- every rank's local parts (replicated parts are written by each holder, identically).
  * With several processes each holds its own ranks' parts: the full tensors are summed across the
  * processes in doubles with a count of the holders of every element, and divided by it, which
- * is exact (every holder has the same float). A collective of the processes then: one thread of
- * each calls it at the same point. 0, or -1 (the run has failed). */
-static int gather_full(shared *sh, int first, int count)
+ * is exact (every holder has the same float), at the process `to` says (TO_ALL, TO_PART: tensor
+ * i at process i mod P, which writes part i mod P of a checkpoint, or a process); the others'
+ * copies of it are then stale. A collective of the processes: one thread of each calls it at
+ * the same point. 0, or -1 (the run has failed). */
+static int gather_full(shared *sh, int first, int count, int to)
 {
     alloc_full(sh);
     for (int i = first; i < first + count; i++) {
@@ -308,7 +313,8 @@ static int gather_full(shared *sh, int first, int count)
         }
         if (sum) {
             char err[512];
-            if (ptrt_mpi_sum(sh->mpi, sum, 2 * numel, err, sizeof err) < 0) {
+            int root = to == TO_PART ? i % ptrt_mpi_nprocesses(sh->mpi) : to;
+            if (ptrt_mpi_sum(sh->mpi, sum, 2 * numel, root, err, sizeof err) < 0) {
                 fail(sh, sh->first_local, 1, err);
                 free(sum);
                 return -1;
@@ -550,7 +556,7 @@ static int load_initial(run *r)
     int loaded = 0;
     if (o->init_from) {
         alloc_full(sh);
-        gather_full(sh, 0, sh->nents); /* states keep their initial values */
+        gather_full(sh, 0, sh->nents, TO_ALL); /* states keep their initial values */
         if (ptrt_ckpt_init_from(o->init_from, sh->full, sh->nparams, err, sizeof err) < 0) {
             fail(sh, r->rank, 2, err);
             return -1;
@@ -842,7 +848,7 @@ static void loop(run *r)
             /* (with several processes each writes its part of the tensors, in parallel; then
              * process 0 the step file, which names them, and latest) */
             if (!sync_all(r, "checkpoint") ||
-                (r->rank == sh->first_local && gather_full(sh, 0, sh->nents) < 0) ||
+                (r->rank == sh->first_local && gather_full(sh, 0, sh->nents, TO_PART) < 0) ||
                 (r->rank == sh->first_local && r->rank != 0 && save_part(r, t) < 0) ||
                 !sync_all(r, "checkpoint") || (lead && save_checkpoint(r, t) < 0) ||
                 !sync_all(r, "checkpoint"))
@@ -931,7 +937,7 @@ static void *rank_main(void *arg)
 
 static int save_weights(shared *sh, char *err, size_t errn)
 {
-    if (gather_full(sh, 0, sh->nparams) < 0) {
+    if (gather_full(sh, 0, sh->nparams, 0) < 0) {
         ptc_fmt(err, errn, "%s", sh->err);
         return 1;
     }
@@ -1217,7 +1223,7 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
         rc = save_weights(&sh, err, errn);
     if (!rc && o->trace)
         rc = write_trace(&sh, err, errn);
-    if (!rc && o->sample && gather_full(&sh, 0, sh.nparams) < 0) {
+    if (!rc && o->sample && gather_full(&sh, 0, sh.nparams, 0) < 0) {
         ptc_fmt(err, errn, "%s", sh.err);
         rc = 1;
     }
