@@ -477,11 +477,6 @@ static void match_part(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, b
     free(names);
 }
 
-static void match(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
-                  problems *pr)
-{
-    match_part(f, p, n, moments, 0, 1, pr);
-}
 
 /* Copies the matched tensors into the trainer's arrays (match found no problem). */
 static void fill_part(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments,
@@ -504,10 +499,6 @@ static void fill_part(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bo
         }
 }
 
-static void fill(const ptrt_st_file *f, const ptrt_ckpt_param *p, int n, bool moments)
-{
-    fill_part(f, p, n, moments, 0, 1);
-}
 
 static int meta_u64(const ptrt_st_file *f, const char *path, const char *key, int base,
                     uint64_t *out, char *err, size_t errn)
@@ -621,16 +612,20 @@ static int open_parts(ptrt_st_file *f, const char *path, const ptrt_ckpt_state *
     return 0;
 }
 
-int ptrt_ckpt_load(const char *path, const ptrt_ckpt_param *p, int n, uint64_t config_hash,
-                   ptrt_ckpt_state *st, char *err, size_t errn)
+/* p from the file at path and the parts it names: a checkpoint (`ckpt`: its state into *st, the
+ * moments expected) or a weights file (--init-from: a checkpoint's weights, or any safetensors
+ * file, whose optim.* tensors are passed over). */
+static int load_all(const char *path, const ptrt_ckpt_param *p, int n, bool ckpt,
+                    uint64_t config_hash, ptrt_ckpt_state *st, char *err, size_t errn)
 {
     ptrt_st_file *f = ptrt_st_open(path, err, errn);
     if (!f)
         return -1;
-    ptrt_ckpt_state got;
+    ptrt_ckpt_state got = {0};
     ptrt_st_file *files[PTRT_CKPT_MAX_PARTS] = {0};
-    int nparts = 1;
-    int rc = read_state(f, path, config_hash, &got, err, errn);
+    int nparts = 1, rc = 0;
+    if (ckpt || ptrt_st_meta(f, "ptc.parts"))
+        rc = read_state(f, path, config_hash, &got, err, errn);
     if (rc == 0)
         rc = open_parts(f, path, &got, files, &nparts, err, errn);
     files[0] = f;
@@ -642,18 +637,25 @@ int ptrt_ckpt_load(const char *path, const ptrt_ckpt_param *p, int n, uint64_t c
             part_name(pf, sizeof pf, dir, got.step, q, nparts);
         }
         problems pr = {.file = q ? pf : path, .err = err, .errn = errn};
-        match_part(files[q], p, n, true, q, nparts, &pr);
+        match_part(files[q], p, n, ckpt, q, nparts, &pr);
         rc = problems_done(&pr);
     }
     if (rc == 0) {
         for (int q = 0; q < nparts; q++)
-            fill_part(files[q], p, n, true, q, nparts);
-        *st = got;
+            fill_part(files[q], p, n, ckpt, q, nparts);
+        if (st)
+            *st = got;
     }
     for (int q = 0; q < nparts; q++)
         if (files[q])
             ptrt_st_close(files[q]);
     return rc;
+}
+
+int ptrt_ckpt_load(const char *path, const ptrt_ckpt_param *p, int n, uint64_t config_hash,
+                   ptrt_ckpt_state *st, char *err, size_t errn)
+{
+    return load_all(path, p, n, true, config_hash, st, err, errn);
 }
 
 int ptrt_ckpt_resume(const char *dir, const ptrt_ckpt_param *p, int n, uint64_t config_hash,
@@ -672,14 +674,5 @@ int ptrt_ckpt_resume(const char *dir, const ptrt_ckpt_param *p, int n, uint64_t 
 
 int ptrt_ckpt_init_from(const char *path, const ptrt_ckpt_param *p, int n, char *err, size_t errn)
 {
-    ptrt_st_file *f = ptrt_st_open(path, err, errn);
-    if (!f)
-        return -1;
-    problems pr = {.file = path, .err = err, .errn = errn};
-    match(f, p, n, false, &pr);
-    int rc = problems_done(&pr);
-    if (rc == 0)
-        fill(f, p, n, false);
-    ptrt_st_close(f);
-    return rc;
+    return load_all(path, p, n, false, 0, NULL, err, errn);
 }

@@ -488,3 +488,15 @@ Test(checkpoint, sharded_prune_removes_parts)
     cr_assert(!exists_step(1) && !exists_part(1, 1) && !exists_part(1, 2), "step 1 and its parts");
     cr_assert(exists_step(2) && exists_part(2, 2) && exists_step(3) && exists_part(3, 1));
 }
+
+Test(checkpoint, init_from_a_sharded_checkpoint_takes_every_part)
+{
+    model a, b;
+    model_init(&a, 1, true);
+    save_parts(&a, 7, 0);
+    model_init(&b, -5, false);
+    char p[256], err[512];
+    snprintf(p, sizeof p, "%s/step_00000007.safetensors", ckdir);
+    cr_assert_eq(ptrt_ckpt_init_from(p, b.p, NP, err, sizeof err), 0, "%s", err);
+    cr_assert(same(&a, &b, 0), "the weights of all 3 parts");
+}
