@@ -780,14 +780,28 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     return 0;
 }
 
-/* --checkpoint-on-signal: SIGTERM or SIGINT (a scheduler's preemption, a launcher ending the job)
- * sets this; the ranks agree on it after every step (a launcher signals the processes at
- * different moments), then write a checkpoint of that step and stop. */
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig)
+/* --checkpoint-on-signal: SIGTERM and SIGINT (a scheduler's preemption, a launcher ending the
+ * job) are blocked in every thread from the start (block_stop_signals, before MPI or any thread
+ * starts), so no system call anywhere is interrupted; a signal sent stays pending, and after
+ * every step the ranks look at the pending set and agree (a launcher signals the processes at
+ * different moments), then write a checkpoint of that step and stop. A handler instead
+ * interrupted MPI's transport mid-call and, under load, corrupted a process's heap. */
+static void block_stop_signals(void)
 {
-    got_signal = sig;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static int pending_stop_signal(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    if (sigpending(&set) != 0)
+        return 0;
+    return sigismember(&set, SIGTERM) ? SIGTERM : sigismember(&set, SIGINT) ? SIGINT : 0;
 }
 
 /* The signal every rank has seen by the end of step t (an allreduce of the largest), or 0; -1
@@ -795,7 +809,7 @@ static void on_signal(int sig)
 static int signalled(run *r, int64_t t)
 {
     shared *sh = r->sh;
-    float mine = (float)got_signal, any = mine;
+    float mine = (float)pending_stop_signal(), any = mine;
     if (sh->nranks > 1) {
         char err[1024];
         ptrt_coll_desc d = {.group_name = "signal", .step = t, .index = -1};
@@ -1151,6 +1165,8 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
      * processes' output would repeat process 0's, so it goes to /dev/null */
     ptrt_train_opts opts = *o_user;
     const ptrt_train_opts *o = &opts;
+    if (o->ckpt_on_signal)
+        block_stop_signals(); /* (before MPI and every thread start: they inherit the mask) */
     ptrt_mpi *mpi = NULL;
     FILE *devnull = NULL;
     if (ptrt_mpi_launched() || o->ranks_per_process > 1) {
@@ -1188,14 +1204,6 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
     if (!rc && o->resume && !o->ckpt_dir) {
         ptc_fmt(err, errn, "--resume needs --checkpoint-dir");
         rc = 2;
-    }
-    if (!rc && o->ckpt_on_signal) {
-        /* SA_RESTART: a signal must not fail a system call in progress (MPI's transports do
-         * not all retry on EINTR: without it a run under mpirun corrupted its heap now and then) */
-        struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
     }
     if (!rc) {
         int started = sh.nlocal, first = sh.first_local;
