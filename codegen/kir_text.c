@@ -212,6 +212,18 @@ static void push_scope(parser *ps, int var)
 
 static int parse_x(parser *ps);
 
+/* The identifier at the lexer, copied into name[n] (the lexer stays on it); not an identifier:
+ * the lexer fails with "expected WHAT, got '...'". */
+static void name_at(ptc_lexer *lx, char *name, size_t n, const char *what)
+{
+    ptc_fmt(name, n, "%s", lx->text);
+    if (lx->kind != PTC_T_IDENT) {
+        char fmt[96];
+        ptc_fmt(fmt, sizeof fmt, "expected %s, got '%%s'", what);
+        ptc_lex_fail(lx, fmt, lx->text);
+    }
+}
+
 static int new_name(parser *ps, ptc_kt type)
 {
     ptc_lexer *lx = ps->lx;
@@ -383,9 +395,7 @@ static void parse_statement(parser *ps)
     if (ptc_lex_ident(lx, "let")) {
         ptc_lex_next(lx);
         char name[256];
-        ptc_fmt(name, sizeof name, "%s", lx->text);
-        if (lx->kind != PTC_T_IDENT)
-            ptc_lex_fail(lx, "expected a name, got '%s'", lx->text);
+        name_at(lx, name, sizeof name, "a name");
         if (lookup_var(ps, name) >= 0)
             ptc_lex_fail(lx, "'%s' is already bound", name);
         ptc_lex_next(lx);
@@ -399,9 +409,7 @@ static void parse_statement(parser *ps)
     } else if (ptc_lex_ident(lx, "for")) {
         ptc_lex_next(lx);
         char name[256];
-        ptc_fmt(name, sizeof name, "%s", lx->text);
-        if (lx->kind != PTC_T_IDENT)
-            ptc_lex_fail(lx, "expected a name, got '%s'", lx->text);
+        name_at(lx, name, sizeof name, "a name");
         ptc_lex_next(lx);
         ptc_lex_expect(lx, '<');
         int extent = parse_x(ps);
@@ -457,9 +465,7 @@ static void parse_param(parser *ps)
 {
     ptc_lexer *lx = ps->lx;
     char name[256];
-    ptc_fmt(name, sizeof name, "%s", lx->text);
-    if (lx->kind != PTC_T_IDENT)
-        ptc_lex_fail(lx, "expected a parameter name, got '%s'", lx->text);
+    name_at(lx, name, sizeof name, "a parameter name");
     ptc_lex_next(lx);
     ptc_lex_expect(lx, ':');
     bool out = ptc_lex_ident(lx, "out");

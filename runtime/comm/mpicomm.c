@@ -31,11 +31,14 @@ bool ptrt_mpi_available(void)
 
 ptrt_mpi *ptrt_mpi_new(int nranks, int per_process, double timeout_s, char *err, size_t errn)
 {
-    ptc_fmt(err, errn, "this executable was built without MPI: install libopenmpi-dev (or MPICH) "
-                       "and build ptc again to run ranks as processes");
+    ptc_fmt(err, errn,
+            "this executable was built without MPI: install libopenmpi-dev (or MPICH) "
+            "and build ptc again to run ranks as processes");
     return NULL;
 }
-void ptrt_mpi_free(ptrt_mpi *m) {}
+void ptrt_mpi_free(ptrt_mpi *m)
+{
+}
 ptrt_comm *ptrt_mpi_comm(ptrt_mpi *m)
 {
     return NULL;
@@ -56,15 +59,24 @@ int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t 
 {
     return 0;
 }
-void ptrt_mpi_finish(int rc) {}
+void ptrt_mpi_finish(int rc)
+{
+}
 
 #else
 
 #include <mpi.h>
 
 enum { MAGIC = 0x7074636d, P2P_GROUP = 0x3fff, MAX_LOCAL = 64 };
-enum { K_BARRIER, K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_ALL_TO_ALL, K_ALL_TO_ALL_V,
-       K_SEND };
+enum {
+    K_BARRIER,
+    K_ALLREDUCE,
+    K_ALLGATHER,
+    K_REDUCE_SCATTER,
+    K_ALL_TO_ALL,
+    K_ALL_TO_ALL_V,
+    K_SEND
+};
 static const char *const kind_name[] = {"barrier",    "allreduce",    "allgather", "reduce_scatter",
                                         "all_to_all", "all_to_all_v", "send/recv"};
 
@@ -148,8 +160,9 @@ static bool failed_now(ptrt_mpi *m, int me, char *err, size_t errn)
     return f;
 }
 
-static void describe(char *buf, size_t n, int kind, const int *members, int nm,
-                     const ptrt_coll_desc *d)
+/* "allreduce on group dp [0,2] at step 3" into buf, for messages; returns buf. */
+static const char *describe(char *buf, size_t n, int kind, const int *members, int nm,
+                            const ptrt_coll_desc *d)
 {
     int k = snprintf(buf, n, "%s on group %s [", kind_name[kind],
                      d && d->group_name ? d->group_name : "");
@@ -157,6 +170,7 @@ static void describe(char *buf, size_t n, int kind, const int *members, int nm,
         k += snprintf(buf + k, n - (size_t)k, "%s%d", j ? "," : "", members[j]);
     if (k < (int)n)
         snprintf(buf + k, n - (size_t)k, "] at step %lld", d ? (long long)d->step : -1LL);
+    return buf;
 }
 
 /* Waits for the requests until the deadline, polling (MPI_Test on each, so the ones done are
@@ -202,10 +216,10 @@ static int exchange(ptrt_mpi *m, int me, const int *members, int n, int kind, pt
     for (int j = 0; j < n; j++)
         if (members[j] == me)
             q = j;
-    char what[512];
-    describe(what, sizeof what, kind, members, n, d);
+    char what[512]; /* (the call's description, made only for a message) */
     if (q < 0)
-        return fail(m, err, errn, "rank %d: %s: not a member of the group", me, what);
+        return fail(m, err, errn, "rank %d: %s: not a member of the group", me,
+                    describe(what, sizeof what, kind, members, n, d));
     MPI_Request *rq = ptc_xmalloc(sizeof *rq * (size_t)(2 * n));
     char **bufs = ptc_xcalloc((size_t)(2 * n), sizeof *bufs);
     int rc_ = 0;
@@ -215,11 +229,15 @@ static int exchange(ptrt_mpi *m, int me, const int *members, int n, int kind, pt
             continue;
         size_t slen = sizeof(hdr) + (size_t)sc[j] * es, rlen = sizeof(hdr) + (size_t)rc[j] * es;
         if (slen > (size_t)INT32_MAX || rlen > (size_t)INT32_MAX) {
-            rc_ = fail(m, err, errn, "rank %d: %s: a message of more than 2 GiB", me, what);
+            rc_ = fail(m, err, errn, "rank %d: %s: a message of more than 2 GiB", me,
+                       describe(what, sizeof what, kind, members, n, d));
             break;
         }
-        hdr h = {.magic = MAGIC, .kind = (uint32_t)kind, .dtype = (uint32_t)dt,
-                 .step = d ? d->step : -1, .count = sc[j]};
+        hdr h = {.magic = MAGIC,
+                 .kind = (uint32_t)kind,
+                 .dtype = (uint32_t)dt,
+                 .step = d ? d->step : -1,
+                 .count = sc[j]};
         bufs[2 * j] = ptc_xmalloc(slen);
         memcpy(bufs[2 * j], &h, sizeof h);
         if (sc[j])
@@ -233,7 +251,8 @@ static int exchange(ptrt_mpi *m, int me, const int *members, int n, int kind, pt
     }
     if (!rc_ && sc[q] != rc[q])
         rc_ = fail(m, err, errn, "rank %d: %s: sends itself %lld elements but expects %lld", me,
-                   what, (long long)sc[q], (long long)rc[q]);
+                   describe(what, sizeof what, kind, members, n, d), (long long)sc[q],
+                   (long long)rc[q]);
     else if (!rc_ && rc[q])
         memmove(rb[q], sb[q], (size_t)rc[q] * es);
     int open = rc_ ? -1 : wait_deadline(m, rq, 2 * n);
@@ -245,8 +264,8 @@ static int exchange(ptrt_mpi *m, int me, const int *members, int n, int kind, pt
         else
             rc_ = fail(m, err, errn,
                        "rank %d: %s: timed out after %g s waiting for rank %d (process %d) to %s",
-                       me, what, m->timeout, members[j], proc_of(m, members[j]),
-                       open % 2 ? "send its part" : "take mine");
+                       me, describe(what, sizeof what, kind, members, n, d), m->timeout, members[j],
+                       proc_of(m, members[j]), open % 2 ? "send its part" : "take mine");
     }
     for (int j = 0; j < n && !rc_; j++) {
         if (j == q)
@@ -258,10 +277,10 @@ static int exchange(ptrt_mpi *m, int me, const int *members, int n, int kind, pt
             rc_ = fail(m, err, errn,
                        "rank %d: collective mismatch: %s expects %lld %s elements from rank %d, "
                        "which sent %s of %lld %s elements at step %lld",
-                       me, what, (long long)rc[j], ptc_dtype_name(dt), members[j],
+                       me, describe(what, sizeof what, kind, members, n, d), (long long)rc[j],
+                       ptc_dtype_name(dt), members[j],
                        h.kind < K_SEND + 1 ? kind_name[h.kind] : "?", (long long)h.count,
-                       h.dtype < 8 ? ptc_dtype_name((ptc_dtype)h.dtype) : "?",
-                       (long long)h.step);
+                       h.dtype < 8 ? ptc_dtype_name((ptc_dtype)h.dtype) : "?", (long long)h.step);
             break;
         }
         if (rc[j])
@@ -376,8 +395,8 @@ static int mpi_allgather(void *impl, int me, const int *members, int n, const vo
 }
 
 static int mpi_reduce_scatter(void *impl, int me, const int *members, int n, const void *in,
-                              void *out, int64_t outer, int64_t chunk, ptc_dtype dt,
-                              ptrt_reduce op, const ptrt_coll_desc *d, char *err, size_t errn)
+                              void *out, int64_t outer, int64_t chunk, ptc_dtype dt, ptrt_reduce op,
+                              const ptrt_coll_desc *d, char *err, size_t errn)
 {
     size_t es = (size_t)ptc_dtype_size(dt);
     void **mine = parts(n, outer * chunk, es), **got = parts(n, outer * chunk, es);
@@ -386,8 +405,8 @@ static int mpi_reduce_scatter(void *impl, int me, const int *members, int n, con
         pack(mine[j], in, n, j, outer, chunk, es);
         cnt[j] = outer * chunk;
     }
-    int rc = exchange(impl, me, members, n, K_REDUCE_SCATTER, dt, d, (const void *const *)mine,
-                      cnt, got, cnt, err, errn);
+    int rc = exchange(impl, me, members, n, K_REDUCE_SCATTER, dt, d, (const void *const *)mine, cnt,
+                      got, cnt, err, errn);
     if (!rc)
         reduce(out, got, n, outer * chunk, op, dt);
     free_parts(mine, n);
@@ -396,21 +415,21 @@ static int mpi_reduce_scatter(void *impl, int me, const int *members, int n, con
     return rc;
 }
 
-static int mpi_all_to_all(void *impl, int me, const int *members, int n, const void *in,
-                          void *out, int64_t outer_in, int64_t chunk_in, int64_t outer_out,
-                          int64_t chunk_out, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
-                          size_t errn)
+static int mpi_all_to_all(void *impl, int me, const int *members, int n, const void *in, void *out,
+                          int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
+                          ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
 {
     size_t es = (size_t)ptc_dtype_size(dt);
     void **mine = parts(n, outer_in * chunk_in, es), **got = parts(n, outer_out * chunk_out, es);
-    int64_t *sc = ptc_xmalloc(sizeof *sc * (size_t)n), *rcnt = ptc_xmalloc(sizeof *rcnt * (size_t)n);
+    int64_t *sc = ptc_xmalloc(sizeof *sc * (size_t)n),
+            *rcnt = ptc_xmalloc(sizeof *rcnt * (size_t)n);
     for (int j = 0; j < n; j++) {
         pack(mine[j], in, n, j, outer_in, chunk_in, es);
         sc[j] = outer_in * chunk_in;
         rcnt[j] = outer_out * chunk_out;
     }
-    int rc = exchange(impl, me, members, n, K_ALL_TO_ALL, dt, d, (const void *const *)mine, sc,
-                      got, rcnt, err, errn);
+    int rc = exchange(impl, me, members, n, K_ALL_TO_ALL, dt, d, (const void *const *)mine, sc, got,
+                      rcnt, err, errn);
     for (int j = 0; j < n && !rc; j++)
         unpack(out, got[j], n, j, outer_out, chunk_out, es);
     free_parts(mine, n);
@@ -438,8 +457,8 @@ static int mpi_all_to_all_v(void *impl, int me, const int *members, int n, const
         sb[j] = (const char *)in + (size_t)send_off[j] * es;
         got[j] = ptc_xmalloc((size_t)recv_count[j] * es + 1);
     }
-    int rc = exchange(impl, me, members, n, K_ALL_TO_ALL_V, dt, d, sb, send_count, got,
-                      recv_count, err, errn);
+    int rc = exchange(impl, me, members, n, K_ALL_TO_ALL_V, dt, d, sb, send_count, got, recv_count,
+                      err, errn);
     for (int j = 0; j < n && !rc; j++)
         memcpy((char *)out + (size_t)recv_off[j] * es, got[j], (size_t)recv_count[j] * es);
     free_parts(got, n);
@@ -485,7 +504,10 @@ static int mpi_send(void *impl, int me, int peer, const void *buf, int64_t count
     if (len > (size_t)INT32_MAX)
         return fail(m, err, errn, "rank %d: send to rank %d: a message of more than 2 GiB", me,
                     peer);
-    hdr h = {.magic = MAGIC, .kind = K_SEND, .dtype = (uint32_t)dt, .step = d ? d->step : -1,
+    hdr h = {.magic = MAGIC,
+             .kind = K_SEND,
+             .dtype = (uint32_t)dt,
+             .step = d ? d->step : -1,
              .count = count};
     char *b = ptc_xmalloc(len);
     memcpy(b, &h, sizeof h);
@@ -594,8 +616,9 @@ ptrt_mpi *ptrt_mpi_new(int nranks, int per_process, double timeout_s, char *err,
     }
     initialised = true;
     if (!flag && provided < MPI_THREAD_MULTIPLE) {
-        ptc_fmt(err, errn, "this MPI does not support MPI_THREAD_MULTIPLE, which ranks as threads "
-                           "of a process need");
+        ptc_fmt(err, errn,
+                "this MPI does not support MPI_THREAD_MULTIPLE, which ranks as threads "
+                "of a process need");
         return NULL;
     }
     int proc, nprocs, *ub = NULL;
