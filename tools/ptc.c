@@ -22,6 +22,7 @@
 #include "schedule.h"
 #include "trace.h"
 #include "kir.h"
+#include "cuda_emit.h"
 #include "planner.h"
 #include "ptc_flags.h"
 
@@ -418,6 +419,8 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
     else if (o->emit && strcmp(o->emit, "kernels") == 0)
         for (int k = 0; k < plan->nkernels; k++)
             ptc_kir_print(plan->kernels[k], stdout);
+    else if (o->emit && strcmp(o->emit, "cuda") == 0)
+        ptc_cuda_emit_unit(plan->kernels, plan->nkernels, stdout);
     else if (o->output)
         rc = write_executable(plan, o, src, len);
     ptc_plan_free(plan);

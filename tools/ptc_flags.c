@@ -37,6 +37,9 @@ static const char usage[] =
     "                                 JSON for Perfetto), simulated with a cost model\n"
     "                         kernels the generated (fused) kernels of the plan, in the\n"
     "                                 kernel IR (codegen/kir.h)\n"
+    "                         cuda    the same kernels as CUDA C, one translation unit\n"
+    "                                 (NVRTC and `nvcc --ptx` take it; launch sizes for\n"
+    "                                 sm_80 and sm_90 above each kernel)\n"
     "  --no-fuse            leave every op its own kernel: no fusion pass, no generated\n"
     "                       kernels (the plan every fused plan is tested against)\n"
     "  --summary            with --emit plan: only the summary of every rank program\n"
@@ -352,10 +355,11 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
     } else if (strcmp(a, "--emit") == 0) {
         if (strcmp(val, "ir") && strcmp(val, "dot") && strcmp(val, "params") &&
             strcmp(val, "plan") && strcmp(val, "plan-json") && strcmp(val, "program") &&
-            strcmp(val, "memory") && strcmp(val, "trace") && strcmp(val, "kernels"))
+            strcmp(val, "memory") && strcmp(val, "trace") && strcmp(val, "kernels") &&
+            strcmp(val, "cuda"))
             return usage_error(errf,
                                "unknown --emit kind '%s' (ir, dot, params, plan, plan-json, "
-                               "program, memory, trace, kernels)",
+                               "program, memory, trace, kernels, cuda)",
                                val);
         o->emit = val;
         /* a plan is of a training step */

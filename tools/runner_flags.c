@@ -76,6 +76,10 @@ const char ptrt_runner_usage_backend[] =
     "                         in $XDG_CACHE_HOME/ptc/kernels), cpu (oneDNN/OpenBLAS GEMMs, fast\n"
     "                         kernels; fused kernels interpreted, slowly) or ref (plain\n"
     "                         reference kernels, fused kernels interpreted)\n"
+    "  --device KIND          cpu (default) or cuda: NVIDIA GPUs. The CUDA libraries are\n"
+    "                         opened when asked for, so a machine without them runs the\n"
+    "                         CPU; the CUDA executor itself is not in this version, so\n"
+    "                         --device cuda stops at start with what it found\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
     "  --ranks-per-process K  under mpirun or srun (one process per MPI rank), run K ranks of\n"
@@ -274,6 +278,7 @@ static bool takes_value(const char *a)
                                              "--log",
                                              "--trace",
                                              "--backend",
+                                             "--device",
                                              "--dump-grads",
                                              "--comm-timeout",
                                              "--debug-drop-collective",
@@ -391,6 +396,13 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         else
             return bad(errf, prog, "--backend expects cpu, ref or jit, got '%s'%s", v,
                        ptrt_backend_jit ? "" : " (jit: this build has no LLVM)");
+    } else if (strcmp(a, "--device") == 0) {
+        if (strcmp(v, "cpu") == 0)
+            o->device = PTRT_DEVICE_CPU;
+        else if (strcmp(v, "cuda") == 0)
+            o->device = PTRT_DEVICE_CUDA;
+        else
+            return bad(errf, prog, "--device expects cpu or cuda, got '%s'", v);
     } else { /* --debug-drop-collective */
         char tail;
         if (sscanf(v, "%d:%d%c", &o->drop_rank, &o->drop_index, &tail) != 2 || o->drop_rank < 0 ||

@@ -8,6 +8,7 @@
  * with one rank.
  */
 #include "train.h"
+#include "cudalib.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1165,6 +1166,8 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
      * processes' output would repeat process 0's, so it goes to /dev/null */
     ptrt_train_opts opts = *o_user;
     const ptrt_train_opts *o = &opts;
+    if (o->device == PTRT_DEVICE_CUDA && ptrt_cuda_probe(err, errn) < 0)
+        return 1;
     if (o->ckpt_on_signal)
         block_stop_signals(); /* (before MPI and every thread start: they inherit the mask) */
     ptrt_mpi *mpi = NULL;

@@ -4,6 +4,8 @@
 #   GOLDEN_DIR/errors/X.ptm  ->  `ptc --emit ir X.ptm` must print X.err on stderr and exit 1
 #   GOLDEN_DIR/program/X.args -> `ptc --emit program ARGS` must print X.program (exit 0); ARGS is
 #                                the file's one line, model paths relative to GOLDEN_DIR
+#   GOLDEN_DIR/kernels/X.args -> `ptc --emit kernels ARGS` must print X.kir, the generated
+#                                kernels, and `ptc --emit cuda ARGS` X.cu, their CUDA C
 # A first line "# ptc-args: ..." in a .ptm adds arguments. --regen rewrites the expected files.
 # Paths in output are relative to GOLDEN_DIR so the files do not depend on where the tree is.
 set -u
@@ -38,19 +40,19 @@ for kind in ir errors; do
     fi
   done
 done
-for src in program/*.args; do
-  [ -e "$src" ] || continue
-  exp=${src%.args}.program
+# golden KIND ARGS_FILE EXPECTED: `ptc --emit KIND ARGS` against EXPECTED
+golden() {
+  local kind=$1 src=$2 exp=$3 out rc
   # shellcheck disable=SC2046
-  out=$("$ptc" --emit program $(cat "$src") 2>&1); rc=$?
+  out=$("$ptc" --emit "$kind" $(cat "$src") 2>&1); rc=$?
   if [ "$regen" = --regen ]; then
     printf '%s\n' "$out" > "$exp"
     [ $rc -eq 0 ] || echo "warning: $src exited $rc"
-    continue
+    return
   fi
   if [ $rc -ne 0 ]; then
-    echo "FAIL $src: exit status $rc"; printf '%s\n' "$out" | head -20
-    fail=$((fail+1)); continue
+    echo "FAIL $src (--emit $kind): exit status $rc"; printf '%s\n' "$out" | head -20
+    fail=$((fail+1)); return
   fi
   if ! diff -u "$exp" <(printf '%s\n' "$out") > /tmp/ptc-golden-diff.$$; then
     echo "FAIL $src: output differs from $exp"; head -40 /tmp/ptc-golden-diff.$$
@@ -58,6 +60,14 @@ for src in program/*.args; do
   else
     pass=$((pass+1))
   fi
+}
+for src in program/*.args; do
+  [ -e "$src" ] && golden program "$src" "${src%.args}.program"
+done
+for src in kernels/*.args; do
+  [ -e "$src" ] || continue
+  golden kernels "$src" "${src%.args}.kir"
+  golden cuda "$src" "${src%.args}.cu"
 done
 rm -f /tmp/ptc-golden-diff.$$
 [ "$regen" = --regen ] && { echo "golden files rewritten; review with git diff"; exit 0; }

@@ -1,0 +1,883 @@
+/* cuda_emit.c - kernels of the kernel IR as CUDA C (see cuda_emit.h for the mapping). */
+#include "cuda_emit.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+const ptc_cuda_arch ptc_cuda_archs[] = {{80, 108}, {90, 132}};
+const int ptc_cuda_narchs = (int)(sizeof ptc_cuda_archs / sizeof ptc_cuda_archs[0]);
+
+/* where a statement runs */
+typedef enum {
+    CX_TOP,    /* the kernel's top level: every thread */
+    CX_FLAT,   /* one iteration of a flat loop: one thread */
+    CX_BLOCK,  /* the top level of a row: every thread of the block, in step */
+    CX_THREAD, /* inside a loop of a row, or sequential: one thread */
+} ctx;
+
+typedef struct em {
+    const ptc_kir *k;
+    FILE *f;
+    int indent;
+    /* CX_BLOCK: the storages (parameters, an output over an input counting as the input) read
+     * and written by the block since its last barrier */
+    uint8_t *rd, *wr;
+    /* a group of flat loops emitted as one (see emit_group): the slot that stands for a
+     * parameter (-1: its own name), and the table that stands for a float constant */
+    int *slot, *ftab;
+} em;
+
+static void ind(em *e)
+{
+    fprintf(e->f, "%*s", 4 * e->indent, "");
+}
+
+/* ---- analysis ---- */
+
+static bool is_reduce(const ptc_kx *x)
+{
+    return x->kind == PTC_KX_SUM || x->kind == PTC_KX_RMAX;
+}
+
+static bool has_reduce(const ptc_kir *k, int x)
+{
+    if (x < 0)
+        return false;
+    const ptc_kx *e = &k->x[x];
+    return is_reduce(e) || has_reduce(k, e->a) || has_reduce(k, e->b) || has_reduce(k, e->c);
+}
+
+static bool has_loop(const ptc_kir *k, int s)
+{
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR || has_reduce(k, st->value) ||
+            (st->kind == PTC_KS_STORE && has_reduce(k, st->index)))
+            return true;
+    }
+    return false;
+}
+
+static bool x_eq(const ptc_kir *k, int a, int b)
+{
+    if (a == b)
+        return true;
+    if (a < 0 || b < 0)
+        return false;
+    const ptc_kx *p = &k->x[a], *q = &k->x[b];
+    if (p->kind != q->kind || p->var != q->var || p->param != q->param)
+        return false;
+    if (p->kind == PTC_KX_FCONST)
+        return p->f == q->f;
+    if (p->kind == PTC_KX_ICONST)
+        return p->i == q->i;
+    return x_eq(k, p->a, q->a) && x_eq(k, p->b, q->b) && x_eq(k, p->c, q->c);
+}
+
+/* the parameter whose bytes param's are (itself, or the input an output is written over) */
+static int storage(const ptc_kir *k, int param)
+{
+    return k->params[param].alias >= 0 ? k->params[param].alias : param;
+}
+
+/* whether expression x loads the storage of a store of list s at an index other than the
+ * store's own (then the iterations of a loop over s are not independent) */
+static bool loads_other(const ptc_kir *k, int x, int s);
+
+static bool stores_conflict(const ptc_kir *k, int s, int list)
+{
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR) {
+            if (stores_conflict(k, st->body, list))
+                return true;
+            continue;
+        }
+        if (loads_other(k, st->value, list) ||
+            (st->kind == PTC_KS_STORE && loads_other(k, st->index, list)))
+            return true;
+    }
+    return false;
+}
+
+static bool store_matches(const ptc_kir *k, int list, int param, int index, bool *any)
+{
+    for (int s = list; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR) {
+            if (!store_matches(k, st->body, param, index, any))
+                return false;
+            continue;
+        }
+        if (st->kind == PTC_KS_STORE && storage(k, st->param) == storage(k, param)) {
+            *any = true;
+            if (!x_eq(k, st->index, index))
+                return false;
+        }
+    }
+    return true;
+}
+
+static bool loads_other(const ptc_kir *k, int x, int list)
+{
+    if (x < 0)
+        return false;
+    const ptc_kx *e = &k->x[x];
+    if (e->kind == PTC_KX_LOAD) {
+        bool any = false;
+        if (!store_matches(k, list, e->param, e->a, &any))
+            return true;
+    }
+    return loads_other(k, e->a, list) || loads_other(k, e->b, list) || loads_other(k, e->c, list);
+}
+
+/* the storages expression x loads (inside its reductions too, unless skip_reduce) */
+static void x_reads(const ptc_kir *k, int x, bool skip_reduce, uint8_t *rd)
+{
+    if (x < 0)
+        return;
+    const ptc_kx *e = &k->x[x];
+    if (skip_reduce && is_reduce(e))
+        return;
+    if (e->kind == PTC_KX_LOAD)
+        rd[storage(k, e->param)] = 1;
+    x_reads(k, e->a, skip_reduce, rd);
+    x_reads(k, e->b, skip_reduce, rd);
+    x_reads(k, e->c, skip_reduce, rd);
+}
+
+static void list_access(const ptc_kir *k, int s, uint8_t *rd, uint8_t *wr)
+{
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR) {
+            x_reads(k, st->extent, false, rd);
+            list_access(k, st->body, rd, wr);
+            continue;
+        }
+        x_reads(k, st->value, false, rd);
+        if (st->kind == PTC_KS_STORE) {
+            x_reads(k, st->index, false, rd);
+            wr[storage(k, st->param)] = 1;
+        }
+    }
+}
+
+static int64_t const_extent(const ptc_kir *k, int x, int64_t otherwise)
+{
+    return k->x[x].kind == PTC_KX_ICONST ? k->x[x].i : otherwise;
+}
+
+/* the widest loop or reduction at the top level of a row's body */
+static int64_t row_width(const ptc_kir *k, int s);
+
+static int64_t x_width(const ptc_kir *k, int x)
+{
+    if (x < 0)
+        return 1;
+    const ptc_kx *e = &k->x[x];
+    int64_t w = is_reduce(e) ? const_extent(k, e->a, 256) : 1;
+    if (!is_reduce(e)) {
+        int64_t a = x_width(k, e->a), b = x_width(k, e->b), c = x_width(k, e->c);
+        w = a > b ? a : b;
+        w = w > c ? w : c;
+    }
+    return w;
+}
+
+static int64_t row_width(const ptc_kir *k, int s)
+{
+    int64_t w = 1;
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        int64_t v = st->kind == PTC_KS_FOR ? const_extent(k, st->extent, 256) : x_width(k, st->value);
+        if (st->kind == PTC_KS_STORE) {
+            int64_t i = x_width(k, st->index);
+            v = v > i ? v : i;
+        }
+        w = w > v ? w : v;
+    }
+    return w;
+}
+
+void ptc_cuda_launch(const ptc_kir *k, const ptc_cuda_arch *arch, int *grid, int *block)
+{
+    bool flat = false;
+    int64_t width = 1, blocks = 1;
+    for (int s = k->body; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind != PTC_KS_FOR || !st->parallel)
+            continue;
+        if (has_loop(k, st->body)) {
+            int64_t w = row_width(k, st->body);
+            width = w > width ? w : width;
+        } else {
+            flat = true;
+        }
+    }
+    int b = 256;
+    if (!flat) {
+        int64_t w = (width + 31) / 32 * 32;
+        b = (int)(w < 32 ? 32 : w > 256 ? 256 : w);
+    }
+    for (int s = k->body; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind != PTC_KS_FOR || !st->parallel)
+            continue;
+        int64_t n = const_extent(k, st->extent, INT32_MAX);
+        int64_t g = has_loop(k, st->body) ? n : (n + b - 1) / b;
+        blocks = g > blocks ? g : blocks;
+    }
+    int64_t wave = (int64_t)arch->sms * (2048 / b);
+    *block = b;
+    *grid = (int)(blocks < 1 ? 1 : blocks > wave ? wave : blocks);
+}
+
+/* ---- expressions ---- */
+
+static const char *ctype(uint8_t t)
+{
+    return t == PTC_KT_F32 ? "float" : t == PTC_KT_I64 ? "long long" : "int";
+}
+
+static void put_f(em *e, double v)
+{
+    float f = (float)v;
+    if (isnan(f)) {
+        fputs("PTC_NAN", e->f);
+        return;
+    }
+    if (isinf(f)) {
+        fputs(f > 0 ? "PTC_INF" : "(-PTC_INF)", e->f);
+        return;
+    }
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.9g", (double)f);
+    bool point = strpbrk(buf, ".e") != NULL;
+    fprintf(e->f, "%s%s%sf%s", f < 0 ? "(" : "", buf, point ? "" : ".0", f < 0 ? ")" : "");
+}
+
+static void put_param(em *e, int param)
+{
+    if (e->slot && e->slot[param] >= 0)
+        fprintf(e->f, "s%d", e->slot[param]);
+    else
+        fprintf(e->f, "p_%s", e->k->params[param].name);
+}
+
+static void put_x(em *e, int x)
+{
+    const ptc_kir *k = e->k;
+    const ptc_kx *p = &k->x[x];
+    FILE *f = e->f;
+    bool fl = p->a >= 0 && k->x[p->a].type == PTC_KT_F32;
+    static const char *const op[PTC_NKX] = {
+        [PTC_KX_ADD] = " + ", [PTC_KX_SUB] = " - ",  [PTC_KX_MUL] = " * ",  [PTC_KX_DIV] = " / ",
+        [PTC_KX_REM] = " % ", [PTC_KX_LT] = " < ",   [PTC_KX_LE] = " <= ",  [PTC_KX_EQ] = " == ",
+        [PTC_KX_NE] = " != ",
+    };
+    static const char *const fn[PTC_NKX] = {
+        [PTC_KX_EXP] = "expf", [PTC_KX_LOG] = "logf", [PTC_KX_SQRT] = "sqrtf",
+        [PTC_KX_TANH] = "tanhf",
+    };
+    switch ((ptc_kx_kind)p->kind) {
+    case PTC_KX_FCONST:
+        if (e->ftab && e->ftab[x] >= 0)
+            fprintf(f, "c%d", e->ftab[x]);
+        else
+            put_f(e, p->f);
+        return;
+    case PTC_KX_ICONST: fprintf(f, "%lldLL", (long long)p->i); return;
+    case PTC_KX_VAR: fprintf(f, "v_%s", k->vars[p->var].name); return;
+    case PTC_KX_LOAD:
+        fputs(k->params[p->param].dtype == PTC_F32 ? "" : "(long long)", f);
+        put_param(e, p->param);
+        fputc('[', f);
+        put_x(e, p->a);
+        fputc(']', f);
+        return;
+    case PTC_KX_SUM:
+    case PTC_KX_RMAX: fprintf(f, "r%d", x); return;
+    case PTC_KX_SELECT:
+    case PTC_KX_MIN:
+    case PTC_KX_MAX:
+        if (p->kind == PTC_KX_SELECT) {
+            fputc('(', f);
+            put_x(e, p->a);
+            fputs(" ? ", f);
+            put_x(e, p->b);
+            fputs(" : ", f);
+            put_x(e, p->c);
+            fputc(')', f);
+            return;
+        }
+        if (fl) {
+            fputs(p->kind == PTC_KX_MIN ? "fminf(" : "fmaxf(", f);
+            put_x(e, p->a);
+            fputs(", ", f);
+            put_x(e, p->b);
+            fputc(')', f);
+            return;
+        }
+        fputs(p->kind == PTC_KX_MIN ? "PTC_IMIN(" : "PTC_IMAX(", f);
+        put_x(e, p->a);
+        fputs(", ", f);
+        put_x(e, p->b);
+        fputc(')', f);
+        return;
+    case PTC_KX_NEG: fputs("(-", f); put_x(e, p->a); fputc(')', f); return;
+    case PTC_KX_FLOAT: fputs("(float)(", f); put_x(e, p->a); fputc(')', f); return;
+    case PTC_KX_EXP:
+    case PTC_KX_LOG:
+    case PTC_KX_SQRT:
+    case PTC_KX_TANH:
+        fprintf(f, "%s(", fn[p->kind]);
+        put_x(e, p->a);
+        fputc(')', f);
+        return;
+    default:
+        fputc('(', f);
+        put_x(e, p->a);
+        fputs(op[p->kind], f);
+        put_x(e, p->b);
+        fputc(')', f);
+        return;
+    }
+}
+
+static void before(em *e, const uint8_t *rd, const uint8_t *wr);
+
+/* Emits the reductions of expression x (outside those nested in another reduction, which are
+ * emitted inside its loop) as statements binding r<id>. At the top level of a row (cx
+ * CX_BLOCK) they are block reductions that every thread of the block must reach. */
+static void emit_reductions(em *e, int x, ctx cx)
+{
+    if (x < 0)
+        return;
+    const ptc_kx *p = &e->k->x[x];
+    if (!is_reduce(p)) {
+        emit_reductions(e, p->a, cx);
+        emit_reductions(e, p->b, cx);
+        emit_reductions(e, p->c, cx);
+        return;
+    }
+    bool sum = p->kind == PTC_KX_SUM, block = cx == CX_BLOCK;
+    const char *v = e->k->vars[p->var].name;
+    emit_reductions(e, p->a, cx);
+    if (block) {
+        int n = e->k->nparams;
+        uint8_t *rd = ptc_xcalloc((size_t)n + 1, 2);
+        x_reads(e->k, x, false, rd);
+        before(e, rd, rd + n);
+        free(rd);
+    }
+    ind(e);
+    fprintf(e->f, "float r%d = %s;\n", x, sum ? "0.0f" : "PTC_LOWEST");
+    ind(e);
+    fprintf(e->f, "for (long long v_%s = %s; v_%s < ", v, block ? "threadIdx.x" : "0", v);
+    put_x(e, p->a);
+    fprintf(e->f, "; v_%s += %s) {\n", v, block ? "blockDim.x" : "1");
+    e->indent++;
+    emit_reductions(e, p->b, CX_THREAD);
+    ind(e);
+    fprintf(e->f, "float y = ");
+    put_x(e, p->b);
+    fputs(";\n", e->f);
+    ind(e);
+    fprintf(e->f, sum ? "r%d += y;\n" : "r%d = y > r%d ? y : r%d;\n", x, x, x);
+    e->indent--;
+    ind(e);
+    fputs("}\n", e->f);
+    if (block) {
+        ind(e);
+        fprintf(e->f, "r%d = %s(r%d, ptc_smem);\n", x, sum ? "ptc_block_sum" : "ptc_block_max", x);
+        /* its barriers come after every thread's part of the loop above */
+        memset(e->rd, 0, (size_t)e->k->nparams);
+        memset(e->wr, 0, (size_t)e->k->nparams);
+    }
+}
+
+/* ---- statements ---- */
+
+static void emit_list(em *e, int s, ctx cx);
+
+static void sync(em *e)
+{
+    ind(e);
+    fputs("__syncthreads();\n", e->f);
+    memset(e->rd, 0, (size_t)e->k->nparams);
+    memset(e->wr, 0, (size_t)e->k->nparams);
+}
+
+/* A statement of a row about to read rd and write wr: a barrier first if another thread of the
+ * block may still read what it writes or have written what it reads or writes. */
+static void before(em *e, const uint8_t *rd, const uint8_t *wr)
+{
+    int n = e->k->nparams;
+    bool hazard = false;
+    for (int i = 0; i < n && !hazard; i++)
+        hazard = (wr[i] && (e->rd[i] || e->wr[i])) || (rd[i] && e->wr[i]);
+    if (hazard)
+        sync(e);
+    for (int i = 0; i < n; i++) {
+        e->rd[i] |= rd[i];
+        e->wr[i] |= wr[i];
+    }
+}
+
+/* before() for what statement st of a row reads (all of it, or outside its reductions) and
+ * writes */
+static void before_stmt(em *e, const ptc_ks *st, bool skip_reduce)
+{
+    int n = e->k->nparams;
+    uint8_t *rd = ptc_xcalloc((size_t)n + 1, 2), *wr = rd + n;
+    if (st->kind == PTC_KS_FOR) {
+        x_reads(e->k, st->extent, false, rd);
+        list_access(e->k, st->body, rd, wr);
+    } else {
+        x_reads(e->k, st->value, skip_reduce, rd);
+        if (st->kind == PTC_KS_STORE) {
+            x_reads(e->k, st->index, skip_reduce, rd);
+            wr[storage(e->k, st->param)] = 1;
+        }
+    }
+    before(e, rd, wr);
+    free(rd);
+}
+
+static void open_loop(em *e, const ptc_ks *st, const char *from, const char *step)
+{
+    const char *v = e->k->vars[st->var].name;
+    ind(e);
+    fprintf(e->f, "for (long long v_%s = %s; v_%s < ", v, from, v);
+    put_x(e, st->extent);
+    fprintf(e->f, "; v_%s += %s) {\n", v, step);
+    e->indent++;
+}
+
+static void close_loop(em *e)
+{
+    e->indent--;
+    ind(e);
+    fputs("}\n", e->f);
+}
+
+static bool aliased(const ptc_kir *k, int param);
+static void close_loop(em *e);
+
+/* ---- groups of flat loops of one shape (the multi-tensor AdamW) ----
+ *
+ * A kernel of the fusion pass may hold a run of flat loops whose bodies differ only in the
+ * arrays they touch, their extents and some float constants (AdamW over every parameter: one loop
+ * per tensor, weight decay 0 for some). Emitted one by one, gpt2's AdamW is a function of 150
+ * loops that ptxas takes half a minute over; emitted as one body inside a loop over the members,
+ * whose arrays, extent and constants a switch picks, it is small. Same order of the loops, same
+ * arithmetic. */
+
+typedef struct iso {
+    const ptc_kir *k;
+    int *pmap, *vmap, *xmap; /* the first loop's parameter/var/expression -> the member's; -1 */
+} iso;
+
+static bool iso_param(iso *m, int a, int b)
+{
+    const ptc_kir *k = m->k;
+    if (m->pmap[a] >= 0)
+        return m->pmap[a] == b;
+    const ptc_kparam *p = &k->params[a], *q = &k->params[b];
+    if (p->dtype != q->dtype || p->out != q->out || aliased(k, a) != aliased(k, b))
+        return false;
+    for (int i = 0; i < k->nparams; i++)
+        if (m->pmap[i] == b)
+            return false;
+    m->pmap[a] = b;
+    return true;
+}
+
+static bool iso_x(iso *m, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return a == b;
+    const ptc_kx *x = &m->k->x[a], *y = &m->k->x[b];
+    if (x->kind != y->kind || x->type != y->type)
+        return false;
+    m->xmap[a] = b;
+    switch ((ptc_kx_kind)x->kind) {
+    case PTC_KX_FCONST: return true; /* may differ: the switch sets it */
+    case PTC_KX_ICONST: return x->i == y->i;
+    case PTC_KX_VAR: return m->vmap[x->var] >= 0 ? m->vmap[x->var] == y->var : x->var == y->var;
+    case PTC_KX_SUM:
+    case PTC_KX_RMAX: return false;
+    case PTC_KX_LOAD:
+        if (!iso_param(m, x->param, y->param))
+            return false;
+        break;
+    default: break;
+    }
+    return iso_x(m, x->a, y->a) && iso_x(m, x->b, y->b) && iso_x(m, x->c, y->c);
+}
+
+static bool iso_list(iso *m, int a, int b)
+{
+    const ptc_kir *k = m->k;
+    for (; a >= 0 && b >= 0; a = k->s[a].next, b = k->s[b].next) {
+        const ptc_ks *p = &k->s[a], *q = &k->s[b];
+        if (p->kind != q->kind || p->kind == PTC_KS_FOR)
+            return false;
+        if (p->kind == PTC_KS_LET) {
+            if (k->vars[p->var].type != k->vars[q->var].type || !iso_x(m, p->value, q->value))
+                return false;
+            m->vmap[p->var] = q->var;
+        } else if (!iso_param(m, p->param, q->param) || !iso_x(m, p->index, q->index) ||
+                   !iso_x(m, p->value, q->value)) {
+            return false;
+        }
+    }
+    return a < 0 && b < 0;
+}
+
+static bool is_flat(const ptc_kir *k, int s)
+{
+    const ptc_ks *st = &k->s[s];
+    return st->kind == PTC_KS_FOR && st->parallel && !has_loop(k, st->body) &&
+           k->x[st->extent].kind == PTC_KX_ICONST;
+}
+
+/* whether flat loop b has flat loop a's shape; m's maps are filled */
+static bool same_shape(iso *m, int a, int b)
+{
+    const ptc_kir *k = m->k;
+    memset(m->pmap, 0xff, sizeof(int) * (size_t)k->nparams);
+    memset(m->vmap, 0xff, sizeof(int) * (size_t)k->nvars);
+    memset(m->xmap, 0xff, sizeof(int) * (size_t)k->nx);
+    m->vmap[k->s[a].var] = k->s[b].var;
+    if (!iso_list(m, k->s[a].body, k->s[b].body))
+        return false;
+    for (int i = 0; i < k->nparams; i++) { /* an output over an input stays over it */
+        int al = k->params[i].alias;
+        if (m->pmap[i] >= 0 && al >= 0 && m->pmap[al] >= 0 && k->params[m->pmap[i]].alias != m->pmap[al])
+            return false;
+    }
+    return true;
+}
+
+/* Emits the run of flat loops of one shape that starts at statement s, if it has 2 or more;
+ * returns its last statement, or -1 (nothing emitted). */
+static int emit_group(em *e, int s)
+{
+    const ptc_kir *k = e->k;
+    int np = k->nparams, nx = k->nx;
+    iso m = {.k = k, .pmap = ptc_xmalloc(sizeof(int) * ((size_t)np + 1)),
+             .vmap = ptc_xmalloc(sizeof(int) * ((size_t)k->nvars + 1)),
+             .xmap = ptc_xmalloc(sizeof(int) * ((size_t)nx + 1))};
+    int n = 0, cap = 0, last = s, *members = NULL, *pm = NULL, *xm = NULL;
+    for (int t = s; t >= 0 && is_flat(k, t) && same_shape(&m, s, t); t = k->s[t].next) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            members = ptc_xrealloc(members, sizeof(int) * (size_t)cap);
+            pm = ptc_xrealloc(pm, sizeof(int) * (size_t)cap * (size_t)np);
+            xm = ptc_xrealloc(xm, sizeof(int) * (size_t)cap * (size_t)nx);
+        }
+        members[n] = t;
+        memcpy(pm + (size_t)n * np, m.pmap, sizeof(int) * (size_t)np);
+        memcpy(xm + (size_t)n * nx, m.xmap, sizeof(int) * (size_t)nx);
+        n++;
+        last = t;
+    }
+    if (n < 2) {
+        last = -1;
+        goto done;
+    }
+    /* slots: the first loop's parameters; tables: its float constants some member changes */
+    int nslots = 0, ntabs = 0;
+    e->slot = ptc_xmalloc(sizeof(int) * ((size_t)np + 1));
+    e->ftab = ptc_xmalloc(sizeof(int) * ((size_t)nx + 1));
+    for (int i = 0; i < np; i++)
+        e->slot[i] = pm[i] >= 0 ? nslots++ : -1;
+    for (int x = 0; x < nx; x++) {
+        e->ftab[x] = -1;
+        for (int g = 1; g < n && xm[x] >= 0 && k->x[x].kind == PTC_KX_FCONST; g++)
+            if ((float)k->x[xm[(size_t)g * nx + x]].f != (float)k->x[x].f) {
+                e->ftab[x] = ntabs++;
+                break;
+            }
+    }
+    FILE *f = e->f;
+    ind(e);
+    fprintf(f, "for (int g = 0; g < %d; g++) { /* %d loops of one shape */\n", n, n);
+    e->indent++;
+    for (int i = 0; i < np; i++)
+        if (e->slot[i] >= 0) {
+            bool ro = !k->params[i].out && !aliased(k, i);
+            ind(e);
+            fprintf(f, "%s%s *%ss%d = 0;\n", ro ? "const " : "",
+                    k->params[i].dtype == PTC_F32 ? "float" : "int",
+                    aliased(k, i) ? "" : "PTC_RESTRICT ", e->slot[i]);
+        }
+    ind(e);
+    fputs("long long n = 0;\n", f);
+    for (int x = 0; x < nx; x++)
+        if (e->ftab[x] >= 0) {
+            ind(e);
+            fprintf(f, "float c%d = 0.0f;\n", e->ftab[x]);
+        }
+    ind(e);
+    fputs("switch (g) {\n", f);
+    for (int g = 0; g < n; g++) {
+        ind(e);
+        fprintf(f, "case %d:", g);
+        for (int i = 0; i < np; i++)
+            if (e->slot[i] >= 0)
+                fprintf(f, " s%d = p_%s;", e->slot[i], k->params[pm[(size_t)g * np + i]].name);
+        fprintf(f, " n = %lldLL;", (long long)k->x[k->s[members[g]].extent].i);
+        for (int x = 0; x < nx; x++)
+            if (e->ftab[x] >= 0) {
+                fprintf(f, " c%d = ", e->ftab[x]);
+                put_f(e, k->x[xm[(size_t)g * nx + x]].f);
+                fputc(';', f);
+            }
+        fputs(" break;\n", f);
+    }
+    ind(e);
+    fputs("}\n", f);
+    const char *v = k->vars[k->s[s].var].name;
+    ind(e);
+    fprintf(f, "for (long long v_%s = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_%s < n; "
+               "v_%s += (long long)gridDim.x * blockDim.x) {\n", v, v, v);
+    e->indent++;
+    emit_list(e, k->s[s].body, CX_FLAT);
+    close_loop(e);
+    close_loop(e);
+    free(e->slot);
+    free(e->ftab);
+    e->slot = e->ftab = NULL;
+done:
+    free(members);
+    free(pm);
+    free(xm);
+    free(m.pmap);
+    free(m.vmap);
+    free(m.xmap);
+    return last;
+}
+
+static void emit_for(em *e, const ptc_ks *st, ctx cx)
+{
+    const ptc_kir *k = e->k;
+    if (cx == CX_TOP && st->parallel) {
+        if (has_loop(k, st->body)) { /* a row loop: a block per iteration */
+            /* rows are independent (a parallel loop), so a row needs no barrier against the
+             * row before; the reductions' own barriers keep their shared words apart */
+            open_loop(e, st, "blockIdx.x", "gridDim.x");
+            memset(e->rd, 0, (size_t)k->nparams);
+            memset(e->wr, 0, (size_t)k->nparams);
+            emit_list(e, st->body, CX_BLOCK);
+            close_loop(e);
+        } else {
+            open_loop(e, st, "(long long)blockIdx.x * blockDim.x + threadIdx.x",
+                      "(long long)gridDim.x * blockDim.x");
+            emit_list(e, st->body, CX_FLAT);
+            close_loop(e);
+        }
+        return;
+    }
+    if (cx == CX_BLOCK) {
+        before_stmt(e, st, false);
+        if (stores_conflict(k, st->body, st->body)) { /* iterations in order, on one thread */
+            ind(e);
+            fputs("if (threadIdx.x == 0) {\n", e->f);
+            e->indent++;
+            open_loop(e, st, "0", "1");
+            emit_list(e, st->body, CX_THREAD);
+            close_loop(e);
+            close_loop(e);
+        } else {
+            open_loop(e, st, "threadIdx.x", "blockDim.x");
+            emit_list(e, st->body, CX_THREAD);
+            close_loop(e);
+        }
+        return;
+    }
+    open_loop(e, st, "0", "1");
+    emit_list(e, st->body, cx == CX_TOP ? CX_TOP : CX_THREAD);
+    close_loop(e);
+}
+
+static void emit_store(em *e, const ptc_ks *st, ctx cx)
+{
+    const ptc_kparam *p = &e->k->params[st->param];
+    emit_reductions(e, st->index, cx);
+    emit_reductions(e, st->value, cx);
+    if (cx == CX_BLOCK) {
+        before_stmt(e, st, true);
+        ind(e);
+        fputs("if (threadIdx.x == 0)\n", e->f);
+        e->indent++;
+    }
+    ind(e);
+    put_param(e, st->param);
+    fputc('[', e->f);
+    put_x(e, st->index);
+    fputs(p->dtype == PTC_F32 ? "] = " : "] = (int)(", e->f);
+    put_x(e, st->value);
+    fputs(p->dtype == PTC_F32 ? ";\n" : ");\n", e->f);
+    if (cx == CX_BLOCK)
+        e->indent--;
+}
+
+static void emit_list(em *e, int s, ctx cx)
+{
+    const ptc_kir *k = e->k;
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        switch (st->kind) {
+        case PTC_KS_LET:
+            emit_reductions(e, st->value, cx);
+            if (cx == CX_BLOCK)
+                before_stmt(e, st, true);
+            ind(e);
+            fprintf(e->f, "const %s v_%s = ", ctype(k->vars[st->var].type), k->vars[st->var].name);
+            put_x(e, st->value);
+            fputs(";\n", e->f);
+            break;
+        case PTC_KS_STORE: emit_store(e, st, cx); break;
+        default: {
+            int last = cx == CX_TOP && is_flat(k, s) ? emit_group(e, s) : -1;
+            if (last >= 0)
+                s = last;
+            else
+                emit_for(e, st, cx);
+            break;
+        }
+        }
+    }
+}
+
+/* ---- kernels ---- */
+
+static bool aliased(const ptc_kir *k, int param)
+{
+    for (int i = 0; i < k->nparams; i++)
+        if (k->params[i].alias == param || (i == param && k->params[i].alias >= 0))
+            return true;
+    return false;
+}
+
+/* whether a row of k reduces over the block (then it needs the shared words) */
+static bool has_block_reduction(const ptc_kir *k)
+{
+    for (int s = k->body; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind != PTC_KS_FOR || !st->parallel || !has_loop(k, st->body))
+            continue;
+        for (int r = st->body; r >= 0; r = k->s[r].next)
+            if (k->s[r].kind != PTC_KS_FOR &&
+                (has_reduce(k, k->s[r].value) ||
+                 (k->s[r].kind == PTC_KS_STORE && has_reduce(k, k->s[r].index))))
+                return true;
+    }
+    return false;
+}
+
+void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
+{
+    int block = 32;
+    for (int a = 0; a < ptc_cuda_narchs; a++) {
+        int g, b;
+        ptc_cuda_launch(k, &ptc_cuda_archs[a], &g, &b);
+        fprintf(f, "%s sm_%d: grid %d, block %d", a ? "," : "/* launch:", ptc_cuda_archs[a].sm, g, b);
+        block = b > block ? b : block;
+    }
+    fputs(" */\n", f);
+    fprintf(f, "PTC_KERNEL __launch_bounds__(%d) k_%s(", block, k->name);
+    for (int i = 0; i < k->nparams; i++) {
+        const ptc_kparam *p = &k->params[i];
+        bool ro = !p->out && !aliased(k, i);
+        fprintf(f, "%s%s%s *%sp_%s", i ? ", " : "", ro ? "const " : "",
+                p->dtype == PTC_F32 ? "float" : "int", aliased(k, i) ? "" : "PTC_RESTRICT ",
+                p->name);
+    }
+    fputs(")\n{\n", f);
+    em e = {.k = k, .f = f, .indent = 1};
+    e.rd = ptc_xcalloc((size_t)k->nparams + 1, 2);
+    e.wr = e.rd + k->nparams;
+    if (has_block_reduction(k)) {
+        ind(&e);
+        fputs("__shared__ float ptc_smem[32];\n", f);
+    }
+    emit_list(&e, k->body, CX_TOP);
+    free(e.rd);
+    fputs("}\n", f);
+    fprintf(f, "#ifdef PTC_CUDA_EMULATE\nvoid k_%s__emu(void *const *a)\n{\n    k_%s(", k->name,
+            k->name);
+    for (int i = 0; i < k->nparams; i++) {
+        const ptc_kparam *p = &k->params[i];
+        bool ro = !p->out && !aliased(k, i);
+        fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", ro ? "const " : "",
+                p->dtype == PTC_F32 ? "float" : "int", i);
+    }
+    fputs(");\n}\n#endif\n", f);
+}
+
+void ptc_cuda_emit_prelude(FILE *f)
+{
+    fputs("/* Generated by ptc: kernels of the kernel IR as CUDA C (codegen/cuda/cuda_emit.h).\n"
+          " * Compiled by NVRTC at run time; `nvcc --ptx` takes it too; with cuda_emu.h included\n"
+          " * first (PTC_CUDA_EMULATE) a host C compiler builds it for the emulation tests. */\n"
+          "#ifndef PTC_CUDA_EMULATE\n"
+          "#define PTC_KERNEL extern \"C\" __global__ void\n"
+          "#define PTC_DEVICE static __device__ __forceinline__\n"
+          "#define PTC_RESTRICT __restrict__\n"
+          "#define PTC_INF __int_as_float(0x7f800000)\n"
+          "#define PTC_NAN __int_as_float(0x7fffffff)\n"
+          "#endif\n"
+          "#define PTC_LOWEST (-3.40282347e+38f)\n"
+          "#define PTC_IMIN(a, b) ((a) < (b) ? (a) : (b))\n"
+          "#define PTC_IMAX(a, b) ((a) > (b) ? (a) : (b))\n"
+          "\n"
+          "/* Block reductions: a warp's lanes combine by shuffles, each warp's lane 0 leaves its\n"
+          " * value in shared memory, and every thread adds the warps' values in warp order, so\n"
+          " * all threads return the same bits. The first barrier lets an earlier reduction's\n"
+          " * readers finish with the shared words. blockDim.x: a multiple of 32, at most 1024. */\n"
+          "PTC_DEVICE float ptc_block_sum(float v, float *sm)\n"
+          "{\n"
+          "    for (int o = 16; o > 0; o >>= 1)\n"
+          "        v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+          "    __syncthreads();\n"
+          "    if ((threadIdx.x & 31) == 0)\n"
+          "        sm[threadIdx.x >> 5] = v;\n"
+          "    __syncthreads();\n"
+          "    float s = 0.0f;\n"
+          "    for (unsigned w = 0; w < blockDim.x >> 5; w++)\n"
+          "        s += sm[w];\n"
+          "    return s;\n"
+          "}\n"
+          "\n"
+          "PTC_DEVICE float ptc_block_max(float v, float *sm)\n"
+          "{\n"
+          "    for (int o = 16; o > 0; o >>= 1) {\n"
+          "        float u = __shfl_xor_sync(0xffffffffu, v, o);\n"
+          "        v = u > v ? u : v;\n"
+          "    }\n"
+          "    __syncthreads();\n"
+          "    if ((threadIdx.x & 31) == 0)\n"
+          "        sm[threadIdx.x >> 5] = v;\n"
+          "    __syncthreads();\n"
+          "    float m = PTC_LOWEST;\n"
+          "    for (unsigned w = 0; w < blockDim.x >> 5; w++)\n"
+          "        m = sm[w] > m ? sm[w] : m;\n"
+          "    return m;\n"
+          "}\n",
+          f);
+}
+
+void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f)
+{
+    ptc_cuda_emit_prelude(f);
+    for (int i = 0; i < n; i++) {
+        fputc('\n', f);
+        ptc_cuda_emit_kernel(ks[i], f);
+    }
+}

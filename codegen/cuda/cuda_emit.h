@@ -1,0 +1,57 @@
+/* cuda_emit.h - kernels of the kernel IR as CUDA C: one translation unit that NVRTC, `nvcc --ptx`
+ * and a host C compiler (through cuda_emu.h, the emulation header) all accept.
+ *
+ * How a kernel maps onto the GPU. A kernel becomes one `__global__` function launched on a 1-D
+ * grid; every top-level parallel loop is spread over the whole grid by striding, so any grid and
+ * any block size (a multiple of 32, at most 1024) give the same results:
+ *
+ *   flat loop   a parallel loop whose body holds no loop and no reduction (elementwise chains,
+ *               the multi-tensor AdamW): one iteration per thread, `i += gridDim.x * blockDim.x`;
+ *   row loop    a parallel loop whose body holds loops or reductions (norms, softmax, the
+ *               cross-entropy with its gradient): one iteration per block, `r += gridDim.x`. In
+ *               the row's body the loops at its top level are spread over the block's threads
+ *               (coalesced: thread t takes j = t, t + blockDim.x, ...) and its reductions are
+ *               block reductions (a strided partial per thread, warp shuffles, one shared-memory
+ *               step; every thread gets the same sum, added in the same order). Scalars of the
+ *               row are computed by every thread; a store of the row is made by thread 0.
+ *               Barriers separate the row's statements that write memory from the others. A loop
+ *               whose iterations might read what another wrote (a load of the array it stores,
+ *               at another index) runs on thread 0 alone, in order.
+ *
+ * Top-level scalars are computed by every thread, as the CPU's threads each compute them.
+ * Values are f32 and sums accumulate in f32, as on the CPU; exp, log, sqrt and tanh are CUDA's
+ * accurate (not fast-math) functions; min and max are fminf and fmaxf (LLVM's minnum/maxnum).
+ */
+#ifndef PTC_CUDA_EMIT_H
+#define PTC_CUDA_EMIT_H
+
+#include <stdio.h>
+
+#include "kir.h"
+
+/* The architectures kernels are compiled for: sm_80 (A100: 108 SMs) and sm_90 (H100: 132). */
+typedef struct ptc_cuda_arch {
+    int sm;  /* 80, 90 */
+    int sms; /* streaming multiprocessors of the reference part */
+} ptc_cuda_arch;
+
+extern const ptc_cuda_arch ptc_cuda_archs[];
+extern const int ptc_cuda_narchs;
+
+/* The launch of kernel k on arch: block threads (a multiple of 32: 256 for flat loops, the row's
+ * widest loop rounded up to a warp, at most 256, for row loops) and a grid that covers the widest
+ * loop, capped at one full wave of blocks (2048 threads an SM) since loops stride. */
+void ptc_cuda_launch(const ptc_kir *k, const ptc_cuda_arch *arch, int *grid, int *block);
+
+/* The definitions every translation unit starts with (macros that differ between CUDA and the
+ * host emulation, the block reductions). */
+void ptc_cuda_emit_prelude(FILE *f);
+
+/* One kernel: `extern "C" __global__ void k_<name>(...)`, and under PTC_CUDA_EMULATE a host
+ * entry `k_<name>__emu(void *const *args)` taking one pointer per parameter. */
+void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f);
+
+/* A whole translation unit: the prelude and the n kernels (ptc --emit cuda). */
+void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
+
+#endif

@@ -1,0 +1,147 @@
+/* cuda_emu.h - the host emulation of the CUDA C that cuda_emit.c writes, so that every generated
+ * GPU kernel runs, and is compared with the reference kernels, on a machine without a GPU.
+ *
+ * Included first (cc -include cuda_emu.h) into the generated translation unit, compiled as C11
+ * into a shared object. A launch runs the grid's blocks one after another; a block's threads are
+ * real threads (POSIX), so a missing barrier shows as a wrong or varying result, as on a GPU:
+ *
+ *   threadIdx, blockIdx   thread-local; blockDim, gridDim set by the launch;
+ *   __syncthreads()       a barrier of the block's threads;
+ *   __shfl_xor_sync       each lane leaves its value in a slot, a barrier of its warp, it reads
+ *                         its partner's slot, a barrier of its warp: exact for code whose
+ *                         shuffles all 32 lanes of a warp reach together (the generated block
+ *                         reductions);
+ *   __shared__            a static variable, one per kernel; blocks do not overlap in time;
+ *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will).
+ *
+ * Entry point, exported from the shared object: ptc_cuda_emu_launch(fn, args, grid, block),
+ * fn being a kernel's `k_<name>__emu`. One launch at a time per process.
+ */
+#ifndef PTC_CUDA_EMU_H
+#define PTC_CUDA_EMU_H
+
+#define PTC_CUDA_EMULATE 1
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
+#endif
+
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PTC_KERNEL void
+#define PTC_DEVICE static inline
+#define PTC_RESTRICT restrict
+#define PTC_INF ((float)INFINITY)
+#define PTC_NAN ((float)NAN)
+#define __launch_bounds__(n)
+#define __shared__ static
+
+typedef struct ptc_emu_dim3 {
+    unsigned x, y, z;
+} ptc_emu_dim3;
+
+static _Thread_local ptc_emu_dim3 threadIdx, blockIdx;
+static ptc_emu_dim3 blockDim, gridDim;
+static pthread_barrier_t ptc_emu_barrier, ptc_emu_warp_barrier[32];
+static float ptc_emu_slot[1024];
+static pthread_mutex_t ptc_emu_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ptc_emu_go = PTHREAD_COND_INITIALIZER;
+static int ptc_emu_state; /* 0 starting, 1 run, -1 give up (a thread could not be started) */
+
+static inline void __syncthreads(void)
+{
+    pthread_barrier_wait(&ptc_emu_barrier);
+}
+
+static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
+{
+    (void)mask;
+    pthread_barrier_t *warp = &ptc_emu_warp_barrier[threadIdx.x >> 5];
+    ptc_emu_slot[threadIdx.x] = v;
+    pthread_barrier_wait(warp);
+    float u = ptc_emu_slot[threadIdx.x ^ ((unsigned)lane_mask & 31u)];
+    pthread_barrier_wait(warp);
+    return u;
+}
+
+static inline float atomicAdd(float *p, float v)
+{
+    pthread_mutex_lock(&ptc_emu_lock);
+    float old = *p;
+    *p = old + v;
+    pthread_mutex_unlock(&ptc_emu_lock);
+    return old;
+}
+
+typedef void (*ptc_emu_fn)(void *const *args);
+
+typedef struct ptc_emu_thread {
+    ptc_emu_fn fn;
+    void *const *args;
+    unsigned tid;
+} ptc_emu_thread;
+
+static void *ptc_emu_run(void *arg)
+{
+    ptc_emu_thread *t = arg;
+    pthread_mutex_lock(&ptc_emu_lock);
+    while (ptc_emu_state == 0)
+        pthread_cond_wait(&ptc_emu_go, &ptc_emu_lock);
+    bool run = ptc_emu_state > 0;
+    pthread_mutex_unlock(&ptc_emu_lock);
+    if (!run)
+        return NULL;
+    threadIdx.x = t->tid;
+    threadIdx.y = threadIdx.z = 0;
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        blockIdx.x = b;
+        blockIdx.y = blockIdx.z = 0;
+        t->fn(t->args);
+        __syncthreads(); /* the next block starts when this one has ended */
+    }
+    return NULL;
+}
+
+/* Runs fn on grid blocks of block threads. 0, or -1 for a block size the generated code does
+ * not take (not a multiple of 32, or above 1024) or threads that could not be started. */
+int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block);
+
+int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block)
+{
+    if (block == 0 || block % 32 || block > 1024 || grid == 0)
+        return -1;
+    blockDim = (ptc_emu_dim3){block, 1, 1};
+    gridDim = (ptc_emu_dim3){grid, 1, 1};
+    if (pthread_barrier_init(&ptc_emu_barrier, NULL, block))
+        return -1;
+    for (unsigned w = 0; w < block / 32; w++)
+        pthread_barrier_init(&ptc_emu_warp_barrier[w], NULL, 32);
+    pthread_t th[1024];
+    ptc_emu_thread ts[1024];
+    unsigned started = 0;
+    int rc = 0;
+    ptc_emu_state = 0;
+    for (; started < block; started++) {
+        ts[started] = (ptc_emu_thread){fn, args, started};
+        if (pthread_create(&th[started], NULL, ptc_emu_run, &ts[started])) {
+            rc = -1;
+            break;
+        }
+    }
+    /* the threads start together, or not at all: a missing one would hold a barrier forever */
+    pthread_mutex_lock(&ptc_emu_lock);
+    ptc_emu_state = rc ? -1 : 1;
+    pthread_cond_broadcast(&ptc_emu_go);
+    pthread_mutex_unlock(&ptc_emu_lock);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&ptc_emu_barrier);
+    for (unsigned w = 0; w < block / 32; w++)
+        pthread_barrier_destroy(&ptc_emu_warp_barrier[w]);
+    return rc;
+}
+
+#endif

@@ -1,0 +1,81 @@
+/* cudalib.h - the CUDA libraries, opened with dlopen when first needed, so that one executable
+ * runs on machines with and without a GPU: the driver (libcuda.so.1), NVRTC (the run-time
+ * compiler of the generated kernels), cuBLASLt (GEMMs) and NCCL (collectives).
+ *
+ * Where they are looked for: the driver by its soname only (it belongs to the installed NVIDIA
+ * driver; the toolkit's stubs/libcuda.so is a link-time stand-in that fails every call); the
+ * others by soname (LD_LIBRARY_PATH, the system's paths), then in $CUDA_HOME/lib64 and
+ * /usr/local/cuda/lib64, newest major version first. A missing library or symbol is an error
+ * that names the library, what it is for and dlopen's reason.
+ *
+ * No CUDA header is needed to build this: the few types are declared here (handles as pointers,
+ * results as int), as the driver API defines them.
+ */
+#ifndef PTRT_CUDALIB_H
+#define PTRT_CUDALIB_H
+
+#include <stddef.h>
+
+typedef enum {
+    PTRT_CUDA_DRIVER,
+    PTRT_CUDA_NVRTC,
+    PTRT_CUDA_CUBLASLT,
+    PTRT_CUDA_NCCL,
+    PTRT_CUDA_NLIBS
+} ptrt_cuda_lib;
+
+typedef struct ptrt_cuda_driver {
+    int (*cuInit)(unsigned flags);
+    int (*cuDriverGetVersion)(int *version);
+    int (*cuDeviceGetCount)(int *count);
+    int (*cuDeviceGet)(int *device, int ordinal);
+    int (*cuDeviceGetName)(char *name, int len, int device);
+    int (*cuDeviceGetAttribute)(int *value, int attribute, int device);
+    int (*cuGetErrorString)(int result, const char **str);
+} ptrt_cuda_driver;
+
+typedef struct ptrt_nvrtc {
+    int (*nvrtcVersion)(int *major, int *minor);
+    const char *(*nvrtcGetErrorString)(int result);
+    int (*nvrtcCreateProgram)(void **prog, const char *src, const char *name, int nheaders,
+                              const char *const *headers, const char *const *include_names);
+    int (*nvrtcCompileProgram)(void *prog, int nopts, const char *const *opts);
+    int (*nvrtcGetProgramLogSize)(void *prog, size_t *size);
+    int (*nvrtcGetProgramLog)(void *prog, char *log);
+    int (*nvrtcGetPTXSize)(void *prog, size_t *size);
+    int (*nvrtcGetPTX)(void *prog, char *ptx);
+    int (*nvrtcDestroyProgram)(void **prog);
+} ptrt_nvrtc;
+
+/* The name a library goes by in messages ("the CUDA driver (libcuda.so.1)"). */
+const char *ptrt_cuda_lib_name(ptrt_cuda_lib lib);
+
+/* Opens lib and resolves its functions, once per process (thread-safe; a failure is remembered
+ * and reported again). Returns 0, or -1 with a message naming the library. */
+int ptrt_cuda_open(ptrt_cuda_lib lib, char *err, size_t errn);
+
+/* The resolved functions; valid after ptrt_cuda_open of their library returned 0. */
+const ptrt_cuda_driver *ptrt_cuda_driver_api(void);
+const ptrt_nvrtc *ptrt_cuda_nvrtc_api(void);
+
+/* The version the library reports ("NVRTC 13.0", "cuBLASLt 130000", "NCCL 2.27.3", "driver
+ * 13.0"), after a successful open. */
+void ptrt_cuda_lib_version(ptrt_cuda_lib lib, char *buf, size_t n);
+
+/* What --device cuda finds: -1 with a message naming the first missing piece (the driver, a
+ * device, NVRTC, cuBLASLt, NCCL) or, when all are there, naming the devices and versions and
+ * saying that the CUDA executor is not in this version. Never 0 yet. */
+int ptrt_cuda_probe(char *err, size_t errn);
+
+/* For tests: look for the libraries other than the driver only in dirs (colon-separated; ""
+ * searches nowhere), and forget what was opened. NULL restores the default search. */
+void ptrt_cuda_set_search_path(const char *dirs);
+
+/* CUDA C source -> PTX for sm (80, 90) through NVRTC, cached on disk under cache_dir (NULL: the
+ * default, $XDG_CACHE_HOME/ptc/cuda; "": no cache) by a key of the source's hash, the
+ * architecture and NVRTC's version. Returns the PTX (malloc'd, NUL-terminated), or NULL with
+ * NVRTC's error and log. *cached tells whether it came from the cache. */
+char *ptrt_nvrtc_compile(const char *src, const char *name, int sm, const char *cache_dir,
+                         int *cached, char *err, size_t errn);
+
+#endif

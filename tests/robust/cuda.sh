@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# cuda.sh PTC PTC_TOKENIZE SOURCE_DIR - the CUDA path on a machine without a GPU (issue 15):
+#   - `ptc --emit cuda` prints one translation unit that `nvcc --ptx` compiles for sm_80 and
+#     sm_90 (where nvcc is installed; the unit test test_cuda compiles every kernel with NVRTC
+#     and ptxas, and runs it through the host emulation);
+#   - `--device cuda` without a driver exits 1 naming the missing driver library, before any
+#     output is written; a wrong --device value is a usage error.
+source "$(dirname "$0")/lib.sh"
+nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+
+check "ptc --emit cuda gpt2_tiny" 0 "" "$ptc" --emit cuda "$src/examples/gpt2_tiny.ptm"
+cp out.txt gpt2_tiny.cu
+kernels=$("$ptc" --emit kernels "$src/examples/gpt2_tiny.ptm" | grep -c '^kernel ')
+entries=$(grep -c '^PTC_KERNEL ' gpt2_tiny.cu)
+[ "$entries" -eq "$kernels" ] && ok "one CUDA kernel per generated kernel" "$entries" \
+  || bad "one CUDA kernel per generated kernel" "$entries CUDA kernels for $kernels"
+if [ -x "$nvcc" ]; then
+  for sm in 80 90; do
+    check "nvcc --ptx -arch=sm_$sm of ptc --emit cuda" 0 "" "$nvcc" --ptx -arch=sm_$sm gpt2_tiny.cu -o g$sm.ptx
+    n=$(grep -c '^\.visible \.entry k_' g$sm.ptx 2>/dev/null || echo 0)
+    [ "$n" -eq "$kernels" ] && ok "sm_$sm PTX has every kernel" "$n entries" \
+      || bad "sm_$sm PTX has every kernel" "$n entries for $kernels kernels"
+  done
+else
+  echo "SKIP nvcc --ptx: no $nvcc (the CUDA toolkit is not installed here)"
+fi
+
+check "ptc -o g" 0 "" "$ptc" "$src/examples/gpt2_tiny.ptm" -o g
+if [ -e /dev/nvidiactl ] || ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  echo "SKIP --device cuda without a driver: this machine has an NVIDIA driver"
+  check "--device cuda with a driver says what it found" 1 "--device cuda: (found|the CUDA driver)" ./g --device cuda --steps 1
+else
+  check "--device cuda without a driver names it" 1 "^\./g: error: --device cuda: the CUDA driver \(libcuda\.so\.1\) was not found" ./g --device cuda --steps 1 --save w.safetensors
+  [ ! -s out.txt ] && [ ! -e w.safetensors ] && ok "--device cuda fails before any step" "" \
+    || bad "--device cuda fails before any step" "$(head -c 200 out.txt)"
+fi
+check "--device with a wrong value" 2 "--device expects cpu or cuda, got 'gpu'" ./g --device gpu
+check "--device cpu trains" 0 "" ./g --device cpu --steps 1 --threads 1
+finish

@@ -1,0 +1,431 @@
+/* test_cuda.c - the CUDA kernels without a GPU.
+ *
+ *   - emulation: every generated kernel of the example models (and of awkward sizes: 1, odd and
+ *     prime dimensions), plus hand-written kernels for the emitter's corners, is emitted as CUDA
+ *     C, compiled for the host through codegen/cuda/cuda_emu.h (threads of a block are real
+ *     threads, so a missing barrier shows), run at sm_90's block size and at small odd ones (1
+ *     and 3 warps), on grids smaller than the loops (the striding), and compared with the
+ *     kernel-IR interpreter (double precision): 2e-5 relative to the largest value of each
+ *     output (f32 sums in another order), NaN where it is NaN, inputs untouched. Under ASan the
+ *     emulated code is built with ASan too, so an access out of bounds fails the test;
+ *   - NVRTC and ptxas: the kernels of every example (the large ones included) compile for sm_80
+ *     and sm_90 with NVRTC, and ptxas accepts the PTX; NVRTC's disk cache returns the same PTX;
+ *   - dlopen: each library missing gives a message naming it; the driver's absence (this
+ *     machine has none) is what --device cuda reports.
+ * The NVRTC and emulation tests skip, saying why, where the CUDA toolkit or a C compiler is
+ * missing.
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_emit.h"
+#include "cudalib.h"
+#include "frontend.h"
+#include "kir.h"
+#include "passes.h"
+#include "plan.h"
+#include "planner.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_SANITIZE " -fsanitize=address,undefined -fno-omit-frame-pointer"
+#else
+#define EMU_SANITIZE ""
+#endif
+
+static char tmpdir[] = "/tmp/ptc_cuda_XXXXXX";
+
+static void setup(void)
+{
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void teardown(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* ---- plans ---- */
+
+static ptc_plan *plan_of(const char *rel, const ptc_define *defs, int ndefs)
+{
+    char path[512], err[2048];
+    snprintf(path, sizeof path, "%s/%s", PTC_SOURCE_DIR, rel);
+    size_t len;
+    char *src = ptc_read_file(path, &len);
+    cr_assert_not_null(src, "cannot read %s", path);
+    ptc_diag d;
+    ptc_diag_init(&d, stderr, rel, src, len);
+    ptc_frontend_opts fo = {.defines = defs, .ndefines = ndefs};
+    ptc_graph *g = ptc_frontend_compile(rel, src, len, &fo, &d);
+    cr_assert_not_null(g, "%s", rel);
+    ptc_compile_opts co = {.train = true};
+    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
+    cr_assert_eq(ptc_run_passes(&ctx), 0, "%s: %s", rel, err);
+    ptc_pass_ctx_free(&ctx);
+    ptc_lower_opts lo = {.fuse = true};
+    ptc_plan *p = ptc_lower(ctx.g, &lo, err, sizeof err);
+    cr_assert_not_null(p, "%s: %s", rel, err);
+    cr_assert_gt(p->nkernels, 0, "%s: nothing fused", rel);
+    ptc_graph_free(ctx.g);
+    free(src);
+    return p;
+}
+
+static char *unit_of(ptc_kir *const *ks, int n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ptc_cuda_emit_unit(ks, n, f);
+    fclose(f);
+    return buf;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* ---- the host emulation ---- */
+
+typedef int (*launch_fn)(void (*)(void *const *), void *const *, unsigned, unsigned);
+
+static bool have_cc(void)
+{
+    return system("cc --version >/dev/null 2>&1") == 0;
+}
+
+/* the emulation build of a translation unit: a shared object, dlopen'd */
+static void *build_emu(const char *unit, const char *name)
+{
+    char src[512], so[512], cmd[2048];
+    snprintf(src, sizeof src, "%s/%s.c", tmpdir, name);
+    snprintf(so, sizeof so, "%s/%s.so", tmpdir, name);
+    write_text(src, unit);
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -O1 -g -fPIC -shared -Wall -Wno-unused -Wno-div-by-zero%s -include "
+             "%s/codegen/cuda/cuda_emu.h -o %s %s -lm -lpthread",
+             EMU_SANITIZE, PTC_SOURCE_DIR, so, src);
+    cr_assert_eq(system(cmd), 0, "the emulation build failed: %s", cmd);
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "%s", dlerror());
+    return h;
+}
+
+typedef struct bufs {
+    void **args;   /* one per parameter (an alias shares its input's) */
+    float **owned; /* one per parameter, NULL for an alias */
+} bufs;
+
+static bufs make_bufs(const ptc_kir *k, unsigned seed)
+{
+    bufs b = {calloc((size_t)k->nparams, sizeof(void *)), calloc((size_t)k->nparams, sizeof(float *))};
+    srand(seed);
+    for (int i = 0; i < k->nparams; i++) {
+        const ptc_kparam *p = &k->params[i];
+        if (p->alias >= 0) {
+            b.args[i] = b.args[p->alias];
+            continue;
+        }
+        b.owned[i] = malloc((size_t)(p->numel ? p->numel : 1) * 4);
+        for (int64_t j = 0; j < p->numel; j++) {
+            if (p->dtype == PTC_F32)
+                b.owned[i][j] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
+            else
+                ((int32_t *)b.owned[i])[j] = rand() % 3;
+        }
+        b.args[i] = b.owned[i];
+    }
+    return b;
+}
+
+static void free_bufs(const ptc_kir *k, bufs *b)
+{
+    for (int i = 0; i < k->nparams; i++)
+        free(b->owned[i]);
+    free(b->owned);
+    free(b->args);
+}
+
+/* the emulated kernel at grid x block against the interpreter, on the same inputs */
+static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned block)
+{
+    char sym[256], err[1024];
+    snprintf(sym, sizeof sym, "k_%s__emu", k->name);
+    void (*fn)(void *const *);
+    void *p = dlsym(so, sym);
+    cr_assert_not_null(p, "no %s in the emulation build", sym);
+    memcpy(&fn, &p, sizeof fn);
+    launch_fn launch;
+    p = dlsym(so, "ptc_cuda_emu_launch");
+    cr_assert_not_null(p);
+    memcpy(&launch, &p, sizeof launch);
+
+    bufs want = make_bufs(k, 7), got = make_bufs(k, 7);
+    cr_assert_eq(ptc_kir_run(k, want.args, 0, 1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(launch(fn, got.args, grid, block), 0, "%s: launch %u x %u", k->name, grid, block);
+    for (int i = 0; i < k->nparams; i++) {
+        const ptc_kparam *q = &k->params[i];
+        if (!got.owned[i])
+            continue;
+        const float *a = want.owned[i], *b = got.owned[i];
+        if (q->dtype != PTC_F32) {
+            cr_expect_eq(memcmp(a, b, (size_t)q->numel * 4), 0, "%s: %s differs", k->name, q->name);
+            continue;
+        }
+        double big = 0;
+        for (int64_t j = 0; j < q->numel; j++)
+            big = isfinite(a[j]) && fabs(a[j]) > big ? fabs(a[j]) : big;
+        double tol = 2e-5 * big + 1e-6;
+        int bad = 0;
+        for (int64_t j = 0; j < q->numel && bad < 3; j++) {
+            bool ok = isnan(a[j]) ? isnan(b[j]) : isinf(a[j]) ? a[j] == b[j] : fabs(a[j] - b[j]) <= tol;
+            if (!ok) {
+                cr_expect(ok, "%s (grid %u, block %u): %s[%lld] = %.9g, interpreter %.9g",
+                          k->name, grid, block, q->name, (long long)j, b[j], a[j]);
+                bad++;
+            }
+        }
+    }
+    free_bufs(k, &want);
+    free_bufs(k, &got);
+}
+
+static void check_unit(ptc_kir *const *ks, int n, const char *name)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    char *unit = unit_of(ks, n);
+    void *so = build_emu(unit, name);
+    for (int i = 0; i < n; i++) {
+        int grid, block;
+        ptc_cuda_launch(ks[i], &ptc_cuda_archs[1], &grid, &block);
+        /* sm_90's block; a grid of at most 4 blocks, which the loops stride over (a block's
+         * threads are real threads: the whole grid would take long for nothing more) */
+        check_emulated(so, ks[i], (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
+        check_emulated(so, ks[i], 3, 32);
+        check_emulated(so, ks[i], 2, 96);
+    }
+    dlclose(so);
+    free(unit);
+}
+
+static void check_plan(const char *rel, const ptc_define *defs, int ndefs, const char *name)
+{
+    ptc_plan *p = plan_of(rel, defs, ndefs);
+    check_unit(p->kernels, p->nkernels, name);
+    ptc_plan_free(p);
+}
+
+/* the emitter's corners: every expression kind, a row with a loop whose iterations read each
+ * other's stores (run in order on one thread), a reduction inside a row's loop (per thread), a
+ * max reduction, a store of the row, stores at the top level, a loop of one element */
+static const char *const corner_kernels[] = {
+    "kernel every(x: f32[91], ids: i32[13], y: out f32[91], z: out f32[13], w: out f32[91] = x) {\n"
+    "    let c = float(13 % 5) / 3.0\n"
+    "    for r < 13 parallel {\n"
+    "        let s = sum(j < 7: exp(x[r * 7 + j] * 0.5) - log(1.5 + x[r * 7 + j] * x[r * 7 + j]))\n"
+    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2]))\n"
+    "        let id = ids[r]\n"
+    "        z[r] = select(id < 3, s * c, m) + sqrt(min(max(s, 0.25), 9.0))\n"
+    "        for j < 7 {\n"
+    "            let v = x[r * 7 + j]\n"
+    "            y[r * 7 + (6 - j)] = -v / (1.0 + float(j)) + select(j == id % 7, 1.0, 0.0)\n"
+    "            w[r * 7 + j] = v * m - s\n"
+    "        }\n"
+    "    }\n"
+    "}\n",
+    "kernel scan(x: f32[200], y: out f32[200], n: out f32[5]) {\n"
+    "    for r < 5 parallel {\n"
+    "        y[r * 40] = x[r * 40]\n"
+    "        for j < 39 {\n"
+    "            y[r * 40 + j + 1] = y[r * 40 + j] * 0.5 + x[r * 40 + j + 1]\n"
+    "        }\n"
+    "        n[r] = sum(j < 40: y[r * 40 + j] * y[r * 40 + j])\n"
+    "    }\n"
+    "}\n",
+    "kernel matvec(a: f32[1189], v: f32[41], y: out f32[29], m: out f32[1]) {\n"
+    "    let t = maxr(i < 41: v[i])\n"
+    "    m[0] = t\n"
+    "    for r < 1 parallel {\n"
+    "        for i < 29 {\n"
+    "            y[i] = sum(j < 41: a[i * 41 + j] * v[j]) + t\n"
+    "        }\n"
+    "    }\n"
+    "}\n",
+    "kernel wide(x: f32[2311], b: f32[1], y: out f32[2311], s: out f32[1]) {\n"
+    "    for i < 2311 parallel {\n"
+    "        y[i] = x[i] * b[0] + 1.0\n"
+    "    }\n"
+    "    for r < 1 parallel {\n"
+    "        s[0] = sum(i < 2311: max(x[i], -1.0)) + maxr(i < 2311: x[i])\n"
+    "    }\n"
+    "}\n",
+};
+
+TestSuite(cuda, .init = setup, .fini = teardown, .timeout = 600);
+
+Test(cuda, corner_kernels_emulated)
+{
+    int n = (int)(sizeof corner_kernels / sizeof corner_kernels[0]);
+    ptc_kir *ks[8];
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        ks[i] = ptc_kir_parse_text(corner_kernels[i], err, sizeof err);
+        cr_assert_not_null(ks[i], "%s", err);
+    }
+    check_unit(ks, n, "corners");
+    for (int i = 0; i < n; i++)
+        ptc_kir_free(ks[i]);
+}
+
+/* The example models at a batch of 2 sequences of 8 (their widths as they are): the kernels
+ * of the full sizes, with fewer rows, since each emulated barrier wakes every thread of a block
+ * (the full sizes took 30 s; NVRTC and ptxas below take the full sizes). */
+Test(cuda, example_kernels_emulated)
+{
+    ptc_define small[] = {{"batch", 2}, {"seq", 8}};
+    check_plan("examples/gpt2_tiny.ptm", small, 2, "gpt2_tiny");
+    check_plan("examples/llama_tiny.ptm", small, 2, "llama_tiny");
+    check_plan("examples/bert_tiny.ptm", small, 2, "bert_tiny");
+    check_plan("examples/moe_tiny.ptm", small, 2, "moe_tiny");
+    check_plan("examples/mlp.ptm", (ptc_define[]){{"batch", 5}}, 1, "mlp");
+}
+
+Test(cuda, odd_sizes_emulated)
+{
+    ptc_define gpt[] = {{"vocab", 67}, {"d", 10}, {"heads", 5}, {"layers", 1}, {"batch", 2},
+                        {"seq", 7},    {"ctx", 7}};
+    check_plan("examples/gpt2_tiny.ptm", gpt, 7, "gpt2_odd");
+    ptc_define one[] = {{"vocab", 1}, {"d", 1}, {"heads", 1}, {"layers", 1}, {"batch", 1},
+                        {"seq", 1},   {"ctx", 1}};
+    check_plan("examples/gpt2_tiny.ptm", one, 7, "gpt2_one");
+    ptc_define llama[] = {{"vocab", 37}, {"d", 14}, {"heads", 7}, {"kv_heads", 1},
+                          {"n_layers", 1}, {"ffn", 29}, {"batch", 3}, {"seq", 5}};
+    check_plan("examples/llama_tiny.ptm", llama, 8, "llama_odd");
+}
+
+/* ---- NVRTC and ptxas ---- */
+
+static const char *ptxas(void)
+{
+    static char path[512];
+    const char *home = getenv("CUDA_HOME");
+    snprintf(path, sizeof path, "%s/bin/ptxas", home && *home ? home : "/usr/local/cuda");
+    return access(path, X_OK) == 0 ? path : NULL;
+}
+
+static void nvrtc_check(const char *rel, const char *name)
+{
+    char err[8192];
+    if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, sizeof err))
+        cr_skip_test("%s", err);
+    if (!ptxas())
+        cr_skip_test("no ptxas in $CUDA_HOME/bin or /usr/local/cuda/bin");
+    ptc_plan *p = plan_of(rel, NULL, 0);
+    char *unit = unit_of(p->kernels, p->nkernels);
+    for (int a = 0; a < ptc_cuda_narchs; a++) {
+        int sm = ptc_cuda_archs[a].sm, cached;
+        char *ptx = ptrt_nvrtc_compile(unit, name, sm, "", &cached, err, sizeof err);
+        cr_assert_not_null(ptx, "%s", err);
+        cr_expect_eq(cached, 0);
+        for (int k = 0; k < p->nkernels; k++) {
+            char entry[256];
+            snprintf(entry, sizeof entry, ".entry k_%s(", p->kernels[k]->name);
+            cr_expect_not_null(strstr(ptx, entry), "%s: no %s in the PTX for sm_%d", rel, entry, sm);
+        }
+        char path[512], cmd[1024];
+        snprintf(path, sizeof path, "%s/%s_sm%d.ptx", tmpdir, name, sm);
+        write_text(path, ptx);
+        snprintf(cmd, sizeof cmd, "%s -arch=sm_%d -o %s/%s_sm%d.cubin %s", ptxas(), sm, tmpdir,
+                 name, sm, path);
+        cr_expect_eq(system(cmd), 0, "ptxas refused %s's kernels for sm_%d: %s", rel, sm, cmd);
+        free(ptx);
+    }
+    free(unit);
+    ptc_plan_free(p);
+}
+
+Test(cuda, nvrtc_and_ptxas_every_example)
+{
+    static const char *const models[] = {"gpt2_tiny", "gpt2", "llama_tiny", "llama", "bert_tiny",
+                                         "moe_tiny", "moe", "mlp"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "examples/%s.ptm", models[i]);
+        nvrtc_check(rel, models[i]);
+    }
+}
+
+Test(cuda, nvrtc_cache)
+{
+    char err[8192];
+    if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, sizeof err))
+        cr_skip_test("%s", err);
+    ptc_kir *k = ptc_kir_parse_text(corner_kernels[0], err, sizeof err);
+    char *unit = unit_of(&k, 1), dir[512];
+    snprintf(dir, sizeof dir, "%s/cache", tmpdir);
+    int c1, c2, c3;
+    char *a = ptrt_nvrtc_compile(unit, "every", 80, dir, &c1, err, sizeof err);
+    char *b = ptrt_nvrtc_compile(unit, "every", 80, dir, &c2, err, sizeof err);
+    char *c = ptrt_nvrtc_compile(unit, "every", 90, dir, &c3, err, sizeof err);
+    cr_assert(a && b && c, "%s", err);
+    cr_expect_eq(c1, 0);
+    cr_expect_eq(c2, 1, "the second compile did not come from the cache");
+    cr_expect_eq(c3, 0, "another architecture must not share the cache entry");
+    cr_expect_str_eq(a, b);
+    cr_expect_neq(strcmp(a, c), 0);
+    /* a compile error comes back with NVRTC's log */
+    char *bad = ptrt_nvrtc_compile("extern \"C\" __global__ void f() { undeclared(); }", "bad", 80,
+                                   "", &c1, err, sizeof err);
+    cr_expect_null(bad);
+    cr_expect_not_null(strstr(err, "undeclared"), "%s", err);
+    free(a);
+    free(b);
+    free(c);
+    free(unit);
+    ptc_kir_free(k);
+}
+
+/* ---- dlopen ---- */
+
+Test(cuda, missing_libraries_are_named)
+{
+    char err[1024];
+    ptrt_cuda_set_search_path(tmpdir); /* an empty directory */
+    static const char *const sonames[] = {NULL, "libnvrtc.so", "libcublasLt.so", "libnccl.so"};
+    for (int lib = PTRT_CUDA_NVRTC; lib < PTRT_CUDA_NLIBS; lib++) {
+        cr_expect_eq(ptrt_cuda_open((ptrt_cuda_lib)lib, err, sizeof err), -1);
+        cr_expect_not_null(strstr(err, sonames[lib]), "%s", err);
+        cr_expect_not_null(strstr(err, "was not found"), "%s", err);
+    }
+    ptrt_cuda_set_search_path(NULL);
+    if (ptrt_cuda_open(PTRT_CUDA_DRIVER, err, sizeof err) == 0) {
+        cr_log_info("this machine has a CUDA driver: its absence is not tested");
+    } else {
+        cr_expect_not_null(strstr(err, "libcuda.so.1"), "%s", err);
+        cr_expect_eq(ptrt_cuda_probe(err, sizeof err), -1);
+        cr_expect_not_null(strstr(err, "--device cuda: the CUDA driver (libcuda.so.1) was not found"),
+                           "%s", err);
+    }
+    if (access("/usr/local/cuda/lib64", R_OK) == 0 || getenv("CUDA_HOME")) {
+        for (int lib = PTRT_CUDA_NVRTC; lib < PTRT_CUDA_NLIBS; lib++) {
+            cr_expect_eq(ptrt_cuda_open((ptrt_cuda_lib)lib, err, sizeof err), 0, "%s", err);
+            char v[64];
+            ptrt_cuda_lib_version((ptrt_cuda_lib)lib, v, sizeof v);
+            cr_log_info("%s", v);
+            cr_expect_gt(strlen(v), 6);
+        }
+    }
+}
