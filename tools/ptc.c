@@ -420,7 +420,7 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
         for (int k = 0; k < plan->nkernels; k++)
             ptc_kir_print(plan->kernels[k], stdout);
     else if (o->emit && strcmp(o->emit, "cuda") == 0)
-        ptc_cuda_emit_unit(plan->kernels, plan->nkernels, stdout);
+        ptc_cuda_emit_plan(plan, stdout);
     else if (o->output)
         rc = write_executable(plan, o, src, len);
     ptc_plan_free(plan);

@@ -25,6 +25,8 @@
 #ifndef PTC_CUDA_EMIT_H
 #define PTC_CUDA_EMIT_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "kir.h"
@@ -51,7 +53,40 @@ void ptc_cuda_emit_prelude(FILE *f);
  * entry `k_<name>__emu(void *const *args)` taking one pointer per parameter. */
 void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f);
 
-/* A whole translation unit: the prelude and the n kernels (ptc --emit cuda). */
+/* A whole translation unit: the prelude and the n kernels. */
 void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
+
+/* ---- attention (cuda_attention.c: flash-attention style, see there) ---- */
+
+/* one attention shape: q [batch, seq, heads x head_dim], k and v [batch, kv_seq, kv_heads x
+ * head_dim] */
+typedef struct ptc_cuda_attn {
+    int64_t batch, seq, kv_seq, heads, kv_heads, head_dim;
+    bool causal;
+} ptc_cuda_attn;
+
+typedef enum {
+    PTC_CUDA_ATTN_FWD,    /* (q, k, v) -> o */
+    PTC_CUDA_ATTN_STATS,  /* (q, k, v, dy) -> lse, dsum: [batch, heads, seq] each */
+    PTC_CUDA_ATTN_BWD_KV, /* (q, k, v, dy, lse, dsum) -> dk, dv */
+    PTC_CUDA_ATTN_BWD_Q,  /* (q, k, v, dy, lse, dsum) -> dq */
+    PTC_CUDA_ATTN_NKERNELS
+} ptc_cuda_attn_kernel;
+
+extern const char *const ptc_cuda_attn_names[PTC_CUDA_ATTN_NKERNELS]; /* "fwd", ... */
+
+/* The four kernels of shape a: k_<name>_fwd, _stats, _bwd_kv, _bwd_q (and their __emu entries). */
+void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f);
+void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel which,
+                               const ptc_cuda_arch *arch, int *grid, int *block);
+
+struct ptc_plan;
+/* The distinct attention shapes of a plan's attention and attention_grad instructions (the
+ * sequence-parallel attention_shard ops are not among them: no CUDA kernel yet); returns their
+ * number, filling at most cap. */
+int ptc_cuda_plan_attentions(const struct ptc_plan *p, ptc_cuda_attn *out, int cap);
+/* ptc --emit cuda: the plan's generated kernels, then the attention kernels of each shape
+ * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions). */
+void ptc_cuda_emit_plan(const struct ptc_plan *p, FILE *f);
 
 #endif

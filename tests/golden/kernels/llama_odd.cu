@@ -174,3 +174,251 @@ void k_f2_adamw_x21__emu(void *const *a)
     k_f2_adamw_x21((const float *)a[0], (const float *)a[1], (float *)a[2], (float *)a[3], (float *)a[4], (const float *)a[5], (const float *)a[6], (const float *)a[7], (float *)a[8], (float *)a[9], (float *)a[10], (const float *)a[11], (float *)a[12], (float *)a[13], (float *)a[14], (const float *)a[15], (float *)a[16], (float *)a[17], (float *)a[18], (const float *)a[19], (float *)a[20], (float *)a[21], (float *)a[22], (const float *)a[23], (float *)a[24], (float *)a[25], (float *)a[26], (const float *)a[27], (float *)a[28], (float *)a[29], (float *)a[30], (const float *)a[31], (float *)a[32], (float *)a[33], (float *)a[34], (const float *)a[35], (float *)a[36], (float *)a[37], (float *)a[38], (const float *)a[39], (float *)a[40], (float *)a[41], (float *)a[42], (const float *)a[43], (float *)a[44], (float *)a[45], (float *)a[46], (const float *)a[47], (float *)a[48], (float *)a[49], (float *)a[50], (const float *)a[51], (float *)a[52], (float *)a[53], (float *)a[54], (const float *)a[55], (float *)a[56], (float *)a[57], (float *)a[58], (const float *)a[59], (float *)a[60], (float *)a[61], (float *)a[62], (const float *)a[63], (float *)a[64], (float *)a[65], (float *)a[66], (const float *)a[67], (float *)a[68], (float *)a[69], (float *)a[70], (const float *)a[71], (float *)a[72], (float *)a[73], (float *)a[74], (const float *)a[75], (float *)a[76], (float *)a[77], (float *)a[78], (const float *)a[79], (float *)a[80], (float *)a[81], (float *)a[82], (const float *)a[83], (float *)a[84], (float *)a[85], (float *)a[86], (float *)a[87], (float *)a[88], (float *)a[89], (float *)a[90], (float *)a[91], (float *)a[92], (float *)a[93], (float *)a[94], (float *)a[95], (float *)a[96], (float *)a[97], (float *)a[98], (float *)a[99], (float *)a[100], (float *)a[101], (float *)a[102], (float *)a[103], (float *)a[104], (float *)a[105], (float *)a[106], (float *)a[107], (float *)a[108], (float *)a[109], (float *)a[110], (float *)a[111], (float *)a[112], (float *)a[113], (float *)a[114], (float *)a[115], (float *)a[116], (float *)a[117], (float *)a[118], (float *)a[119], (float *)a[120], (float *)a[121], (float *)a[122], (float *)a[123], (float *)a[124], (float *)a[125], (float *)a[126], (float *)a[127], (float *)a[128], (float *)a[129], (float *)a[130], (float *)a[131], (float *)a[132], (float *)a[133], (float *)a[134], (float *)a[135], (float *)a[136], (float *)a[137], (float *)a[138], (float *)a[139], (float *)a[140], (float *)a[141], (float *)a[142], (float *)a[143], (float *)a[144], (float *)a[145], (float *)a[146], (float *)a[147], (float *)a[148], (float *)a[149]);
 }
 #endif
+
+/* attention attn0: q [2, 4, 7 x 2], k and v [2, 4, 1 x 2], causal */
+#define attn0_B 2LL
+#define attn0_S 4LL
+#define attn0_S2 4LL
+#define attn0_H 7LL
+#define attn0_G 1LL
+#define attn0_DH 2
+#define attn0_CAUSAL 1
+#define attn0_SCALE 7.071067691e-01f
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || (defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)
+#define attn0_BK 64
+#else
+#define attn0_BK 32
+#endif
+/* launch: sm_80: grid 14, block 64, sm_90: grid 14, block 128 */
+PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, float *PTC_RESTRICT o)
+{
+    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
+    for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
+        const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
+        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const int live = i < attn0_S;
+        float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
+        for (int d = 0; d < attn0_DH; d++) {
+            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            acc[d] = 0.0f;
+        }
+        /* the keys any query of the tile sees (causal: up to its last query) */
+        long long kend = attn0_S2;
+        if (attn0_CAUSAL && i0 + rows < kend)
+            kend = i0 + rows;
+        for (long long j0 = 0; j0 < kend; j0 += attn0_BK) {
+            __syncthreads(); /* the last tile's readers are done */
+            for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
+                const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
+                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
+                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+            }
+            __syncthreads();
+            long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
+            if (attn0_CAUSAL && i + 1 - j0 < jn)
+                jn = i + 1 - j0;
+            for (long long jj = 0; live && jj < jn; jj++) {
+                float s = 0.0f;
+                for (int d = 0; d < attn0_DH; d++)
+                    s += qr[d] * ks[jj * attn0_DH + d];
+                if (s > m) { /* a new maximum: rescale what was summed */
+                    const float c = expf(m - s);
+                    l *= c;
+                    for (int d = 0; d < attn0_DH; d++)
+                        acc[d] *= c;
+                    m = s;
+                }
+                const float p = expf(s - m);
+                l += p;
+                for (int d = 0; d < attn0_DH; d++)
+                    acc[d] += p * vs[jj * attn0_DH + d];
+            }
+        }
+        if (!live)
+            continue;
+        for (int d = 0; d < attn0_DH; d++)
+            o[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] = acc[d] / l;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_attn0_fwd__emu(void *const *a)
+{
+    k_attn0_fwd((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
+}
+#endif
+/* launch: sm_80: grid 14, block 64, sm_90: grid 14, block 128 */
+PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum)
+{
+    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
+    for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
+        const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
+        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const int live = i < attn0_S;
+        float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
+        for (int d = 0; d < attn0_DH; d++) {
+            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            acc[d] = 0.0f;
+        }
+        /* the keys any query of the tile sees (causal: up to its last query) */
+        long long kend = attn0_S2;
+        if (attn0_CAUSAL && i0 + rows < kend)
+            kend = i0 + rows;
+        for (long long j0 = 0; j0 < kend; j0 += attn0_BK) {
+            __syncthreads(); /* the last tile's readers are done */
+            for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
+                const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
+                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
+                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+            }
+            __syncthreads();
+            long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
+            if (attn0_CAUSAL && i + 1 - j0 < jn)
+                jn = i + 1 - j0;
+            for (long long jj = 0; live && jj < jn; jj++) {
+                float s = 0.0f;
+                for (int d = 0; d < attn0_DH; d++)
+                    s += qr[d] * ks[jj * attn0_DH + d];
+                if (s > m) { /* a new maximum: rescale what was summed */
+                    const float c = expf(m - s);
+                    l *= c;
+                    for (int d = 0; d < attn0_DH; d++)
+                        acc[d] *= c;
+                    m = s;
+                }
+                const float p = expf(s - m);
+                l += p;
+                for (int d = 0; d < attn0_DH; d++)
+                    acc[d] += p * vs[jj * attn0_DH + d];
+            }
+        }
+        if (!live)
+            continue;
+        float dd = 0.0f;
+        for (int d = 0; d < attn0_DH; d++)
+            dd += dy[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * (acc[d] / l);
+        lse[(b * attn0_H + h) * attn0_S + i] = m + logf(l);
+        dsum[(b * attn0_H + h) * attn0_S + i] = dd;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_attn0_stats__emu(void *const *a)
+{
+    k_attn0_stats((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (float *)a[4], (float *)a[5]);
+}
+#endif
+/* launch: sm_80: grid 2, block 64, sm_90: grid 2, block 128 */
+PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dk, float *PTC_RESTRICT dv)
+{
+    __shared__ float qs[attn0_BK * attn0_DH], ds[attn0_BK * attn0_DH], ls[attn0_BK], dd[attn0_BK];
+    const long long rows = blockDim.x, nkb = (attn0_S2 + rows - 1) / rows;
+    for (long long t = blockIdx.x; t < attn0_B * attn0_G * nkb; t += gridDim.x) {
+        const long long b = t / (attn0_G * nkb), kh = t / nkb % attn0_G, j0 = t % nkb * rows;
+        const long long j = j0 + threadIdx.x;
+        const int live = j < attn0_S2;
+        float kr[attn0_DH], vr[attn0_DH], gk[attn0_DH], gv[attn0_DH];
+        for (int d = 0; d < attn0_DH; d++) {
+            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
+            kr[d] = live ? k[at] : 0.0f;
+            vr[d] = live ? v[at] : 0.0f;
+            gk[d] = gv[d] = 0.0f;
+        }
+        for (long long h = kh * (attn0_H / attn0_G); h < (kh + 1) * (attn0_H / attn0_G); h++) {
+            /* causal: queries before the tile's first key see none of its keys */
+            for (long long i0 = attn0_CAUSAL ? j0 : 0; i0 < attn0_S; i0 += attn0_BK) {
+                __syncthreads();
+                for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
+                    const long long i = i0 + x / attn0_DH, at = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + x % attn0_DH;
+                    qs[x] = i < attn0_S ? q[at] : 0.0f;
+                    ds[x] = i < attn0_S ? dy[at] : 0.0f;
+                }
+                for (long long x = threadIdx.x; x < attn0_BK; x += rows) {
+                    const long long i = i0 + x;
+                    ls[x] = i < attn0_S ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+                    dd[x] = i < attn0_S ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+                }
+                __syncthreads();
+                const long long in = attn0_S - i0 < attn0_BK ? attn0_S - i0 : attn0_BK;
+                for (long long ii = 0; live && ii < in; ii++) {
+                    if (attn0_CAUSAL && i0 + ii < j)
+                        continue;
+                    float s = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < attn0_DH; d++) {
+                        s += qs[ii * attn0_DH + d] * kr[d];
+                        dp += ds[ii * attn0_DH + d] * vr[d];
+                    }
+                    const float p = expf(s * attn0_SCALE - ls[ii]), g = p * (dp - dd[ii]) * attn0_SCALE;
+                    for (int d = 0; d < attn0_DH; d++) {
+                        gv[d] += p * ds[ii * attn0_DH + d];
+                        gk[d] += g * qs[ii * attn0_DH + d];
+                    }
+                }
+            }
+        }
+        for (int d = 0; live && d < attn0_DH; d++) {
+            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
+            dk[at] = gk[d];
+            dv[at] = gv[d];
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_attn0_bwd_kv__emu(void *const *a)
+{
+    k_attn0_bwd_kv((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6], (float *)a[7]);
+}
+#endif
+/* launch: sm_80: grid 14, block 64, sm_90: grid 14, block 128 */
+PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dq)
+{
+    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
+    for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
+        const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
+        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const int live = i < attn0_S;
+        const long long qo = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH;
+        float qr[attn0_DH], dr[attn0_DH], gq[attn0_DH];
+        for (int d = 0; d < attn0_DH; d++) {
+            qr[d] = live ? q[qo + d] : 0.0f;
+            dr[d] = live ? dy[qo + d] : 0.0f;
+            gq[d] = 0.0f;
+        }
+        const float l = live ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+        const float D = live ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+        long long kend = attn0_S2;
+        if (attn0_CAUSAL && i0 + rows < kend)
+            kend = i0 + rows;
+        for (long long j0 = 0; j0 < kend; j0 += attn0_BK) {
+            __syncthreads();
+            for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
+                const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
+                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
+                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+            }
+            __syncthreads();
+            long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
+            if (attn0_CAUSAL && i + 1 - j0 < jn)
+                jn = i + 1 - j0;
+            for (long long jj = 0; live && jj < jn; jj++) {
+                float s = 0.0f, dp = 0.0f;
+                for (int d = 0; d < attn0_DH; d++) {
+                    s += qr[d] * ks[jj * attn0_DH + d];
+                    dp += dr[d] * vs[jj * attn0_DH + d];
+                }
+                const float g = expf(s * attn0_SCALE - l) * (dp - D) * attn0_SCALE;
+                for (int d = 0; d < attn0_DH; d++)
+                    gq[d] += g * ks[jj * attn0_DH + d];
+            }
+        }
+        for (int d = 0; live && d < attn0_DH; d++)
+            dq[qo + d] = gq[d];
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_attn0_bwd_q__emu(void *const *a)
+{
+    k_attn0_bwd_q((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6]);
+}
+#endif

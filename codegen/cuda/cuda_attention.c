@@ -1,0 +1,354 @@
+/* cuda_attention.c - attention forward and backward as CUDA C in the flash-attention manner: keys
+ * and values (queries, in the key-side backward) stream through shared memory in tiles, the
+ * softmax is online (a running maximum and sum per query, the output rescaled as the maximum
+ * grows), causal and grouped-query attention are handled in the index arithmetic, and no
+ * s x s matrix is ever stored.
+ *
+ * The kernels, for one attention shape (q [B,S,H*dh], k and v [B,S2,G*dh], G kv heads):
+ *   fwd     o = softmax(q k^T / sqrt(dh)) v; a thread per query row, a block per tile of
+ *           blockDim.x queries of one (batch, head);
+ *   stats   the same pass, keeping per query row lse = max + log(sum) and D = dy . o (the two
+ *           numbers the backward needs; the plan's attention keeps no softmax statistics, so the
+ *           backward recomputes them: FlashAttention-2's backward with its forward's outputs
+ *           recomputed);
+ *   bwd_kv  dk and dv: a thread per key row, a block per tile of keys of one (batch, kv head),
+ *           over the query heads that share the kv head and the query tiles (causal: from the
+ *           key tile's first position on); no atomics, each dk/dv row has one writer;
+ *   bwd_q   dq: a thread per query row over the key tiles.
+ * Sums are f32. Tiles: the key (or query) tile in shared memory holds BK rows of k and v
+ * (of q and dy); BK is 32 rows for sm_80 and 64 for sm_90, at most 48 KiB of static shared
+ * memory; the threads of a block (the rows it computes) are 64 on sm_80 and 128 on sm_90.
+ * These sizes are not tuned: no GPU has measured them (one thread per row keeps a row of q or
+ * k, v and the accumulators in registers; tensor-core tiles are the next step once a GPU can
+ * time them).
+ */
+#include "cuda_emit.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "program.h"
+
+static int rows_of(const ptc_cuda_arch *arch)
+{
+    return arch->sm >= 90 ? 128 : 64;
+}
+
+static int64_t tile_of(int sm, int64_t dh)
+{
+    int64_t bk = sm >= 90 ? 64 : 32, most = 48 * 1024 / (2 * 4 * dh + 8);
+    return bk < most ? bk : most < 1 ? 1 : most;
+}
+
+void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel which,
+                               const ptc_cuda_arch *arch, int *grid, int *block)
+{
+    int64_t rows = rows_of(arch);
+    int64_t n = which == PTC_CUDA_ATTN_BWD_KV
+                    ? a->batch * a->kv_heads * ((a->kv_seq + rows - 1) / rows)
+                    : a->batch * a->heads * ((a->seq + rows - 1) / rows);
+    int64_t wave = (int64_t)arch->sms * (2048 / rows);
+    *block = (int)rows;
+    *grid = (int)(n < 1 ? 1 : n > wave ? wave : n);
+}
+
+const char *const ptc_cuda_attn_names[PTC_CUDA_ATTN_NKERNELS] = {"fwd", "stats", "bwd_kv",
+                                                                 "bwd_q"};
+
+/* the constants of one shape, and the tile per architecture */
+static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
+{
+    fprintf(f,
+            "/* attention %s: q [%lld, %lld, %lld x %lld], k and v [%lld, %lld, %lld x %lld]%s */\n"
+            "#define %s_B %lldLL\n#define %s_S %lldLL\n#define %s_S2 %lldLL\n#define %s_H %lldLL\n"
+            "#define %s_G %lldLL\n#define %s_DH %lld\n#define %s_CAUSAL %d\n"
+            "#define %s_SCALE %.9ef\n"
+            "#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || "
+            "(defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)\n"
+            "#define %s_BK %lld\n#else\n#define %s_BK %lld\n#endif\n",
+            n, (long long)a->batch, (long long)a->seq, (long long)a->heads,
+            (long long)a->head_dim, (long long)a->batch, (long long)a->kv_seq,
+            (long long)a->kv_heads, (long long)a->head_dim, a->causal ? ", causal" : "", n,
+            (long long)a->batch, n, (long long)a->seq, n, (long long)a->kv_seq, n,
+            (long long)a->heads, n, (long long)a->kv_heads, n, (long long)a->head_dim, n,
+            a->causal ? 1 : 0, n, (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
+            (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim));
+}
+
+/* Text with @ standing for the attention's name, printed with it substituted. */
+static void put_named(FILE *f, const char *text, const char *n)
+{
+    for (const char *c = text; *c; c++)
+        if (*c == '@')
+            fputs(n, f);
+        else
+            fputc(*c, f);
+}
+
+/* fwd and stats: one query row per thread, key/value tiles in shared memory, online softmax */
+static const char fwd_body[] =
+    "{\n"
+    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
+    "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
+    "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
+    "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
+    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
+    "        const int live = i < @_S;\n"
+    "        float qr[@_DH], acc[@_DH], m = -PTC_INF, l = 0.0f;\n"
+    "        for (int d = 0; d < @_DH; d++) {\n"
+    "            qr[d] = live ? q[(b * @_S + i) * (@_H * @_DH) + h * @_DH + d] * @_SCALE : 0.0f;\n"
+    "            acc[d] = 0.0f;\n"
+    "        }\n"
+    "        /* the keys any query of the tile sees (causal: up to its last query) */\n"
+    "        long long kend = @_S2;\n"
+    "        if (@_CAUSAL && i0 + rows < kend)\n"
+    "            kend = i0 + rows;\n"
+    "        for (long long j0 = 0; j0 < kend; j0 += @_BK) {\n"
+    "            __syncthreads(); /* the last tile's readers are done */\n"
+    "            for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
+    "                const long long j = j0 + x / @_DH, at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + x % @_DH;\n"
+    "                ks[x] = j < @_S2 ? k[at] : 0.0f;\n"
+    "                vs[x] = j < @_S2 ? v[at] : 0.0f;\n"
+    "            }\n"
+    "            __syncthreads();\n"
+    "            long long jn = @_S2 - j0 < @_BK ? @_S2 - j0 : @_BK;\n"
+    "            if (@_CAUSAL && i + 1 - j0 < jn)\n"
+    "                jn = i + 1 - j0;\n"
+    "            for (long long jj = 0; live && jj < jn; jj++) {\n"
+    "                float s = 0.0f;\n"
+    "                for (int d = 0; d < @_DH; d++)\n"
+    "                    s += qr[d] * ks[jj * @_DH + d];\n"
+    "                if (s > m) { /* a new maximum: rescale what was summed */\n"
+    "                    const float c = expf(m - s);\n"
+    "                    l *= c;\n"
+    "                    for (int d = 0; d < @_DH; d++)\n"
+    "                        acc[d] *= c;\n"
+    "                    m = s;\n"
+    "                }\n"
+    "                const float p = expf(s - m);\n"
+    "                l += p;\n"
+    "                for (int d = 0; d < @_DH; d++)\n"
+    "                    acc[d] += p * vs[jj * @_DH + d];\n"
+    "            }\n"
+    "        }\n"
+    "        if (!live)\n"
+    "            continue;\n";
+
+static const char fwd_tail[] =
+    "        for (int d = 0; d < @_DH; d++)\n"
+    "            o[(b * @_S + i) * (@_H * @_DH) + h * @_DH + d] = acc[d] / l;\n"
+    "    }\n"
+    "}\n";
+
+static const char stats_tail[] =
+    "        float dd = 0.0f;\n"
+    "        for (int d = 0; d < @_DH; d++)\n"
+    "            dd += dy[(b * @_S + i) * (@_H * @_DH) + h * @_DH + d] * (acc[d] / l);\n"
+    "        lse[(b * @_H + h) * @_S + i] = m + logf(l);\n"
+    "        dsum[(b * @_H + h) * @_S + i] = dd;\n"
+    "    }\n"
+    "}\n";
+
+/* dk, dv: one key row per thread over the query tiles of every query head of its kv head */
+static const char bwd_kv[] =
+    "{\n"
+    "    __shared__ float qs[@_BK * @_DH], ds[@_BK * @_DH], ls[@_BK], dd[@_BK];\n"
+    "    const long long rows = blockDim.x, nkb = (@_S2 + rows - 1) / rows;\n"
+    "    for (long long t = blockIdx.x; t < @_B * @_G * nkb; t += gridDim.x) {\n"
+    "        const long long b = t / (@_G * nkb), kh = t / nkb % @_G, j0 = t % nkb * rows;\n"
+    "        const long long j = j0 + threadIdx.x;\n"
+    "        const int live = j < @_S2;\n"
+    "        float kr[@_DH], vr[@_DH], gk[@_DH], gv[@_DH];\n"
+    "        for (int d = 0; d < @_DH; d++) {\n"
+    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d;\n"
+    "            kr[d] = live ? k[at] : 0.0f;\n"
+    "            vr[d] = live ? v[at] : 0.0f;\n"
+    "            gk[d] = gv[d] = 0.0f;\n"
+    "        }\n"
+    "        for (long long h = kh * (@_H / @_G); h < (kh + 1) * (@_H / @_G); h++) {\n"
+    "            /* causal: queries before the tile's first key see none of its keys */\n"
+    "            for (long long i0 = @_CAUSAL ? j0 : 0; i0 < @_S; i0 += @_BK) {\n"
+    "                __syncthreads();\n"
+    "                for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
+    "                    const long long i = i0 + x / @_DH, at = (b * @_S + i) * (@_H * @_DH) + h * @_DH + x % @_DH;\n"
+    "                    qs[x] = i < @_S ? q[at] : 0.0f;\n"
+    "                    ds[x] = i < @_S ? dy[at] : 0.0f;\n"
+    "                }\n"
+    "                for (long long x = threadIdx.x; x < @_BK; x += rows) {\n"
+    "                    const long long i = i0 + x;\n"
+    "                    ls[x] = i < @_S ? lse[(b * @_H + h) * @_S + i] : 0.0f;\n"
+    "                    dd[x] = i < @_S ? dsum[(b * @_H + h) * @_S + i] : 0.0f;\n"
+    "                }\n"
+    "                __syncthreads();\n"
+    "                const long long in = @_S - i0 < @_BK ? @_S - i0 : @_BK;\n"
+    "                for (long long ii = 0; live && ii < in; ii++) {\n"
+    "                    if (@_CAUSAL && i0 + ii < j)\n"
+    "                        continue;\n"
+    "                    float s = 0.0f, dp = 0.0f;\n"
+    "                    for (int d = 0; d < @_DH; d++) {\n"
+    "                        s += qs[ii * @_DH + d] * kr[d];\n"
+    "                        dp += ds[ii * @_DH + d] * vr[d];\n"
+    "                    }\n"
+    "                    const float p = expf(s * @_SCALE - ls[ii]), g = p * (dp - dd[ii]) * @_SCALE;\n"
+    "                    for (int d = 0; d < @_DH; d++) {\n"
+    "                        gv[d] += p * ds[ii * @_DH + d];\n"
+    "                        gk[d] += g * qs[ii * @_DH + d];\n"
+    "                    }\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "        for (int d = 0; live && d < @_DH; d++) {\n"
+    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d;\n"
+    "            dk[at] = gk[d];\n"
+    "            dv[at] = gv[d];\n"
+    "        }\n"
+    "    }\n"
+    "}\n";
+
+/* dq: one query row per thread over the key tiles */
+static const char bwd_q[] =
+    "{\n"
+    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
+    "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
+    "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
+    "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
+    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
+    "        const int live = i < @_S;\n"
+    "        const long long qo = (b * @_S + i) * (@_H * @_DH) + h * @_DH;\n"
+    "        float qr[@_DH], dr[@_DH], gq[@_DH];\n"
+    "        for (int d = 0; d < @_DH; d++) {\n"
+    "            qr[d] = live ? q[qo + d] : 0.0f;\n"
+    "            dr[d] = live ? dy[qo + d] : 0.0f;\n"
+    "            gq[d] = 0.0f;\n"
+    "        }\n"
+    "        const float l = live ? lse[(b * @_H + h) * @_S + i] : 0.0f;\n"
+    "        const float D = live ? dsum[(b * @_H + h) * @_S + i] : 0.0f;\n"
+    "        long long kend = @_S2;\n"
+    "        if (@_CAUSAL && i0 + rows < kend)\n"
+    "            kend = i0 + rows;\n"
+    "        for (long long j0 = 0; j0 < kend; j0 += @_BK) {\n"
+    "            __syncthreads();\n"
+    "            for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
+    "                const long long j = j0 + x / @_DH, at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + x % @_DH;\n"
+    "                ks[x] = j < @_S2 ? k[at] : 0.0f;\n"
+    "                vs[x] = j < @_S2 ? v[at] : 0.0f;\n"
+    "            }\n"
+    "            __syncthreads();\n"
+    "            long long jn = @_S2 - j0 < @_BK ? @_S2 - j0 : @_BK;\n"
+    "            if (@_CAUSAL && i + 1 - j0 < jn)\n"
+    "                jn = i + 1 - j0;\n"
+    "            for (long long jj = 0; live && jj < jn; jj++) {\n"
+    "                float s = 0.0f, dp = 0.0f;\n"
+    "                for (int d = 0; d < @_DH; d++) {\n"
+    "                    s += qr[d] * ks[jj * @_DH + d];\n"
+    "                    dp += dr[d] * vs[jj * @_DH + d];\n"
+    "                }\n"
+    "                const float g = expf(s * @_SCALE - l) * (dp - D) * @_SCALE;\n"
+    "                for (int d = 0; d < @_DH; d++)\n"
+    "                    gq[d] += g * ks[jj * @_DH + d];\n"
+    "            }\n"
+    "        }\n"
+    "        for (int d = 0; live && d < @_DH; d++)\n"
+    "            dq[qo + d] = gq[d];\n"
+    "    }\n"
+    "}\n";
+
+static const char *const params[PTC_CUDA_ATTN_NKERNELS] = {
+    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
+    "float *PTC_RESTRICT o",
+    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
+    "const float *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum",
+    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
+    "const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
+    "float *PTC_RESTRICT dk, float *PTC_RESTRICT dv",
+    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
+    "const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
+    "float *PTC_RESTRICT dq",
+};
+static const int nparams[PTC_CUDA_ATTN_NKERNELS] = {4, 6, 8, 7};
+static const int nouts[PTC_CUDA_ATTN_NKERNELS] = {1, 2, 2, 1};
+
+void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
+{
+    emit_defs(a, name, f);
+    for (int w = 0; w < PTC_CUDA_ATTN_NKERNELS; w++) {
+        fputs("/* launch:", f);
+        for (int r = 0; r < ptc_cuda_narchs; r++) {
+            int g, b;
+            ptc_cuda_attention_launch(a, (ptc_cuda_attn_kernel)w, &ptc_cuda_archs[r], &g, &b);
+            fprintf(f, "%s sm_%d: grid %d, block %d", r ? "," : "", ptc_cuda_archs[r].sm, g, b);
+        }
+        fprintf(f, " */\nPTC_KERNEL __launch_bounds__(128) k_%s_%s(%s)\n", name,
+                ptc_cuda_attn_names[w], params[w]);
+        switch (w) {
+        case PTC_CUDA_ATTN_FWD:
+            put_named(f, fwd_body, name);
+            put_named(f, fwd_tail, name);
+            break;
+        case PTC_CUDA_ATTN_STATS:
+            put_named(f, fwd_body, name);
+            put_named(f, stats_tail, name);
+            break;
+        case PTC_CUDA_ATTN_BWD_KV: put_named(f, bwd_kv, name); break;
+        default: put_named(f, bwd_q, name); break;
+        }
+        fprintf(f, "#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
+                name, ptc_cuda_attn_names[w], name, ptc_cuda_attn_names[w]);
+        for (int i = 0; i < nparams[w]; i++)
+            fprintf(f, "%s(%sfloat *)a[%d]", i ? ", " : "",
+                    i < nparams[w] - nouts[w] ? "const " : "", i);
+        fputs(");\n}\n#endif\n", f);
+    }
+}
+
+/* the attention of instruction in of program pg, or false */
+static bool attention_of(const ptc_program *pg, const ptc_instr *in, ptc_cuda_attn *a)
+{
+    if (in->op != PTC_OP_ATTENTION && in->op != PTC_OP_ATTENTION_GRAD)
+        return false;
+    const ptc_type *tq = &pg->bufs[in->in[0]].type, *tk = &pg->bufs[in->in[1]].type;
+    int64_t heads = in->attrs.heads, kv = in->attrs.kv_heads ? in->attrs.kv_heads : heads;
+    *a = (ptc_cuda_attn){.batch = tq->dims[0], .seq = tq->dims[1], .kv_seq = tk->dims[1],
+                         .heads = heads, .kv_heads = kv, .head_dim = tq->dims[2] / heads,
+                         .causal = in->attrs.causal};
+    return true;
+}
+
+int ptc_cuda_plan_attentions(const ptc_plan *p, ptc_cuda_attn *out, int cap)
+{
+    int n = 0;
+    for (int g = 0; g < p->nprograms; g++) {
+        const ptc_program *pg = &p->programs[g];
+        for (int i = 0; i < pg->ninstrs; i++) {
+            ptc_cuda_attn a;
+            if (pg->instrs[i].kind != PTC_INSTR_KERNEL || !attention_of(pg, &pg->instrs[i], &a))
+                continue;
+            bool seen = false;
+            for (int j = 0; j < n && j < cap && !seen; j++)
+                seen = out[j].batch == a.batch && out[j].seq == a.seq &&
+                       out[j].kv_seq == a.kv_seq && out[j].heads == a.heads &&
+                       out[j].kv_heads == a.kv_heads && out[j].head_dim == a.head_dim &&
+                       out[j].causal == a.causal;
+            if (!seen) {
+                if (n < cap)
+                    out[n] = a;
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+void ptc_cuda_emit_plan(const ptc_plan *p, FILE *f)
+{
+    ptc_cuda_emit_unit(p->kernels, p->nkernels, f);
+    ptc_cuda_attn at[64];
+    int n = ptc_cuda_plan_attentions(p, at, 64);
+    for (int i = 0; i < n && i < 64; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "attn%d", i);
+        fputc('\n', f);
+        ptc_cuda_emit_attention(&at[i], name, f);
+    }
+}
