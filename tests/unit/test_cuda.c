@@ -10,6 +10,9 @@
  *     emulated code is built with ASan too, so an access out of bounds fails the test;
  *   - NVRTC and ptxas: the kernels of every example (the large ones included) compile for sm_80
  *     and sm_90 with NVRTC, and ptxas accepts the PTX; NVRTC's disk cache returns the same PTX;
+ *   - a training step: one step of the example models on a test backend whose fused kernels and
+ *     attention (forward, statistics, backward) are the emulated CUDA kernels, against the CPU
+ *     backend: the loss, every gradient and AdamW's moments within 1e-5 of the largest value;
  *   - dlopen: each library missing gives a message naming it; the driver's absence (this
  *     machine has none) is what --device cuda reports.
  * The NVRTC and emulation tests skip, saying why, where the CUDA toolkit or a C compiler is
@@ -17,6 +20,7 @@
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +29,10 @@
 #include <unistd.h>
 
 #include "cuda_emit.h"
+#include "backend.h"
+#include "cpu.h"
 #include "cudalib.h"
+#include "exec.h"
 #include "kernel.h"
 #include "ref.h"
 #include "frontend.h"
@@ -56,7 +63,7 @@ static void teardown(void)
 
 /* ---- plans ---- */
 
-static ptc_plan *plan_of(const char *rel, const ptc_define *defs, int ndefs)
+static ptc_plan *plan_with(const char *rel, const ptc_define *defs, int ndefs, bool grads)
 {
     char path[512], err[2048];
     snprintf(path, sizeof path, "%s/%s", PTC_SOURCE_DIR, rel);
@@ -72,13 +79,18 @@ static ptc_plan *plan_of(const char *rel, const ptc_define *defs, int ndefs)
     ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
     cr_assert_eq(ptc_run_passes(&ctx), 0, "%s: %s", rel, err);
     ptc_pass_ctx_free(&ctx);
-    ptc_lower_opts lo = {.fuse = true};
+    ptc_lower_opts lo = {.fuse = true, .keep_grad_outputs = grads};
     ptc_plan *p = ptc_lower(ctx.g, &lo, err, sizeof err);
     cr_assert_not_null(p, "%s: %s", rel, err);
     cr_assert_gt(p->nkernels, 0, "%s: nothing fused", rel);
     ptc_graph_free(ctx.g);
     free(src);
     return p;
+}
+
+static ptc_plan *plan_of(const char *rel, const ptc_define *defs, int ndefs)
+{
+    return plan_with(rel, defs, ndefs, false);
 }
 
 static char *unit_of(ptc_kir *const *ks, int n)
@@ -451,6 +463,174 @@ Test(cuda, attention_emulated)
         check_attention(&shapes[i], 80);
         check_attention(&shapes[i], 90);
     }
+}
+
+/* ---- a whole training step on the generated CUDA kernels ----
+ *
+ * A backend for this test only: host memory and the CPU backend's GEMMs and kernels, but every
+ * fused kernel of the plan and every attention (forward and backward) run as the generated CUDA
+ * C, in the emulation, at sm_90's block sizes. One step of it against one step of the CPU
+ * backend: the plan's kernels in the order, shapes and aliasing the program gives them, the
+ * attention's statistics pass included. */
+
+static struct emu_state {
+    void *so;
+    launch_fn launch;
+    ptc_cuda_attn at[16];
+    int nat;
+} emu;
+
+static int emu_prepare(const ptc_plan *p, void **state, char *err, size_t errn)
+{
+    (void)err, (void)errn;
+    char *unit = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&unit, &len);
+    ptc_cuda_emit_plan(p, f);
+    fclose(f);
+    emu.so = build_emu(unit, "step");
+    free(unit);
+    void *l = dlsym(emu.so, "ptc_cuda_emu_launch");
+    memcpy(&emu.launch, &l, sizeof emu.launch);
+    emu.nat = ptc_cuda_plan_attentions(p, emu.at, 16);
+    cr_assert_leq(emu.nat, 16);
+    *state = &emu;
+    return 0;
+}
+
+static void emu_release(void *state)
+{
+    (void)state;
+    dlclose(emu.so);
+    emu.so = NULL;
+}
+
+static int emu_fused(void *state, const ptc_plan *p, int k, void *const *args, char *err,
+                     size_t errn)
+{
+    (void)state, (void)err, (void)errn;
+    char sym[256];
+    snprintf(sym, sizeof sym, "k_%s__emu", p->kernels[k]->name);
+    int grid, block;
+    ptc_cuda_launch(p->kernels[k], &ptc_cuda_archs[1], &grid, &block);
+    return emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
+}
+
+static void emu_attention(int id, ptc_cuda_attn_kernel w, void *const *args)
+{
+    int grid, block;
+    ptc_cuda_attention_launch(&emu.at[id], w, &ptc_cuda_archs[1], &grid, &block);
+    char sym[64];
+    snprintf(sym, sizeof sym, "k_attn%d_%s__emu", id, ptc_cuda_attn_names[w]);
+    cr_assert_eq(emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4),
+                            (unsigned)block),
+                 0);
+}
+
+static int emu_kernel(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                      void *const *out, char *err, size_t errn)
+{
+    if (n->op != PTC_OP_ATTENTION && n->op != PTC_OP_ATTENTION_GRAD)
+        return ptrt_backend_cpu.kernel(n, it, in, ot, out, err, errn);
+    int64_t heads = n->attrs.heads, kv = n->attrs.kv_heads ? n->attrs.kv_heads : heads;
+    ptc_cuda_attn a = {it[0].dims[0], it[0].dims[1], it[1].dims[1], heads, kv,
+                       it[0].dims[2] / heads, n->attrs.causal};
+    int id = -1;
+    for (int i = 0; i < emu.nat && id < 0; i++)
+        if (!memcmp(&emu.at[i], &a, offsetof(ptc_cuda_attn, causal)) && emu.at[i].causal == a.causal)
+            id = i;
+    cr_assert_geq(id, 0, "an attention the plan's unit has no kernels for");
+    if (n->op == PTC_OP_ATTENTION) {
+        emu_attention(id, PTC_CUDA_ATTN_FWD, (void *[]){in[0], in[1], in[2], out[0]});
+        return 0;
+    }
+    size_t ns = (size_t)(a.batch * a.heads * a.seq);
+    float *lse = malloc(ns * 4), *ds = malloc(ns * 4);
+    emu_attention(id, PTC_CUDA_ATTN_STATS, (void *[]){in[0], in[1], in[2], in[3], lse, ds});
+    emu_attention(id, PTC_CUDA_ATTN_BWD_KV,
+                  (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[1], out[2]});
+    emu_attention(id, PTC_CUDA_ATTN_BWD_Q, (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]});
+    free(lse);
+    free(ds);
+    return 0;
+}
+
+/* one training step of plan p on backend be: initial state of seed 3, random inputs of seed 4 */
+static ptrt_exec *one_step(const ptc_plan *p, const ptrt_backend *be)
+{
+    char err[1024];
+    ptrt_exec_opts o = {.backend = be, .drop = -1};
+    ptrt_exec *x = ptrt_exec_new(p, 0, &o, err, sizeof err);
+    cr_assert_not_null(x, "%s", err);
+    const ptc_program *pg = ptrt_exec_program(x);
+    ptrt_exec_init_state(x, 3);
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        if (bf->kind != PTC_BUF_INPUT || bf->view >= 0)
+            continue;
+        float *v = ptrt_exec_data(x, b);
+        if (bf->role == PTC_ROLE_LR)
+            v[0] = 1e-2f;
+        else if (bf->role == PTC_ROLE_STEP || bf->role == PTC_ROLE_MAX_NORM)
+            v[0] = 1.0f;
+        else
+            cr_assert_eq(ptrt_exec_random_input(x, b, bf->name, 4, err, sizeof err), 0, "%s", err);
+    }
+    cr_assert_eq(ptrt_exec_run(x, PTRT_ENTRY_STEP, 1, err, sizeof err), 0, "%s: %s", be->name, err);
+    return x;
+}
+
+static void check_step(const char *rel, const ptc_define *defs, int ndefs)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    ptc_plan *p = plan_with(rel, defs, ndefs, true);
+    ptrt_backend be = ptrt_backend_cpu;
+    be.name = "cuda-emulated";
+    be.kernel = emu_kernel;
+    be.prepare = emu_prepare;
+    be.release = emu_release;
+    be.fused = emu_fused;
+    ptrt_exec *want = one_step(p, &ptrt_backend_cpu), *got = one_step(p, &be);
+    const ptc_program *pg = ptrt_exec_program(want);
+    const float *la = ptrt_exec_data(want, pg->loss), *lb = ptrt_exec_data(got, pg->loss);
+    cr_expect_leq(fabs(la[0] - lb[0]), 1e-5 * fabs(la[0]) + 1e-7, "%s: loss %.9g, cpu %.9g", rel,
+                  lb[0], la[0]);
+    /* the gradients, and AdamW's moments (smooth in them; the first step's update itself is
+     * lr * sign(g) wherever |g| >> eps, so float noise in a gradient near 0 moves a weight by up
+     * to lr: the update is tested in the kernel tests against the interpreter instead) */
+    int nparams = 0;
+    for (int k = 0; k < pg->noutputs; k++) {
+        int b = pg->outputs[k];
+        char what[256];
+        snprintf(what, sizeof what, "%s: gradient output %d (buffer b%d)", rel, k, b);
+        expect_close(ptrt_exec_data(got, b), ptrt_exec_data(want, b),
+                     ptc_type_numel(&pg->bufs[b].type), what);
+        nparams++;
+    }
+    for (int b = 0; b < pg->nbufs; b++) {
+        const ptc_buffer *bf = &pg->bufs[b];
+        if (bf->kind != PTC_BUF_STATE || bf->view >= 0)
+            continue;
+        char what[256];
+        snprintf(what, sizeof what, "%s: optimizer state %s", rel, bf->name);
+        expect_close(ptrt_exec_data(got, b), ptrt_exec_data(want, b), ptc_type_numel(&bf->type),
+                     what);
+    }
+    cr_expect_gt(nparams, 0);
+    ptrt_exec_free(want);
+    ptrt_exec_free(got);
+    ptc_plan_free(p);
+}
+
+Test(cuda, training_step_on_emulated_kernels)
+{
+    ptrt_cpu_set_threads(2);
+    ptc_define small[] = {{"batch", 2}, {"seq", 8}};
+    check_step("examples/gpt2_tiny.ptm", small, 2);
+    check_step("examples/llama_tiny.ptm", small, 2);
+    check_step("examples/bert_tiny.ptm", small, 2);
+    check_step("examples/moe_tiny.ptm", small, 2);
 }
 
 /* ---- NVRTC and ptxas ---- */
