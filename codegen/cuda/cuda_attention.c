@@ -86,20 +86,9 @@ static void put_named(FILE *f, const char *text, const char *n)
             fputc(*c, f);
 }
 
-/* fwd and stats: one query row per thread, key/value tiles in shared memory, online softmax */
-static const char fwd_body[] =
-    "{\n"
-    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
-    "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
-    "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
-    "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
-    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
-    "        const int live = i < @_S;\n"
-    "        float qr[@_DH], acc[@_DH], m = -PTC_INF, l = 0.0f;\n"
-    "        for (int d = 0; d < @_DH; d++) {\n"
-    "            qr[d] = live ? q[(b * @_S + i) * (@_H * @_DH) + h * @_DH + d] * @_SCALE : 0.0f;\n"
-    "            acc[d] = 0.0f;\n"
-    "        }\n"
+/* The loop over the key tiles of fwd, stats and bwd_q: k and v rows j0.. in shared memory, and
+ * jn, how many of them query i sees; the kernels' texts around it follow. */
+static const char kv_tiles[] =
     "        /* the keys any query of the tile sees (causal: up to its last query) */\n"
     "        long long kend = @_S2;\n"
     "        if (@_CAUSAL && i0 + rows < kend)\n"
@@ -114,7 +103,24 @@ static const char fwd_body[] =
     "            __syncthreads();\n"
     "            long long jn = @_S2 - j0 < @_BK ? @_S2 - j0 : @_BK;\n"
     "            if (@_CAUSAL && i + 1 - j0 < jn)\n"
-    "                jn = i + 1 - j0;\n"
+    "                jn = i + 1 - j0;\n";
+
+/* fwd and stats: one query row per thread, key/value tiles in shared memory, online softmax */
+static const char fwd_body[] =
+    "{\n"
+    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
+    "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
+    "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
+    "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
+    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
+    "        const int live = i < @_S;\n"
+    "        float qr[@_DH], acc[@_DH], m = -PTC_INF, l = 0.0f;\n"
+    "        for (int d = 0; d < @_DH; d++) {\n"
+    "            qr[d] = live ? q[(b * @_S + i) * (@_H * @_DH) + h * @_DH + d] * @_SCALE : 0.0f;\n"
+    "            acc[d] = 0.0f;\n"
+    "        }\n";
+
+static const char fwd_loop[] =
     "            for (long long jj = 0; live && jj < jn; jj++) {\n"
     "                float s = 0.0f;\n"
     "                for (int d = 0; d < @_DH; d++)\n"
@@ -223,21 +229,9 @@ static const char bwd_q[] =
     "            gq[d] = 0.0f;\n"
     "        }\n"
     "        const float l = live ? lse[(b * @_H + h) * @_S + i] : 0.0f;\n"
-    "        const float D = live ? dsum[(b * @_H + h) * @_S + i] : 0.0f;\n"
-    "        long long kend = @_S2;\n"
-    "        if (@_CAUSAL && i0 + rows < kend)\n"
-    "            kend = i0 + rows;\n"
-    "        for (long long j0 = 0; j0 < kend; j0 += @_BK) {\n"
-    "            __syncthreads();\n"
-    "            for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
-    "                const long long j = j0 + x / @_DH, at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + x % @_DH;\n"
-    "                ks[x] = j < @_S2 ? k[at] : 0.0f;\n"
-    "                vs[x] = j < @_S2 ? v[at] : 0.0f;\n"
-    "            }\n"
-    "            __syncthreads();\n"
-    "            long long jn = @_S2 - j0 < @_BK ? @_S2 - j0 : @_BK;\n"
-    "            if (@_CAUSAL && i + 1 - j0 < jn)\n"
-    "                jn = i + 1 - j0;\n"
+    "        const float D = live ? dsum[(b * @_H + h) * @_S + i] : 0.0f;\n";
+
+static const char bwd_q_loop[] =
     "            for (long long jj = 0; live && jj < jn; jj++) {\n"
     "                float s = 0.0f, dp = 0.0f;\n"
     "                for (int d = 0; d < @_DH; d++) {\n"
@@ -284,14 +278,22 @@ void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
         switch (w) {
         case PTC_CUDA_ATTN_FWD:
             put_named(f, fwd_body, name);
+            put_named(f, kv_tiles, name);
+            put_named(f, fwd_loop, name);
             put_named(f, fwd_tail, name);
             break;
         case PTC_CUDA_ATTN_STATS:
             put_named(f, fwd_body, name);
+            put_named(f, kv_tiles, name);
+            put_named(f, fwd_loop, name);
             put_named(f, stats_tail, name);
             break;
         case PTC_CUDA_ATTN_BWD_KV: put_named(f, bwd_kv, name); break;
-        default: put_named(f, bwd_q, name); break;
+        default:
+            put_named(f, bwd_q, name);
+            put_named(f, kv_tiles, name);
+            put_named(f, bwd_q_loop, name);
+            break;
         }
         fprintf(f, "#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
                 name, ptc_cuda_attn_names[w], name, ptc_cuda_attn_names[w]);

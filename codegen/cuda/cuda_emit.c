@@ -828,7 +828,7 @@ void ptc_cuda_emit_prelude(FILE *f)
           " * first (PTC_CUDA_EMULATE) a host C compiler builds it for the emulation tests. */\n"
           "#ifndef PTC_CUDA_EMULATE\n"
           "#define PTC_KERNEL extern \"C\" __global__ void\n"
-          "#define PTC_DEVICE static __device__ __forceinline__\n"
+          "#define PTC_DEVICE __device__ __forceinline__\n"
           "#define PTC_RESTRICT __restrict__\n"
           "#define PTC_INF __int_as_float(0x7f800000)\n"
           "#define PTC_NAN __int_as_float(0x7fffffff)\n"

@@ -22,6 +22,14 @@ if [ -x "$nvcc" ]; then
     [ "$n" -eq "$kernels" ] && ok "sm_$sm PTX has every kernel" "$n entries" \
       || bad "sm_$sm PTX has every kernel" "$n entries for $kernels kernels"
   done
+  # the kernels of parallel plans: tensor and data parallel, experts, pipeline stages
+  for args in "--mesh dp=2,tp=2 examples/gpt2_tiny.ptm" "--mesh dp=2,ep=2 examples/moe_tiny.ptm" \
+              "--mesh pp=2 -D batch=8 --microbatches 2 examples/gpt2_tiny.ptm" "--no-fuse examples/llama_tiny.ptm"; do
+    # shellcheck disable=SC2086
+    "$ptc" --emit cuda ${args/examples/$src/examples} > plan.cu 2> err.txt \
+      && check "nvcc --ptx of ptc --emit cuda $args" 0 "" "$nvcc" --ptx -arch=sm_90 plan.cu -o plan.ptx \
+      || bad "ptc --emit cuda $args" "$(head -c 300 err.txt)"
+  done
 else
   echo "SKIP nvcc --ptx: no $nvcc (the CUDA toolkit is not installed here)"
 fi

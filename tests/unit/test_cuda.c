@@ -37,6 +37,7 @@
 #include "ref.h"
 #include "frontend.h"
 #include "kir.h"
+#include "kir_samples.h"
 #include "passes.h"
 #include "plan.h"
 #include "planner.h"
@@ -259,20 +260,7 @@ static void check_plan(const char *rel, const ptc_define *defs, int ndefs, const
  * other's stores (run in order on one thread), a reduction inside a row's loop (per thread), a
  * max reduction, a store of the row, stores at the top level, a loop of one element */
 static const char *const corner_kernels[] = {
-    "kernel every(x: f32[91], ids: i32[13], y: out f32[91], z: out f32[13], w: out f32[91] = x) {\n"
-    "    let c = float(13 % 5) / 3.0\n"
-    "    for r < 13 parallel {\n"
-    "        let s = sum(j < 7: exp(x[r * 7 + j] * 0.5) - log(1.5 + x[r * 7 + j] * x[r * 7 + j]))\n"
-    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2]))\n"
-    "        let id = ids[r]\n"
-    "        z[r] = select(id < 3, s * c, m) + sqrt(min(max(s, 0.25), 9.0))\n"
-    "        for j < 7 {\n"
-    "            let v = x[r * 7 + j]\n"
-    "            y[r * 7 + (6 - j)] = -v / (1.0 + float(j)) + select(j == id % 7, 1.0, 0.0)\n"
-    "            w[r * 7 + j] = v * m - s\n"
-    "        }\n"
-    "    }\n"
-    "}\n",
+    kir_every_kind,
     "kernel scan(x: f32[200], y: out f32[200], n: out f32[5]) {\n"
     "    for r < 5 parallel {\n"
     "        y[r * 40] = x[r * 40]\n"

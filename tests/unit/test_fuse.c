@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "kir_samples.h"
 #include "cpu.h"
 #include "exec.h"
 #include "frontend.h"
@@ -35,21 +36,6 @@
 
 /* ---- the kernel IR ---- */
 
-static const char every_kind[] =
-    "kernel every(x: f32[91], ids: i32[13], y: out f32[91], z: out f32[13], w: out f32[91] = x) {\n"
-    "    let c = float(13 % 5) / 3.0\n"
-    "    for r < 13 parallel {\n"
-    "        let s = sum(j < 7: exp(x[r * 7 + j] * 0.5) - log(1.5 + x[r * 7 + j] * x[r * 7 + j]))\n"
-    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2]))\n"
-    "        let id = ids[r]\n"
-    "        z[r] = select(id < 3, s * c, m) + sqrt(min(max(s, 0.25), 9.0))\n"
-    "        for j < 7 {\n"
-    "            let v = x[r * 7 + j]\n"
-    "            y[r * 7 + (6 - j)] = -v / (1.0 + float(j)) + select(j == id % 7, 1.0, 0.0)\n"
-    "            w[r * 7 + j] = v * m - s\n"
-    "        }\n"
-    "    }\n"
-    "}\n";
 
 static char *print_kernel(const ptc_kir *k)
 {
@@ -64,7 +50,7 @@ static char *print_kernel(const ptc_kir *k)
 Test(kir, text_round_trip)
 {
     char err[512];
-    ptc_kir *k = ptc_kir_parse_text(every_kind, err, sizeof err);
+    ptc_kir *k = ptc_kir_parse_text(kir_every_kind, err, sizeof err);
     cr_assert_not_null(k, "%s", err);
     char *a = print_kernel(k);
     ptc_kir *k2 = ptc_kir_parse_text(a, err, sizeof err);
@@ -126,7 +112,7 @@ static double max_rel(const float *a, const float *b, int64_t n)
 Test(kir, compiled_matches_interpreter)
 {
     char err[1024];
-    ptc_kir *k = ptc_kir_parse_text(every_kind, err, sizeof err);
+    ptc_kir *k = ptc_kir_parse_text(kir_every_kind, err, sizeof err);
     cr_assert_not_null(k, "%s", err);
     ptc_kfn fn = ptc_kjit_get(k, "", err, sizeof err);
     cr_assert_not_null(fn, "%s", err);

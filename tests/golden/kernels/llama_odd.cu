@@ -3,7 +3,7 @@
  * first (PTC_CUDA_EMULATE) a host C compiler builds it for the emulation tests. */
 #ifndef PTC_CUDA_EMULATE
 #define PTC_KERNEL extern "C" __global__ void
-#define PTC_DEVICE static __device__ __forceinline__
+#define PTC_DEVICE __device__ __forceinline__
 #define PTC_RESTRICT __restrict__
 #define PTC_INF __int_as_float(0x7f800000)
 #define PTC_NAN __int_as_float(0x7fffffff)
@@ -387,11 +387,12 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
         }
         const float l = live ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
         const float D = live ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+        /* the keys any query of the tile sees (causal: up to its last query) */
         long long kend = attn0_S2;
         if (attn0_CAUSAL && i0 + rows < kend)
             kend = i0 + rows;
         for (long long j0 = 0; j0 < kend; j0 += attn0_BK) {
-            __syncthreads();
+            __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
                 ks[x] = j < attn0_S2 ? k[at] : 0.0f;
