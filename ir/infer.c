@@ -115,7 +115,7 @@ static int infer_attention(const ptc_type *in, ptc_attrs *at, ptc_type *o, char 
 
 static int infer_source(ptc_op op, ptc_attrs *at, ptc_type *o, char *err, size_t errn)
 {
-    o->dtype = op == PTC_OP_PARAM || op == PTC_OP_STATE ? PTC_F32 : at->dtype;
+    o->dtype = op == PTC_OP_STATE ? PTC_F32 : at->dtype; /* a param: f32 unless --precision */
     o->rank = op == PTC_OP_CONST ? 0 : at->nshape;
     if (o->rank < 0 || o->rank > PTC_MAX_RANK)
         FAIL("a tensor may have at most %d dimensions", PTC_MAX_RANK);

@@ -56,10 +56,41 @@ static int state(opt_ctx *o, const char *prefix, const char *pname, const ptc_ty
     return b1(o, PTC_OP_STATE, NULL, 0, &at);
 }
 
-static void update_param(opt_ctx *o, const ptc_optim *opt, int p, const char *name, int grad,
+static int cast_to(opt_ctx *o, int v, ptc_dtype to)
+{
+    if (o->failed || o->g->values[v].type.dtype == to)
+        return v;
+    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
+    at.dtype = to;
+    return b1(o, PTC_OP_CAST, &v, 1, &at);
+}
+
+/* The fp32 master weight of a 16-bit parameter: optimizer state initialised exactly as the
+ * parameter (runtime/exec/init.c takes the name after the prefix), so the working copy is the
+ * master rounded. */
+static int master_of(opt_ctx *o, const ptc_node *pn)
+{
+    ptc_attrs at = ptc_attrs_default(PTC_OP_STATE);
+    char name[512];
+    ptc_fmt(name, sizeof name, "%s%s", PTC_MASTER_PREFIX, pn->attrs.name);
+    at.name = name;
+    at.nshape = pn->attrs.nshape;
+    memcpy(at.shape, pn->attrs.shape, sizeof at.shape);
+    at.init = pn->attrs.init;
+    return b1(o, PTC_OP_STATE, NULL, 0, &at);
+}
+
+/* The update of parameter p by its (f32, clipped) gradient. A 16-bit parameter is the working
+ * copy of an f32 master weight: the optimizer updates the master and writes the copy rounded. */
+static void update_param(opt_ctx *o, const ptc_optim *opt, int p16, const char *name, int grad,
                          int lr, int step)
 {
     ptc_graph *g = o->g;
+    int p = p16;
+    if (g->values[p16].type.dtype != PTC_F32)
+        p = master_of(o, &g->nodes[g->values[p16].def]);
+    if (o->failed)
+        return;
     ptc_type t = g->values[p].type;
     double wd = t.rank >= 2 ? opt->weight_decay : 0.0;
     int out[PTC_MAX_RESULTS];
@@ -74,6 +105,8 @@ static void update_param(opt_ctx *o, const ptc_optim *opt, int p, const char *na
         if (o->failed)
             return;
         ptc_graph_add_update(g, p, out[0]);
+        if (p != p16)
+            ptc_graph_add_update(g, p16, cast_to(o, out[0], g->values[p16].type.dtype));
         ptc_graph_add_update(g, m, out[1]);
         ptc_graph_add_update(g, v, out[2]);
     } else {
@@ -86,6 +119,8 @@ static void update_param(opt_ctx *o, const ptc_optim *opt, int p, const char *na
         if (o->failed)
             return;
         ptc_graph_add_update(g, p, out[0]);
+        if (p != p16)
+            ptc_graph_add_update(g, p16, cast_to(o, out[0], g->values[p16].type.dtype));
         if (opt->momentum != 0)
             ptc_graph_add_update(g, buf, out[1]);
     }
@@ -105,6 +140,11 @@ int ptc_pass_optimizer(ptc_pass_ctx *ctx)
     int lr = scalar_input(&o, PTC_IN_LR), step = scalar_input(&o, PTC_IN_STEP),
         max_norm = scalar_input(&o, PTC_IN_MAX_NORM);
 
+    /* --grad-dtype fp32: every gradient in f32 before it is accumulated or reduced */
+    for (int i = 0; i < np && ctx->opts->grad_f32; i++) {
+        o.loc = g->nodes[params[i]].loc;
+        ctx->grads[i] = cast_to(&o, ctx->grads[i], PTC_F32);
+    }
     int total = -1;
     for (int i = 0; i < np; i++) {
         /* the gradient's square norm belongs to its parameter: the partitioner reduces the
@@ -122,7 +162,8 @@ int ptc_pass_optimizer(ptc_pass_ctx *ctx)
         for (int i = 0; i < np && !o.failed; i++) {
             ptc_node pn = g->nodes[params[i]];
             o.loc = pn.loc;
-            int clipped = b1(&o, PTC_OP_MUL, (int[]){ctx->grads[i], coef}, 2, NULL);
+            int g32 = cast_to(&o, ctx->grads[i], PTC_F32); /* a 16-bit gradient, reduced */
+            int clipped = b1(&o, PTC_OP_MUL, (int[]){g32, coef}, 2, NULL);
             update_param(&o, &g->optim, pn.out[0], pn.attrs.name, clipped, lr, step);
         }
     }

@@ -45,6 +45,11 @@ typedef struct ptc_compile_opts {
     bool seq_parallel; /* Megatron sequence parallelism on the tp axis */
     ptc_sp_stash sp_stash;
     int zero; /* ZeRO stage 0..3 on the dp axis */
+    /* the mixed-precision policy (precision.c): PTC_F32 (none), PTC_BF16 or PTC_F16 */
+    ptc_dtype precision;
+    /* with a 16-bit precision: gradients cast to f32 before they are accumulated and reduced
+     * (--grad-dtype fp32); otherwise they stay in the precision's dtype */
+    bool grad_f32;
     /* the step's batch in this many microbatches (1: none): partitioned as a data-parallel axis
      * "mb" (placed right inside dp) that the lowering runs in time, one microbatch after the
      * other, accumulating the gradients; a "pp" axis of the mesh is left to the lowering too */
@@ -87,6 +92,7 @@ extern const ptc_pass ptc_passes[];
 extern const int ptc_npasses;
 
 int ptc_pass_moe(ptc_pass_ctx *ctx);
+int ptc_pass_precision(ptc_pass_ctx *ctx);
 int ptc_pass_autodiff(ptc_pass_ctx *ctx);
 int ptc_pass_optimizer(ptc_pass_ctx *ctx);
 int ptc_pass_partition(ptc_pass_ctx *ctx);

@@ -726,8 +726,9 @@ static int value_buf(const lw *L, int v)
     return L->buf[lw_key(L, v, lw_inst(L, v, 0), 0)];
 }
 
-/* The reduced gradient a state update consumes: back from its operand through clipping and
- * shard slices to the data-parallel reduction (or the gradient itself). It lives in the gradient
+/* The reduced gradient a state update consumes: back from its operand through clipping, the
+ * widening of a 16-bit gradient (--precision) and shard slices to the data-parallel reduction
+ * (or the gradient itself). It lives in the gradient
  * region for the whole step, as the ZeRO paper counts it. */
 static void mark_gradients(lw *L)
 {
@@ -741,7 +742,7 @@ static void mark_gradients(lw *L)
             const ptc_node *d = &g->nodes[g->values[v].def];
             if (d->op == PTC_OP_ALLREDUCE || d->op == PTC_OP_REDUCE_SCATTER)
                 break;
-            if (d->op == PTC_OP_SHARD_SLICE ||
+            if (d->op == PTC_OP_SHARD_SLICE || d->op == PTC_OP_CAST ||
                 (d->op == PTC_OP_MUL && g->values[d->in[1]].type.rank == 0))
                 v = d->in[0];
             else

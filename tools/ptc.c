@@ -160,6 +160,8 @@ static int compile_step(ptc_graph **gp, const ptc_options *o, ptc_diag *diag, ch
                            .dump_after = o->dump_after,
                            .mesh = o->mesh,
                            .zero = o->zero,
+                           .precision = o->precision,
+                           .grad_f32 = o->grad_f32,
                            .seq_parallel = o->seq_parallel,
                            .pins = o->pins,
                            .npins = o->npins,

@@ -50,8 +50,8 @@ static const char usage[] =
     "                       int32 (i32 inputs) or float32 (float inputs), exactly the input's "
     "size;\n"
     "                       inputs not given are random (ids in range for their consumers)\n"
-    "  --dump-after PASS    print the IR after pass PASS (moe, autodiff, optimizer, partition,\n"
-    "                       moe_ep, pipeline)\n"
+    "  --dump-after PASS    print the IR after pass PASS (moe, precision, autodiff,\n"
+    "                       optimizer, partition, moe_ep, pipeline)\n"
     "  --optim KEY=VALUE    override a setting of the model's optimizer line (lr, beta1, beta2,\n"
     "                       eps, weight_decay, momentum), e.g. --optim eps=1e-6 (repeatable;\n"
     "                       the same ranges as in the model: lr > 0, betas in [0, 1), ...)\n"
@@ -66,6 +66,11 @@ static const char usage_parallel[] =
     "                       the experts of moe layers and acts as dp everywhere else\n"
     "  --zero N             ZeRO stage on dp: 0 replicate, 1 shard optimizer state, 2 also\n"
     "                       gradients, 3 also parameters (default 0)\n"
+    "  --precision P        fp32 (default), bf16 or fp16: the weights' working copy and the\n"
+    "                       activations in 16 bits, fp32 master weights and optimizer state,\n"
+    "                       kernels accumulating in fp32 (the table in the README)\n"
+    "  --grad-dtype G       with bf16/fp16: gradients accumulated and reduced in bf16/fp16\n"
+    "                       (default, the precision's dtype) or fp32\n"
     "  --seq-parallel       Megatron sequence parallelism: norms and residuals sharded over the\n"
     "                       sequence on tp, all-gather/reduce-scatter instead of all-reduce\n"
     "  --microbatches M     split the step's batch into M microbatches run one after the\n"
@@ -298,6 +303,12 @@ static int check_combinations(const ptc_options *o, FILE *errf)
     for (int a = 0; a < o->mesh.naxes; a++)
         if (strcmp(o->mesh.names[a], "pp") == 0)
             pp = o->mesh.sizes[a];
+    if (o->grad_dtype_set && o->grad_dtype != PTC_F32 && o->grad_dtype != o->precision)
+        return usage_error(errf,
+                           "--grad-dtype %s needs --precision %s (gradients are fp32 or in the "
+                           "precision's dtype)",
+                           o->grad_dtype == PTC_BF16 ? "bf16" : "fp16",
+                           o->grad_dtype == PTC_BF16 ? "bf16" : "fp16");
     if (o->pp_schedule_set && pp == 1)
         return usage_error(errf, "--pp-schedule needs a pipeline (--mesh pp=N with N > 1)");
     if (o->nstage_layers && pp == 1)
@@ -316,7 +327,7 @@ static bool takes_value(const char *a)
 {
     static const char *const with_value[] = {
         "--emit",   "-D",     "--seed", "--input", "-o",      "--dump-after",
-        "--runner", "--mesh", "--zero", "--place", "--optim", "--debug-drop-collective",
+        "--runner", "--mesh", "--zero", "--precision", "--grad-dtype", "--place", "--optim", "--debug-drop-collective",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--stages", "--recompute",
         "--recompute-layer", NULL};
     for (int k = 0; with_value[k]; k++)
@@ -461,6 +472,22 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
         if (strlen(val) != 1 || val[0] < '0' || val[0] > '3')
             return usage_error(errf, "--zero expects 0, 1, 2 or 3, got '%s'", val);
         o->zero = val[0] - '0';
+        o->train = true;
+    } else if (strcmp(a, "--precision") == 0 || strcmp(a, "--grad-dtype") == 0) {
+        bool prec = a[2] == 'p';
+        ptc_dtype d = strcmp(val, "fp32") == 0   ? PTC_F32
+                      : strcmp(val, "bf16") == 0 ? PTC_BF16
+                      : strcmp(val, "fp16") == 0 ? PTC_F16
+                                                 : PTC_NDTYPES;
+        if (d == PTC_NDTYPES)
+            return usage_error(errf, "%s expects fp32, bf16 or fp16, got '%s'", a, val);
+        if (prec) {
+            o->precision = d;
+        } else {
+            o->grad_f32 = d == PTC_F32;
+            o->grad_dtype_set = true;
+            o->grad_dtype = d;
+        }
         o->train = true;
     } else if (strcmp(a, "--seq-parallel") == 0) {
         o->seq_parallel = true;

@@ -33,6 +33,10 @@ typedef struct ptc_options {
     const char *output, *dump_after, *runner;
     ptc_mesh mesh;
     int zero;
+    ptc_dtype precision; /* --precision: PTC_F32 (default), PTC_BF16 or PTC_F16 */
+    bool grad_f32;        /* --grad-dtype fp32 */
+    bool grad_dtype_set;  /* --grad-dtype given: */
+    ptc_dtype grad_dtype; /* what it said */
     ptc_pin pins[PTC_FLAGS_MAX_PINS];
     const char *pin_args[PTC_FLAGS_MAX_PINS]; /* each --place as given, for messages */
     int npins;

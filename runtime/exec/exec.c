@@ -70,6 +70,24 @@ void *ptrt_exec_data(ptrt_exec *x, int b)
     return x->ptr[b];
 }
 
+float ptrt_exec_get(ptrt_exec *x, int b, int64_t i)
+{
+    switch (x->pg->bufs[b].type.dtype) {
+    case PTC_BF16: return ptc_bf16_value(((const uint16_t *)x->ptr[b])[i]);
+    case PTC_F16: return ptc_f16_value(((const uint16_t *)x->ptr[b])[i]);
+    default: return ((const float *)x->ptr[b])[i];
+    }
+}
+
+void ptrt_exec_set(ptrt_exec *x, int b, int64_t i, float v)
+{
+    switch (x->pg->bufs[b].type.dtype) {
+    case PTC_BF16: ((uint16_t *)x->ptr[b])[i] = ptc_bf16_bits(v); break;
+    case PTC_F16: ((uint16_t *)x->ptr[b])[i] = ptc_f16_bits(v); break;
+    default: ((float *)x->ptr[b])[i] = v;
+    }
+}
+
 int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name)
 {
     for (int b = 0; b < x->pg->nbufs; b++) {

@@ -45,6 +45,10 @@ int ptrt_exec_rank(const ptrt_exec *x);
 int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name);
 /* The host address of buffer b's data (host backends). */
 void *ptrt_exec_data(ptrt_exec *x, int b);
+/* Element i of float buffer b as a float, whatever its dtype (f32, bf16, f16), and element i
+ * set to v (rounded to the buffer's dtype, as a cast rounds). */
+float ptrt_exec_get(ptrt_exec *x, int b, int64_t i);
+void ptrt_exec_set(ptrt_exec *x, int b, int64_t i, float v);
 /* Index in the full (logical) tensor of element i of buffer b's local part. */
 int64_t ptrt_exec_global_index(const ptrt_exec *x, int b, int64_t i);
 

@@ -19,6 +19,9 @@
  *   u01(k)   = (bits(k) >> 11) * 2^-53                   in [0, 1)
  *   u01c(k)  = ((bits(k) >> 11) + 1) * 2^-53             in (0, 1]
  *
+ *   The fp32 master weight of a 16-bit parameter (optim.master.NAME, --precision) takes NAME's
+ *   key: the parameter's working copy is its master rounded to 16 bits.
+ *
  *   element i (0-based, over the whole parameter in row-major order), computed in double and then
  *   rounded to the nearest float:
  *     zeros:            0
@@ -28,6 +31,7 @@
  *     normal(std):      std * sqrt(-2 ln u01c(2i)) * cos(2 pi u01(2i+1))      (Box-Muller)
  */
 #include <math.h>
+#include <string.h>
 
 #include "exec.h"
 
@@ -83,7 +87,11 @@ void ptrt_init_param(const ptc_init *init, const char *name, uint64_t seed, floa
                      int64_t offset, int64_t n)
 {
     PTC_ASSERT(offset >= 0 && n >= 0);
-    uint64_t key = mix64(fnv1a64(name ? name : "") ^ mix64(seed + GOLDEN));
+    if (!name)
+        name = "";
+    else if (strncmp(name, PTC_MASTER_PREFIX, strlen(PTC_MASTER_PREFIX)) == 0)
+        name += strlen(PTC_MASTER_PREFIX);
+    uint64_t key = mix64(fnv1a64(name) ^ mix64(seed + GOLDEN));
     for (int64_t j = 0; j < n; j++)
         out[j] = (float)init_value(init, key, (uint64_t)(offset + j));
 }

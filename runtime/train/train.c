@@ -70,11 +70,14 @@ double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
 }
 
 /* A persistent tensor (parameter or optimizer state) of the plan: its full (logical) type, and
- * per rank the buffer that holds that rank's part, or -1. */
+ * per rank the buffer that holds that rank's part, or -1. A 16-bit parameter (--precision) is
+ * the working copy of its fp32 master weight (optimizer state optim.master.NAME): checkpoints,
+ * --save and --init-from see the master under the parameter's name, and a load writes both. */
 typedef struct entry {
     const char *name;
     ptc_type full;
-    int *buf; /* [nranks] */
+    int *buf;    /* [nranks] */
+    int *master; /* [nranks], the master weight's buffers; NULL when the parameter is f32 */
 } entry;
 
 typedef struct shared shared;
@@ -244,6 +247,9 @@ static void find_entries(shared *sh)
                 const ptc_buffer *bf = &pg->bufs[b];
                 if (bf->view >= 0 || bf->kind != kind)
                     continue;
+                if (kind == PTC_BUF_STATE &&
+                    strncmp(bf->name, PTC_MASTER_PREFIX, strlen(PTC_MASTER_PREFIX)) == 0)
+                    continue; /* part of its parameter's entry */
                 int e = 0;
                 while (e < sh->nents && strcmp(sh->ents[e].name, bf->name))
                     e++;
@@ -257,6 +263,14 @@ static void find_entries(shared *sh)
                 for (int r = 0; r < sh->nranks; r++)
                     en->buf[r] = prog_find(program_of(sh, r), kind, bf->name);
                 sh->nparams += kind == PTC_BUF_PARAM;
+                en->master = NULL;
+                if (kind == PTC_BUF_PARAM && bf->type.dtype != PTC_F32) {
+                    char mname[600];
+                    ptc_fmt(mname, sizeof mname, "%s%s", PTC_MASTER_PREFIX, bf->name);
+                    en->master = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
+                    for (int r = 0; r < sh->nranks; r++)
+                        en->master[r] = prog_find(program_of(sh, r), PTC_BUF_STATE, mname);
+                }
             }
         }
     sh->full = ptc_xcalloc((size_t)(sh->nents ? sh->nents : 1), sizeof *sh->full);
@@ -298,18 +312,19 @@ static int gather_full(shared *sh, int first, int count, int to)
             cnt = sum + numel;
         }
         for (int r = sh->first_local; r < sh->first_local + sh->nlocal; r++) {
-            int b = sh->ents[i].buf[r];
+            const entry *en = &sh->ents[i];
+            int b = en->master ? en->master[r] : en->buf[r];
             if (b < 0)
                 continue;
             ptrt_exec *x = sh->runs[r].x;
-            const float *loc = ptrt_exec_data(x, b);
             int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
             for (int64_t k = 0; k < n; k++) {
                 int64_t g = ptrt_exec_global_index(x, b, k);
+                float v = ptrt_exec_get(x, b, k);
                 if (sum)
-                    sum[g] += loc[k], cnt[g] += 1;
+                    sum[g] += v, cnt[g] += 1;
                 else
-                    sh->full[i].value[g] = loc[k];
+                    sh->full[i].value[g] = v;
             }
         }
         if (sum) {
@@ -333,13 +348,15 @@ static void scatter_full(run *r, int first, int count)
 {
     shared *sh = r->sh;
     for (int i = first; i < first + count; i++) {
-        int b = sh->ents[i].buf[r->rank];
-        if (b < 0)
-            continue;
-        float *loc = ptrt_exec_data(r->x, b);
-        int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
-        for (int64_t k = 0; k < n; k++)
-            loc[k] = sh->full[i].value[ptrt_exec_global_index(r->x, b, k)];
+        const entry *en = &sh->ents[i];
+        for (int copy = 0; copy < 2; copy++) { /* the buffer, and a 16-bit one's master */
+            int b = copy == 0 ? en->buf[r->rank] : en->master ? en->master[r->rank] : -1;
+            if (b < 0)
+                continue;
+            int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
+            for (int64_t k = 0; k < n; k++)
+                ptrt_exec_set(r->x, b, k, sh->full[i].value[ptrt_exec_global_index(r->x, b, k)]);
+        }
     }
 }
 
@@ -734,11 +751,24 @@ static int dump_grads(run *r, int64_t t)
     ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads, (long long)t);
     ptrt_st_writer *w = ptrt_st_writer_new();
     const ptc_program *pg = ptrt_exec_program(r->x);
-    for (int i = 0; i < sh->nparams && i < pg->noutputs; i++)
-        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
-                    ptrt_exec_data(r->x, pg->outputs[i]));
+    float **wide = ptc_xcalloc((size_t)(sh->nparams ? sh->nparams : 1), sizeof(float *));
+    for (int i = 0; i < sh->nparams && i < pg->noutputs; i++) {
+        int b = pg->outputs[i];
+        const void *data = ptrt_exec_data(r->x, b);
+        if (pg->bufs[b].type.dtype != PTC_F32) { /* a 16-bit gradient (--precision), widened */
+            int64_t n = ptc_type_numel(&pg->bufs[b].type);
+            wide[i] = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+            for (int64_t k = 0; k < n; k++)
+                wide[i][k] = ptrt_exec_get(r->x, b, k);
+            data = wide[i];
+        }
+        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape, data);
+    }
     int rc = ptrt_st_save(w, path, err, sizeof err);
     ptrt_st_writer_free(w);
+    for (int i = 0; i < sh->nparams; i++)
+        free(wide[i]);
+    free(wide);
     if (rc < 0)
         fail(sh, r->rank, 1, err);
     return rc;
@@ -1110,8 +1140,10 @@ static void teardown(shared *sh)
     }
     for (int i = 0; sh->full && i < sh->nents; i++)
         free(sh->full[i].value);
-    for (int i = 0; i < sh->nents; i++)
+    for (int i = 0; i < sh->nents; i++) {
         free(sh->ents[i].buf);
+        free(sh->ents[i].master);
+    }
     free(sh->full);
     free(sh->runs);
     free(sh->all);

@@ -9,6 +9,11 @@
 2. ZeRO on examples/gpt2.ptm, dp=8: the per-rank model states are those of the ZeRO paper
    (Rajbhandari et al. 2020, figure 1) for fp32 AdamW: parameters 4P, gradients 4P, optimizer
    state (m and v) 8P bytes, divided by N=8 as the stage shards them.
+   With --precision bf16, the paper's mixed-precision accounting (section 3.1 and figure 1: 2P
+   bytes of 16-bit weights, 2P of 16-bit gradients, K=12 bytes of fp32 master weights, momentum
+   and variance), reproduced on its own example: a 7.5B-parameter GPT at N=64 holds 120 GB,
+   31.4 GB, 16.6 GB and 1.9 GB of model states per device under ZeRO 0, 1, 2 and 3 (the plan
+   within 2% of each; exactly the formula for its own parameter count).
 3. A plan with one collective dropped on one rank is rejected before launch, by ptc and by the
    executable; with the check skipped, the hang is reported by the communicator's timeout with
    the rank, the collective, the group and the step.
@@ -72,6 +77,24 @@ for z in range(4):
     m = plan('--mesh', 'dp=8', '--zero', str(z), GPT2)['programs'][0]['memory_bytes']
     got = (m['parameters'], m['gradients'], m['optimizer_state'])
     check(got == want[z], 'ZeRO-%d model states per rank %s == %s' % (z, got, want[z]))
+
+# 2b. ZeRO under mixed precision: the paper's 7.5B example at N_d = 64 (gpt2.ptm at d=4096, 36
+# layers: 7,459,921,920 parameters, 0.5% under 7.5B)
+big = ['-D', 'd=4096', '-D', 'heads=32', '-D', 'layers=36', '-D', 'batch=64', '--mesh', 'dp=64',
+       '--precision', 'bf16']
+paper = {0: 120e9, 1: 31.4e9, 2: 16.6e9, 3: 1.9e9}
+for z in range(4):
+    pj = plan(*big, '--zero', str(z), GPT2)
+    P, N = pj['parameter_count'], 64
+    m = pj['programs'][0]['memory_bytes']
+    got = (m['parameters'], m['gradients'], m['optimizer_state'])
+    want_z = {0: (2 * P, 2 * P, 12 * P), 1: (2 * P, 2 * P, 12 * P // N),
+              2: (2 * P, 2 * P // N, 12 * P // N), 3: (2 * P // N, 2 * P // N, 12 * P // N)}[z]
+    check(got == want_z, 'bf16 ZeRO-%d model states per rank %s == %s' % (z, got, want_z))
+    total = sum(got)
+    check(abs(total - paper[z]) <= 0.02 * paper[z],
+          'bf16 ZeRO-%d: %.2f GB per device, the paper %.1f GB (within 2%%: %+.2f%%)' %
+          (z, total / 1e9, paper[z] / 1e9, 100 * (total - paper[z]) / paper[z]))
 
 # 3. mismatched plans and hangs
 r = subprocess.run([PTC, '--mesh', 'dp=2,tp=2', '--debug-drop-collective', '1:3', TINY],

@@ -660,3 +660,48 @@ Test(cpu_in_place, every_kernel_the_plan_runs_in_place)
         check_in_place(&cases[i], ptrt_cpu_run, "cpu");
     }
 }
+
+/* Casts between f32, bf16 and f16 storage: bit-identical to the reference's rounding
+ * (common/half.c) on every kind of value: random bit patterns (normals, subnormals, infinities,
+ * NaNs of either sign), the ties and the edges of each format (65504, 65520, 2^-14, 2^-24). A NaN
+ * read from f16 is only required to stay a NaN (the reference makes it the canonical one). */
+Test(cpu_elementwise, casts_round_like_the_reference)
+{
+    enum { N = 40000 };
+    uint32_t *w = malloc(sizeof(uint32_t) * N);
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    uint32_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 1664525u + 1013904223u;
+        w[i] = s ^ (s >> 7);
+        h[i] = (uint16_t)(s >> 9);
+    }
+    static const float edges[] = {65504.0f, 65519.99f, 65520.0f, 65536.0f, 0x1p-14f, 0x1.ffcp-15f,
+                                  0x1p-24f, 0x1p-25f, 0x1.8p-24f, 0x1.002p0f, 0x1.006p0f,
+                                  0x1.01p0f, 0x1.03p0f, 3.3895314e38f, 3.4e38f, 0x1p-133f, 0.0f,
+                                  -0.0f, 1.0f / 0.0f};
+    for (int i = 0; i < (int)(sizeof edges / sizeof edges[0]); i++) {
+        memcpy(&w[i], &edges[i], 4);
+        float neg = -edges[i];
+        memcpy(&w[100 + i], &neg, 4);
+    }
+    for (int i = 0; i < N; i++)
+        if ((h[i] & 0x7c00) == 0x7c00 && (h[i] & 0x3ff)) /* no f16 NaN: see above */
+            h[i] &= 0xfc00;
+    ptc_dtype f[] = {PTC_F32, PTC_BF16, PTC_F16};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            if (a == b)
+                continue;
+            ptc_attrs at = DEF(CAST);
+            at.dtype = f[b];
+            char what[64];
+            snprintf(what, sizeof what, "cast %s -> %s", ptc_dtype_name(f[a]),
+                     ptc_dtype_name(f[b]));
+            ptc_type t = TY(f[a], N);
+            check(what, PTC_OP_CAST, at, 1, &t, (void *[]){f[a] == PTC_F32 ? (void *)w : h},
+                  EXACT);
+        }
+    free(w);
+    free(h);
+}

@@ -1,7 +1,8 @@
 /* cpu.c - the fast CPU backend's dispatcher (see cpu.h and cpu_internal.h).
  *
- * f32 nodes of the ops a training step spends its time in go to the fast kernels; everything else
- * (bf16/f16, whose rounding the reference emulates, and the ops or broadcasts no fast kernel takes)
+ * f32 nodes of the ops a training step spends its time in go to the fast kernels, and casts between
+ * the float formats (bit-exact with the reference's rounding); everything else (other ops over
+ * bf16/f16, whose rounding the reference emulates, and the ops or broadcasts no fast kernel takes)
  * goes to the reference kernel, as does any case a fast kernel declines (a bad id or target, whose
  * message the reference writes).
  */
@@ -87,7 +88,8 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
 int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
-    if (plain(n, it, ot) && fast(n, it, in, ot, out)) {
+    if (n->op == PTC_OP_CAST ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
+                             : plain(n, it, ot) && fast(n, it, in, ot, out)) {
         if (errn)
             err[0] = '\0';
         return 0;

@@ -342,3 +342,105 @@ int ptrt_cpu_copy(int64_t bytes, const void *x, void *o)
     ptrt_cpu_parallel_for(bytes, 1 << 18, copy_piece, &j);
     return 1;
 }
+
+/* ---- casts between f32, bf16 and f16 ----
+ * Bit-exact with common/half.c (round to nearest, ties to even; overflow to infinity; NaN to the
+ * reference's quiet NaN) but in integer arithmetic: f32 -> f16 after Fabian Giesen's
+ * float_to_half_fast3_rtne, f32 -> bf16 by the carry of the rounding bit. Every 16-bit value is
+ * exact in f32, so a cast between 16-bit formats goes through f32 and rounds once. */
+
+static inline uint32_t f_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f)
+{
+    uint32_t u = f_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(0x7fc0u | ((u >> 16) & 0x8000u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline uint16_t to_f16(float f)
+{
+    uint32_t u = f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return 0x7e00;
+    if (a >= 0x477ff000u) /* 65520 and above round to infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) /* a normal f16: rebias the exponent, round the 13 dropped bits */
+        return (uint16_t)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));
+    /* below 2^-14: adding 0.5 leaves the f16 subnormal's multiple of 2^-24 in the low bits, rounded
+     * by the float addition itself */
+    return (uint16_t)(sign | (f_bits(bits_f(a) + 0.5f) - 0x3f000000u));
+}
+
+static inline float from_f16(uint16_t h)
+{
+    uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & (0x7c00u << 13);
+    o += (127u - 15u) << 23;
+    if (e == 0x7c00u << 13) {
+        o += (128u - 16u) << 23; /* infinity, NaN */
+    } else if (e == 0) {
+        o += 1u << 23; /* subnormal: renormalise by a float subtraction (exact) */
+        o = f_bits(bits_f(o) - bits_f(113u << 23));
+    }
+    return bits_f(o | (uint32_t)(h & 0x8000u) << 16);
+}
+
+typedef struct cast_job {
+    ptc_dtype from, to;
+    const void *x;
+    void *o;
+} cast_job;
+
+static void cast_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const cast_job *j = ctx;
+    const float *xf = j->x;
+    const uint16_t *xh = j->x;
+    float *of = j->o;
+    uint16_t *oh = j->o;
+    /* one loop per pair, branch-free inside, so that the compiler vectorises the common ones */
+    if (j->from == PTC_F32 && j->to == PTC_BF16)
+        for (int64_t i = begin; i < end; i++)
+            oh[i] = to_bf16(xf[i]);
+    else if (j->from == PTC_BF16 && j->to == PTC_F32)
+        for (int64_t i = begin; i < end; i++)
+            of[i] = bits_f((uint32_t)xh[i] << 16);
+    else if (j->from == PTC_F32 && j->to == PTC_F16)
+        for (int64_t i = begin; i < end; i++)
+            oh[i] = to_f16(xf[i]);
+    else if (j->from == PTC_F16 && j->to == PTC_F32)
+        for (int64_t i = begin; i < end; i++)
+            of[i] = from_f16(xh[i]);
+    else
+        for (int64_t i = begin; i < end; i++) {
+            float v = j->from == PTC_F32    ? xf[i]
+                      : j->from == PTC_BF16 ? bits_f((uint32_t)xh[i] << 16)
+                                            : from_f16(xh[i]);
+            if (j->to == PTC_F32)
+                of[i] = v;
+            else
+                oh[i] = j->to == PTC_BF16 ? to_bf16(v) : to_f16(v);
+        }
+}
+
+int ptrt_cpu_cast(const ptc_type *tx, const void *x, ptc_dtype to, void *o)
+{
+    if (tx->dtype == PTC_I32 || to == PTC_I32)
+        return 0;
+    cast_job j = {tx->dtype, to, x, o};
+    ptrt_cpu_parallel_for(ptc_type_numel(tx), GRAIN, cast_piece, &j);
+    return 1;
+}

@@ -1,0 +1,135 @@
+/* precision.c - the mixed-precision policy (ptc --precision bf16|fp16): the model's math on a
+ * 16-bit copy of its weights.
+ *
+ * What each value becomes (the README's table, op by op, is written from this):
+ *   - a parameter is stored in the 16-bit dtype (the working copy, 2 bytes an element); its fp32
+ *     master weight is optimizer state (optim.master.NAME, made by the optimizer pass), so ZeRO-1
+ *     shards it with the moments while the working copy stays whole until ZeRO-3 (the ZeRO
+ *     paper's 2 + 2 + 12 bytes per parameter);
+ *   - every op whose float operands are not all of one dtype (a 16-bit weight meets an f32 model
+ *     input, a scalar constant, a gate the moe pass keeps in f32) gets its f32 operands cast to
+ *     the 16-bit dtype, the rule of PyTorch's autocast for the ops that run in 16 bits;
+ *   - everything else keeps its op and takes the dtype of its operands: activations are stored in
+ *     16 bits. The kernels compute in f32 whatever the storage (GEMMs and reductions accumulate in
+ *     f32, softmax, norm statistics and cross-entropy run in f32 and only their results are
+ *     rounded), and the losses (cross_entropy, mse) return f32, so the loss and its scaling are
+ *     f32.
+ * Gradients come out of autodiff in the dtype of their parameter (16-bit); the optimizer pass
+ * casts them to f32 first with --grad-dtype fp32 (fp32 accumulation over microbatches and fp32
+ * reductions, Megatron's main_grad).
+ *
+ * Assumes: the forward graph after the moe pass (no update pairs yet).
+ * Guarantees: with precision f32, nothing changes. Otherwise every PARAM has the 16-bit dtype,
+ *   the graph verifies, the loss and outputs are kept (an output that was f32 is cast back, so
+ *   --run prints the same kinds of values), names and locations are kept.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct pr {
+    const ptc_graph *g;
+    ptc_graph *out;
+    int *vmap;
+    ptc_dtype low;
+    ptc_loc loc;
+    char *err;
+    size_t errn;
+    bool failed;
+} pr;
+
+static int b1(pr *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, int *out)
+{
+    ptc_pass_build(p->out, "the precision pass", op, in, nin, at, p->loc, out, &p->failed, p->err,
+                   p->errn);
+    return out[0];
+}
+
+static bool is_float(ptc_dtype t)
+{
+    return t == PTC_F32 || t == PTC_BF16 || t == PTC_F16;
+}
+
+static ptc_dtype dt(const pr *p, int v)
+{
+    return p->out->values[v].type.dtype;
+}
+
+static int cast_to(pr *p, int v, ptc_dtype to)
+{
+    if (p->failed || dt(p, v) == to)
+        return v;
+    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
+    at.dtype = to;
+    int out[PTC_MAX_RESULTS];
+    return b1(p, PTC_OP_CAST, &v, 1, &at, out);
+}
+
+static void copy_node(pr *p, const ptc_node *n)
+{
+    int in[PTC_MAX_RESULTS * 4], out[PTC_MAX_RESULTS];
+    PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
+    p->loc = n->loc;
+    bool mixed = false;
+    for (int k = 0; k < n->nin; k++) {
+        in[k] = p->vmap[n->in[k]];
+        ptc_dtype d = dt(p, in[k]);
+        mixed |= is_float(d) && d != dt(p, in[0]) && is_float(dt(p, in[0]));
+    }
+    if (mixed && n->op != PTC_OP_CAST)
+        for (int k = 0; k < n->nin; k++)
+            if (dt(p, in[k]) == PTC_F32)
+                in[k] = cast_to(p, in[k], p->low);
+    ptc_attrs at = n->attrs;
+    if (n->op == PTC_OP_PARAM)
+        at.dtype = p->low;
+    b1(p, n->op, in, n->nin, &at, out);
+    if (p->failed)
+        return;
+    ptc_node *c = &p->out->nodes[p->out->nnodes - 1];
+    c->stage = n->stage;
+    c->recompute = n->recompute;
+    for (int k = 0; k < n->nout; k++) {
+        p->vmap[n->out[k]] = out[k];
+        memcpy(p->out->values[out[k]].place, p->g->values[n->out[k]].place,
+               sizeof p->out->values[out[k]].place);
+    }
+}
+
+int ptc_pass_precision(ptc_pass_ctx *ctx)
+{
+    ptc_dtype low = ctx->opts->precision;
+    if (low == PTC_F32)
+        return 0;
+    const ptc_graph *g = ctx->g;
+    if (g->nupdates) {
+        ptc_fmt(ctx->err, ctx->errn, "precision: the graph already has its updates");
+        return -1;
+    }
+    pr p = {.g = g, .low = low, .err = ctx->err, .errn = ctx->errn};
+    p.out = ptc_graph_new(g->name);
+    p.out->optim = g->optim;
+    p.out->mesh = g->mesh;
+    p.out->max_nodes = g->max_nodes;
+    p.vmap = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
+    for (int i = 0; i < g->nnodes && !p.failed; i++)
+        copy_node(&p, &g->nodes[i]);
+    if (!p.failed) {
+        p.loc = (ptc_loc){0};
+        p.out->loss = g->loss >= 0 ? cast_to(&p, p.vmap[g->loss], g->values[g->loss].type.dtype)
+                                   : -1;
+        for (int i = 0; i < g->noutputs; i++) {
+            int o = g->outputs[i];
+            ptc_graph_add_output(p.out, cast_to(&p, p.vmap[o], g->values[o].type.dtype));
+        }
+    }
+    free(p.vmap);
+    if (p.failed) {
+        ptc_graph_free(p.out);
+        return -1;
+    }
+    ptc_graph_free(ctx->g);
+    ctx->g = p.out;
+    return 0;
+}
