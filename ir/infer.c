@@ -348,11 +348,13 @@ static int infer_spmd(ptc_op op, const ptc_type *in, ptc_attrs *at, ptc_type *ou
         out[0] = (ptc_type){.dtype = PTC_F32, .rank = 0};
         return 1;
     case PTC_OP_CE_GRAD_SHARD: {
-        ptc_type rows = in[0];
+        /* the per-row max (the logits' dtype) and sum of exponentials (f32): any float dtype */
+        ptc_type rows = in[0], mx = in[2], se = in[3];
         rows.rank--;
-        rows.dtype = PTC_F32;
-        if (infer_spmd(PTC_OP_CE_PICK, in, at, out, err, errn) < 0 || !ptc_type_eq(&in[2], &rows) ||
-            !ptc_type_eq(&in[3], &rows) || is_scalar(name, &in[4], err, errn) < 0)
+        rows.dtype = mx.dtype = se.dtype = PTC_F32;
+        if (infer_spmd(PTC_OP_CE_PICK, in, at, out, err, errn) < 0 || !is_float(in[2].dtype) ||
+            !is_float(in[3].dtype) || !ptc_type_eq(&mx, &rows) || !ptc_type_eq(&se, &rows) ||
+            is_scalar(name, &in[4], err, errn) < 0)
             FAIL("%s: operands do not match logits %s", name, s0);
         out[0] = in[0];
         return 1;

@@ -5,10 +5,10 @@
 #include <string.h>
 
 const ptc_pass ptc_passes[] = {
-    {"moe", "mixture-of-experts layers into routing, experts and the auxiliary loss", ptc_pass_moe,
-     false},
     {"precision", "the mixed-precision policy: 16-bit weights and activations (--precision)",
      ptc_pass_precision, false},
+    {"moe", "mixture-of-experts layers into routing, experts and the auxiliary loss", ptc_pass_moe,
+     false},
     {"autodiff", "reverse-mode gradient of the loss for every parameter", ptc_pass_autodiff, true},
     {"optimizer", "gradient clipping and the optimizer update, in the graph", ptc_pass_optimizer,
      true},

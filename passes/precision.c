@@ -6,9 +6,14 @@
  *     master weight is optimizer state (optim.master.NAME, made by the optimizer pass), so ZeRO-1
  *     shards it with the moments while the working copy stays whole until ZeRO-3 (the ZeRO
  *     paper's 2 + 2 + 12 bytes per parameter);
- *   - every op whose float operands are not all of one dtype (a 16-bit weight meets an f32 model
- *     input, a scalar constant, a gate the moe pass keeps in f32) gets its f32 operands cast to
- *     the 16-bit dtype, the rule of PyTorch's autocast for the ops that run in 16 bits;
+ *   - an op whose float operands are not all of one dtype (a 16-bit weight meets an f32 model
+ *     input or a scalar constant) gets its f32 operands cast to the 16-bit dtype, the rule of
+ *     PyTorch's autocast for the ops that run in 16 bits; except that scalars stay f32 (an op
+ *     whose float operands are all rank 0: the loss and what is added to it), that a loss
+ *     (mse against an f32 target) casts its 16-bit operand up, as autocast's fp32 list does, and
+ *     that an
+ *     operand the model itself casts to f32 (cast(x, f32) @ w) keeps the op in f32, its 16-bit
+ *     operands cast up;
  *   - everything else keeps its op and takes the dtype of its operands: activations are stored in
  *     16 bits. The kernels compute in f32 whatever the storage (GEMMs and reductions accumulate in
  *     f32, softmax, norm statistics and cross-entropy run in f32 and only their results are
@@ -18,7 +23,9 @@
  * casts them to f32 first with --grad-dtype fp32 (fp32 accumulation over microbatches and fp32
  * reductions, Megatron's main_grad).
  *
- * Assumes: the forward graph after the moe pass (no update pairs yet).
+ * Assumes: the forward graph (no update pairs yet), moe layers still whole: the moe pass after
+ *   this one builds each router's logits, softmax and the auxiliary loss in f32 (casts of the
+ *   16-bit input and router), so the routing decisions are not made on 16-bit scores.
  * Guarantees: with precision f32, nothing changes. Otherwise every PARAM has the 16-bit dtype,
  *   the graph verifies, the loss and outputs are kept (an output that was f32 is cast back, so
  *   --run prints the same kinds of values), names and locations are kept.
@@ -77,10 +84,21 @@ static void copy_node(pr *p, const ptc_node *n)
         ptc_dtype d = dt(p, in[k]);
         mixed |= is_float(d) && d != dt(p, in[0]) && is_float(dt(p, in[0]));
     }
-    if (mixed && n->op != PTC_OP_CAST)
+    if (mixed && n->op != PTC_OP_CAST) {
+        bool scalars = true, upcast = false;
+        for (int k = 0; k < n->nin; k++) {
+            const ptc_value *v = &p->out->values[in[k]];
+            if (!is_float(v->type.dtype))
+                continue;
+            scalars &= v->type.rank == 0;
+            upcast |= v->type.dtype == PTC_F32 && p->out->nodes[v->def].op == PTC_OP_CAST;
+        }
+        bool loss = n->op == PTC_OP_MSE || n->op == PTC_OP_CROSS_ENTROPY;
+        ptc_dtype to = scalars || upcast || loss ? PTC_F32 : p->low;
         for (int k = 0; k < n->nin; k++)
-            if (dt(p, in[k]) == PTC_F32)
-                in[k] = cast_to(p, in[k], p->low);
+            if (is_float(dt(p, in[k])) && dt(p, in[k]) != to)
+                in[k] = cast_to(p, in[k], to);
+    }
     ptc_attrs at = n->attrs;
     if (n->op == PTC_OP_PARAM)
         at.dtype = p->low;

@@ -217,10 +217,12 @@ static int find_classes(lw *L)
                 return -1;
             }
             /* the gradient it sums accumulates straight into the sum when nothing else reads
-             * it */
+             * it (f32 only: a 16-bit result is computed in f32 and then rounded into its
+             * buffer, which would overwrite the sum rather than add to it) */
             int x = n->in[0];
             if (n->op == PTC_OP_ALLREDUCE && L->nlast[x] == i && L->fold[x] < 0 &&
                 !is_source_op(g->nodes[g->values[x].def].op) &&
+                g->values[x].type.dtype == PTC_F32 &&
                 g->values[x].type.dtype == g->values[n->out[0]].type.dtype) {
                 int readers = 0;
                 for (int j = 0; j < g->nnodes; j++)

@@ -374,7 +374,14 @@ static void emit_accumulate(lw *L, const item *it)
         lw_key_buffer(L, yk, n->out[0], PTC_BUF_TEMP);
         emit_two(L, it, PTC_INSTR_COPY, PTC_OP_RESHAPE, x, -1, L->buf[yk]);
     } else if (ptc_prog_root(L->pg, x) != ptc_prog_root(L->pg, L->buf[yk])) {
-        emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_ADD, L->buf[yk], x, L->buf[yk]);
+        int y = L->buf[yk];
+        if (!is_16bit(L->pg->bufs[y].type.dtype)) {
+            emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_ADD, y, x, y);
+        } else { /* a 16-bit sum: added in f32, rounded once, like every 16-bit op */
+            int a = widened(L, it, y), b = widened(L, it, x);
+            emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_ADD, a, b, a);
+            emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_CAST, a, -1, y);
+        }
     }
 }
 

@@ -523,11 +523,11 @@ int part_obtain(part *p, int v, ptc_placement pl)
     return obtain(p, v, pl);
 }
 
-int part_const(part *p, double value, ptc_loc loc)
+int part_const(part *p, double value, ptc_dtype dt, ptc_loc loc)
 {
     ptc_attrs at = ptc_attrs_default(PTC_OP_CONST);
     at.value = value;
-    at.dtype = PTC_F32;
+    at.dtype = dt;
     int nv = part_emit(p, PTC_OP_CONST, NULL, 0, &at, loc, NULL);
     if (nv >= 0)
         set_place(p, nv, NULL, pl_r());

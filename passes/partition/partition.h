@@ -68,7 +68,7 @@ int part_redist(part *p, int v, ptc_placement pl);
 int part_emit(part *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, ptc_loc loc,
               int *outs);
 /* A replicated f32 scalar constant in the rank program. */
-int part_const(part *p, double value, ptc_loc loc);
+int part_const(part *p, double value, ptc_dtype dt, ptc_loc loc);
 /* Sets the placement on this axis of new value nv, an intermediate of a custom emission; its
  * placements on the other axes are those of old value `like` (-1: keep those of nv's first
  * operand, which part_emit gave it). */

@@ -44,7 +44,7 @@ static bool operands(part *p, const ptc_node *n, const rule_out *ro, int *ins)
 
 static int scaled(part *p, int v, double s, ptc_loc loc)
 {
-    int c = part_const(p, s, loc);
+    int c = part_const(p, s, part_out(p)->values[v].type.dtype, loc); /* (v's dtype: bf16 too) */
     return c < 0 ? -1 : part_emit(p, PTC_OP_MUL, (int[]){v, c}, 2, NULL, loc, NULL);
 }
 
