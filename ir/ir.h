@@ -215,6 +215,9 @@ int ptc_optim_key(ptc_optim_kind kind, const char *key, char *err, size_t errn);
 #define PTC_IN_LR "opt.lr"
 #define PTC_IN_STEP "opt.step"
 #define PTC_IN_MAX_NORM "opt.max_norm"
+/* fp16 loss scaling (--precision fp16): the loss's gradient is seeded with this input instead of 1,
+ * and the optimizer pass divides it out of the gradients' norm and updates */
+#define PTC_IN_LOSS_SCALE "opt.loss_scale"
 /* The fp32 master weight of a 16-bit parameter NAME (--precision) is the optimizer state
  * PTC_MASTER_PREFIX NAME, initialised as NAME is. */
 #define PTC_MASTER_PREFIX "optim.master."

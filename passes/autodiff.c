@@ -419,8 +419,27 @@ int ptc_pass_autodiff(ptc_pass_ctx *ctx)
             a.needs[n->out[k]] = dep && g->values[n->out[k]].type.dtype != PTC_I32;
     }
     a.loc = g->nodes[g->values[g->loss].def].loc;
-    if (a.needs[g->loss])
+    if (a.needs[g->loss] && ctx->opts->loss_scaling) {
+        /* d(scale * loss): every gradient comes out multiplied by the scale (fp16 keeps small
+         * gradients above its underflow); the optimizer pass divides it out */
+        ptc_attrs at = ptc_attrs_default(PTC_OP_INPUT);
+        at.name = PTC_IN_LOSS_SCALE;
+        at.dtype = PTC_F32;
+        int out[PTC_MAX_RESULTS];
+        ptc_pass_build(g, "autodiff", PTC_OP_INPUT, NULL, 0, &at, a.loc, out, &a.failed, a.err,
+                       a.errn);
+        int seed = out[0];
+        if (!a.failed && g->values[g->loss].type.dtype != PTC_F32) {
+            at = ptc_attrs_default(PTC_OP_CAST);
+            at.dtype = g->values[g->loss].type.dtype;
+            ptc_pass_build(g, "autodiff", PTC_OP_CAST, &seed, 1, &at, a.loc, out, &a.failed,
+                           a.err, a.errn);
+            seed = out[0];
+        }
+        a.adj[g->loss] = seed;
+    } else if (a.needs[g->loss]) {
         a.adj[g->loss] = cst(&a, 1.0, g->values[g->loss].type.dtype);
+    }
     for (int i = nfwd_nodes - 1; i >= 0 && !a.failed; i--)
         if (has_adjoint(&a, &g->nodes[i]))
             backprop_node(&a, i);

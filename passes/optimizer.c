@@ -2,7 +2,8 @@
  *
  * Assumes: autodiff has run (ctx->grads holds one gradient per PARAM, graph order).
  * Guarantees: scalar inputs opt.lr, opt.step (counting from 1) and opt.max_norm (+inf disables
- *   clipping) are added; gradients are scaled by min(1, max_norm / (norm + 1e-6)) with the global
+ *   clipping) are added (and opt.loss_scale is divided out, with fp16 loss scaling); gradients
+ *   are scaled by min(1, max_norm / (norm + 1e-6)) with the global
  *   norm of all gradients (PyTorch's clip_grad_norm_); each parameter gets its update (adamw:
  *   STATE values optim.m.NAME and optim.v.NAME; sgd with momentum: optim.momentum.NAME) and an
  *   `update` pair per parameter and state. The global gradient norm squared is the graph's first
@@ -154,11 +155,24 @@ int ptc_pass_optimizer(ptc_pass_ctx *ctx)
         o.loc = (ptc_loc){0};
         total = total < 0 ? ss : b1(&o, PTC_OP_ADD, (int[]){total, ss}, 2, NULL);
     }
+    /* fp16 loss scaling: the gradients are scale times the true ones (autodiff seeded the
+     * backward with opt.loss_scale): the norm is divided by scale^2 (an overflow stays inf, and
+     * the runtime skips that step), and the clipping coefficient by the scale, so that the
+     * updates see the true, clipped gradients */
+    int scale = -1;
+    for (int i = 0; i < g->nnodes && ctx->opts->loss_scaling; i++)
+        if (g->nodes[i].op == PTC_OP_INPUT && strcmp(g->nodes[i].attrs.name, PTC_IN_LOSS_SCALE) == 0)
+            scale = g->nodes[i].out[0];
+    if (total >= 0 && scale >= 0)
+        total = b1(&o, PTC_OP_DIV,
+                   (int[]){total, b1(&o, PTC_OP_MUL, (int[]){scale, scale}, 2, NULL)}, 2, NULL);
     if (total >= 0) {
         ptc_graph_add_output(g, total);
         for (int i = 0; i < np; i++)
             ptc_graph_add_output(g, ctx->grads[i]);
         int coef = b1(&o, PTC_OP_CLIP_COEF, (int[]){total, max_norm}, 2, NULL);
+        if (scale >= 0)
+            coef = b1(&o, PTC_OP_DIV, (int[]){coef, scale}, 2, NULL);
         for (int i = 0; i < np && !o.failed; i++) {
             ptc_node pn = g->nodes[params[i]];
             o.loc = pn.loc;

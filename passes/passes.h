@@ -50,6 +50,9 @@ typedef struct ptc_compile_opts {
     /* with a 16-bit precision: gradients cast to f32 before they are accumulated and reduced
      * (--grad-dtype fp32); otherwise they stay in the precision's dtype */
     bool grad_f32;
+    /* dynamic loss scaling (fp16): the backward starts from the input opt.loss_scale, the
+     * optimizer unscales (the runtime chooses the scale and skips steps that overflow) */
+    bool loss_scaling;
     /* the step's batch in this many microbatches (1: none): partitioned as a data-parallel axis
      * "mb" (placed right inside dp) that the lowering runs in time, one microbatch after the
      * other, accumulating the gradients; a "pp" axis of the mesh is left to the lowering too */

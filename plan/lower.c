@@ -679,6 +679,7 @@ static int input_role_by_name(const char *name)
     return strcmp(name, PTC_IN_LR) == 0         ? PTC_ROLE_LR
            : strcmp(name, PTC_IN_STEP) == 0     ? PTC_ROLE_STEP
            : strcmp(name, PTC_IN_MAX_NORM) == 0 ? PTC_ROLE_MAX_NORM
+           : strcmp(name, PTC_IN_LOSS_SCALE) == 0 ? PTC_ROLE_LOSS_SCALE
                                                 : PTC_ROLE_DATA;
 }
 

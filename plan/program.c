@@ -9,7 +9,7 @@
 
 static const char *const region_names[PTC_NREGIONS] = {"param", "grad", "optim", "act", "comm"};
 static const char *const role_names[PTC_NROLES] = {"none", "tokens",   "targets", "lr",
-                                                   "step", "max_norm", "data"};
+                                                   "step", "max_norm", "loss_scale", "data"};
 static const char *const phase_names[] = {"forward", "backward", "update"};
 static const char *const coll_names[PTC_NCOLLS] = {"allreduce", "allgather", "reduce_scatter",
                                                    "all_to_all", "all_to_all_v"};

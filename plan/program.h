@@ -61,6 +61,7 @@ typedef enum {
     PTC_ROLE_LR,       /* opt.lr */
     PTC_ROLE_STEP,     /* opt.step */
     PTC_ROLE_MAX_NORM, /* opt.max_norm */
+    PTC_ROLE_LOSS_SCALE, /* opt.loss_scale (fp16 loss scaling) */
     PTC_ROLE_DATA,     /* any other input: random data by (seed, step) */
     PTC_NROLES
 } ptc_role;

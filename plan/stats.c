@@ -253,7 +253,7 @@ int ptc_plan_layer_activations(const ptc_plan *p, int program, ptc_layer_act *ou
         const ptc_buffer *bf = &pg->bufs[b];
         derived[b] = bf->kind == PTC_BUF_PARAM || bf->kind == PTC_BUF_STATE ||
                      (bf->kind == PTC_BUF_INPUT && bf->role >= PTC_ROLE_LR &&
-                      bf->role <= PTC_ROLE_MAX_NORM);
+                      bf->role <= PTC_ROLE_LOSS_SCALE);
     }
     for (int i = 0; i < pg->ninstrs; i++) {
         const ptc_instr *in = &pg->instrs[i];

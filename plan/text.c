@@ -334,7 +334,7 @@ static bool buffer_attr(void *ctx, ptc_lexer *lx, const char *key)
         bf->init = a.init;
     } else if (strcmp(key, "role") == 0) {
         static const char *const roles[PTC_NROLES] = {"none", "tokens",   "targets", "lr",
-                                                      "step", "max_norm", "data"};
+                                                      "step", "max_norm", "loss_scale", "data"};
         bf->role = (uint8_t)lex_word(ld, roles, PTC_NROLES, "unknown input role '%s'");
     } else if (strcmp(key, "bound") == 0) {
         bf->bound = lex_count(ld, 0, INT32_MAX, "bound");

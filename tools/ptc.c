@@ -162,6 +162,7 @@ static int compile_step(ptc_graph **gp, const ptc_options *o, ptc_diag *diag, ch
                            .zero = o->zero,
                            .precision = o->precision,
                            .grad_f32 = o->grad_f32,
+                           .loss_scaling = o->precision == PTC_F16,
                            .seq_parallel = o->seq_parallel,
                            .pins = o->pins,
                            .npins = o->npins,

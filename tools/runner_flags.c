@@ -41,6 +41,13 @@ const char ptrt_runner_usage[] =
     "  --warmup N             linear warm-up over N steps (default 0)\n"
     "  --min-lr X             floor of the cosine decay, at most the peak (default lr/10)\n"
     "  --grad-clip X          clip gradients to global norm X; 0 turns it off (default 1.0)\n"
+    "fp16 loss scaling (executables compiled with --precision fp16):\n"
+    "  --loss-scale S         the initial scale, > 0 (default 65536): a step whose gradients\n"
+    "                         overflow is skipped (weights and optimizer state untouched) and\n"
+    "                         the scale divided by the growth factor\n"
+    "  --loss-scale-growth F  the factor, > 1 (default 2)\n"
+    "  --loss-scale-window N  multiply the scale by F after N steps in a row without an\n"
+    "                         overflow (default 2000)\n"
     "checkpoints:\n"
     "  --checkpoint-dir DIR   write DIR/step_NNNNNNNN.safetensors (atomically) at the end and\n"
     "  --checkpoint-every N   every N steps; DIR/latest names the newest\n"
@@ -289,6 +296,9 @@ static bool takes_value(const char *a)
                                              "--temperature",
                                              "--top-k",
                                              "--ranks-per-process",
+                                             "--loss-scale",
+                                             "--loss-scale-growth",
+                                             "--loss-scale-window",
                                              NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
@@ -305,6 +315,8 @@ typedef struct int_flag {
 static int parse_value(FILE *errf, const char *prog, const char *a, const char *v,
                        ptrt_train_opts *o)
 {
+    if (strncmp(a, "--loss-scale", 12) == 0 && !o->scale_flag)
+        o->scale_flag = a;
     static const int_flag ints[] = {
         {"--steps", 1, PTRT_CKPT_MAX_STEP},
         {"--seed", 0, INT64_MAX},
@@ -317,6 +329,7 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         {"--sample", 1, 1 << 24},
         {"--top-k", 0, INT64_MAX},
         {"--ranks-per-process", 1, 64},
+        {"--loss-scale-window", 1, INT64_MAX},
     };
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
         if (strcmp(a, ints[k].flag) != 0)
@@ -336,18 +349,25 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         case 7: o->threads = (int)n; break;
         case 8: o->sample = n; break;
         case 9: o->top_k = n; break;
-        default: o->ranks_per_process = (int)n; break;
+        case 10: o->ranks_per_process = (int)n; break;
+        default: o->scale_window = n; break;
         }
         return 0;
     }
+    if (strcmp(a, "--loss-scale-growth") == 0) {
+        if (parse_num(v, true, &o->scale_growth) < 0 || !(o->scale_growth > 1))
+            return bad(errf, prog, "--loss-scale-growth expects a number above 1, got '%s'", v);
+        return 0;
+    }
     bool positive = strcmp(a, "--lr") == 0 || strcmp(a, "--comm-timeout") == 0 ||
-                    strcmp(a, "--peak-flops") == 0;
+                    strcmp(a, "--peak-flops") == 0 || strcmp(a, "--loss-scale") == 0;
     double *num = strcmp(a, "--lr") == 0             ? &o->lr
                   : strcmp(a, "--peak-flops") == 0   ? &o->peak_flops
                   : strcmp(a, "--min-lr") == 0       ? &o->min_lr
                   : strcmp(a, "--grad-clip") == 0    ? &o->max_norm
                   : strcmp(a, "--comm-timeout") == 0 ? &o->timeout_s
                   : strcmp(a, "--temperature") == 0  ? &o->temperature
+                  : strcmp(a, "--loss-scale") == 0   ? &o->loss_scale
                                                      : NULL;
     if (num) {
         if (parse_num(v, positive, num) < 0)

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +274,13 @@ static int write_checkpoint(const char *file, const ptrt_ckpt_param *p, int n,
     if (st->total_steps > 0)
         add_meta_u64(w, "ptc.total_steps", (uint64_t)st->total_steps, false);
     add_meta_u64(w, "ptc.config_hash", st->config_hash, true);
+    if (st->loss_scale > 0) {
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.17g", st->loss_scale);
+        ptrt_st_add_meta(w, "ptc.loss_scale", buf);
+        add_meta_u64(w, "ptc.scale_clean", (uint64_t)st->scale_clean, false);
+        add_meta_u64(w, "ptc.skipped_steps", (uint64_t)st->skipped_steps, false);
+    }
     for (int i = 0; i < n; i++)
         if (in_part(i, part, nparts))
             ptrt_st_add(w, p[i].name, PTRT_ST_F32, p[i].ndim, p[i].shape, p[i].value);
@@ -542,6 +550,29 @@ static int read_state(const ptrt_st_file *f, const char *path, uint64_t config_h
         meta_u64(f, path, "ptc.total_steps", 10, &total, err, errn) != 0)
         return -1;
     st->total_steps = total <= (uint64_t)PTRT_CKPT_MAX_STEP ? (int64_t)total : 0;
+    st->loss_scale = 0;
+    st->scale_clean = st->skipped_steps = 0;
+    const char *ls = ptrt_st_meta(f, "ptc.loss_scale");
+    if (ls) {
+        char *end;
+        double v = strtod(ls, &end);
+        uint64_t clean, skipped;
+        if (end == ls || *end || !(v > 0) || !isfinite(v)) {
+            ptc_fmt(err, errn, "%s: ptc.loss_scale '%.40s' is not a positive number", path, ls);
+            return -1;
+        }
+        if (meta_u64(f, path, "ptc.scale_clean", 10, &clean, err, errn) != 0 ||
+            meta_u64(f, path, "ptc.skipped_steps", 10, &skipped, err, errn) != 0)
+            return -1;
+        if (skipped > step || clean > (uint64_t)PTRT_CKPT_MAX_STEP) {
+            ptc_fmt(err, errn, "%s: ptc.skipped_steps %" PRIu64 " or ptc.scale_clean %" PRIu64
+                    " out of range for step %" PRIu64, path, skipped, clean, step);
+            return -1;
+        }
+        st->loss_scale = v;
+        st->scale_clean = (int64_t)clean;
+        st->skipped_steps = (int64_t)skipped;
+    }
     if (step > (uint64_t)PTRT_CKPT_MAX_STEP) {
         ptc_fmt(err, errn, "%s: step %" PRIu64 " out of range (at most %" PRId64 ")", path, step,
                 PTRT_CKPT_MAX_STEP);

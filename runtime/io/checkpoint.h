@@ -10,6 +10,7 @@
  * and, in __metadata__ (strings, so any safetensors tool shows them):
  *   "ptc.format": "1", "ptc.step": "<decimal>", "ptc.data_position": "<decimal>",
  *   "ptc.seed": "<decimal>", "ptc.config_hash": "<16 hex digits>",
+ *   with fp16 loss scaling "ptc.loss_scale" (%.17g), "ptc.scale_clean", "ptc.skipped_steps",
  *   plus "ptc.checksum" over the data (see safetensors.h).
  * DIR/latest holds the file name of the newest checkpoint (written atomically after the checkpoint
  * itself), so a crash at any moment leaves a complete checkpoint behind. Older step_* files beyond
@@ -47,6 +48,11 @@ typedef struct ptrt_ckpt_state {
     uint64_t seed;          /* the run's seed */
     uint64_t config_hash;   /* ptrt_ckpt_config_hash of the model and training setup */
     int64_t total_steps;    /* the run's --steps when it was written (0: not recorded) */
+    /* fp16 loss scaling (0: the run has none): the scale of the next step, the clean steps in a
+     * row since it last changed, and the steps skipped for an overflow (their updates never
+     * ran, so the optimizer's own step count is step - skipped_steps) */
+    double loss_scale;
+    int64_t scale_clean, skipped_steps;
 } ptrt_ckpt_state;
 
 /* A hash of the parameters' names and shapes plus `extra` (anything else that must match for a

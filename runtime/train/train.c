@@ -40,6 +40,9 @@ void ptrt_train_opts_default(ptrt_train_opts *o)
     o->min_lr = -1;
     o->schedule = PTRT_SCHED_COSINE;
     o->max_norm = 1.0;
+    o->loss_scale = 65536;
+    o->scale_growth = 2;
+    o->scale_window = 2000;
     o->keep = 3;
     o->val_batches = 4;
     /* the fast CPU backend with the plan's fused kernels compiled; interpreted without LLVM */
@@ -87,7 +90,13 @@ typedef struct run {
     shared *sh;
     int rank;
     ptrt_exec *x;
-    int tokens, targets, lr, step, max_norm; /* input buffers, -1 if absent */
+    int tokens, targets, lr, step, max_norm, scale_in; /* input buffers, -1 if absent */
+    /* fp16 loss scaling (every rank keeps the same: all see the same gradient norm): the scale
+     * of the next step, clean steps in a row, steps skipped for an overflow so far, and whether
+     * the last step was one */
+    double scale, step_scale; /* (step_scale: the last step's) */
+    int64_t scale_clean, skipped;
+    bool overflow;
     ptrt_data *data, *val;
     int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
     int row0, row1;
@@ -114,6 +123,7 @@ struct shared {
     pthread_mutex_t lock;
     double t_base; /* CLOCK_MONOTONIC at the start: the origin of --trace's times */
     bool has_tokens, has_targets; /* some rank's program has a token (target) input */
+    bool scaling;                 /* fp16 loss scaling: some rank's program has its input */
     int rc;
     char err[2048];
     int64_t first; /* first step to run */
@@ -178,6 +188,9 @@ static int find_roles(shared *sh, char *err, size_t errn)
         r->lr = input_of(pg, PTC_ROLE_LR);
         r->step = input_of(pg, PTC_ROLE_STEP);
         r->max_norm = input_of(pg, PTC_ROLE_MAX_NORM);
+        r->scale_in = input_of(pg, PTC_ROLE_LOSS_SCALE);
+        sh->scaling |= r->scale_in >= 0;
+        r->scale = sh->o->loss_scale;
         /* (a pipeline stage reads only the optimizer inputs its own work needs: the step's
          * loss and gradient norm reach every stage) */
         bool some = r->lr >= 0 || r->step >= 0 || r->max_norm >= 0 || sh->plan->nprograms > 1;
@@ -185,6 +198,13 @@ static int find_roles(shared *sh, char *err, size_t errn)
             ptc_fmt(err, errn, "the embedded plan is not a training step");
             return -1;
         }
+    }
+    if (sh->o->scale_flag && !sh->scaling) {
+        ptc_fmt(err, errn,
+                "%s: this executable has no loss scaling (compile the model with --precision "
+                "fp16; bf16 and fp32 need none)",
+                sh->o->scale_flag);
+        return -1;
     }
     /* the batch shape from a rank that holds the tokens (a pipeline's first stage) */
     int holder = 0;
@@ -530,7 +550,10 @@ static ptrt_ckpt_state ckpt_state(const run *r, int64_t t)
                              .data_position = r->data ? ptrt_data_position(r->data) : 0,
                              .seed = sh->o->seed,
                              .config_hash = sh->config_hash,
-                             .total_steps = sh->o->steps};
+                             .total_steps = sh->o->steps,
+                             .loss_scale = sh->scaling ? r->scale : 0,
+                             .scale_clean = r->scale_clean,
+                             .skipped_steps = r->skipped};
 }
 
 /* Rank 0: writes a checkpoint of every rank's state (after sync and gather_full). */
@@ -601,9 +624,15 @@ static int load_initial(run *r)
         return loaded;
     }
     sh->first = st.step + 1;
-    for (int k = 0; k < sh->nranks; k++)
+    for (int k = 0; k < sh->nranks; k++) {
         if (sh->runs[k].data)
             ptrt_data_seek(sh->runs[k].data, st.data_position);
+        if (st.loss_scale > 0) { /* (a checkpoint without scaling keeps the initial scale) */
+            sh->runs[k].scale = st.loss_scale;
+            sh->runs[k].scale_clean = st.scale_clean;
+        }
+        sh->runs[k].skipped = st.skipped_steps;
+    }
     /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
     fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
     if (!reads && st.total_steps > 0 && st.total_steps != o->steps &&
@@ -722,17 +751,27 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
         ptc_fmt(mfu_json, sizeof mfu_json, ", \"model_flops_per_s\": %.6g, \"mfu\": %.6g",
                 sh->plan->model_flops / dt, m);
     }
+    char scale[80] = "", scale_json[96] = "", norm_json[32] = "null"; /* (JSON has no inf) */
+    if (isfinite(norm))
+        ptc_fmt(norm_json, sizeof norm_json, "%.9g", norm);
+    if (sh->scaling) {
+        ptc_fmt(scale, sizeof scale, " | scale %g%s", r->step_scale,
+                r->overflow ? " (overflow: step skipped)" : "");
+        ptc_fmt(scale_json, sizeof scale_json, ", \"loss_scale\": %.17g, \"skipped\": %s",
+                r->step_scale, r->overflow ? "true" : "false");
+    }
     if (!o->quiet)
         fprintf(o->out ? o->out : stdout,
-                "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s%s | %.1f ms | "
+                "step %*lld/%lld | loss %.6f | lr %.3e | norm %.4f%s | %.0f tok/s%s | %.1f ms | "
                 "eta %s%s\n",
                 (int)(o->steps >= 1000 ? 5 : 3), (long long)t, (long long)o->steps, loss, lr, norm,
-                tokps, mfu, dt * 1e3, eta, moe);
+                scale, tokps, mfu, dt * 1e3, eta, moe);
     if (sh->log) {
         fprintf(sh->log,
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g%s%s}\n",
-                (long long)t, loss, lr, norm, tokps, dt * 1e3, mfu_json, moe_json);
+                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %s, "
+                "\"tokens_per_s\": %.6g, \"step_ms\": %.6g%s%s%s}\n",
+                (long long)t, loss, lr, norm_json, tokps, dt * 1e3, mfu_json, moe_json,
+                scale_json);
         fflush(sh->log);
     }
 }
@@ -782,13 +821,37 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     if (random_batch(r, t) < 0)
         return -1;
     set_scalar(r, r->lr, lr);
-    set_scalar(r, r->step, (double)t);
+    /* the optimizer's own count (Adam's bias correction): the updates that ran */
+    set_scalar(r, r->step, (double)(t - r->skipped));
     set_scalar(r, r->max_norm, sh->o->max_norm > 0 ? sh->o->max_norm : INFINITY);
+    set_scalar(r, r->scale_in, r->scale);
+    r->step_scale = r->scale;
     if (run_step_graph(r, t, PTRT_ENTRY_STEP) < 0)
         return -1;
     *loss = loss_of(r);
     *norm = sqrt(*(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->grad_norm));
-    if (isfinite(*loss) && ptrt_exec_skipped_update(r->x)) {
+    r->overflow = false;
+    if (sh->scaling && isfinite(*loss) && ptrt_exec_skipped_update(r->x)) {
+        /* the scaled gradients overflowed fp16: the executor skipped the update (weights and
+         * optimizer state untouched); the next step tries a smaller scale */
+        r->overflow = true;
+        r->skipped++;
+        r->scale_clean = 0;
+        r->scale /= sh->o->scale_growth;
+        if (!(r->scale >= 0x1p-24)) {
+            char msg[512];
+            ptc_fmt(msg, sizeof msg,
+                    "training diverged at step %lld: the gradients overflow fp16 even with the "
+                    "loss scale below 2^-24 (the loss %g)",
+                    (long long)t, *loss);
+            fail(sh, r->rank, 1, msg);
+            return -1;
+        }
+    } else if (sh->scaling && ++r->scale_clean >= sh->o->scale_window) {
+        r->scale *= sh->o->scale_growth;
+        r->scale_clean = 0;
+    }
+    if (!sh->scaling && isfinite(*loss) && ptrt_exec_skipped_update(r->x)) {
         char msg[512];
         ptc_fmt(msg, sizeof msg,
                 "training diverged at step %lld: the gradient norm is not finite (%g), the loss "

@@ -40,6 +40,12 @@ typedef struct ptrt_train_opts {
     int64_t warmup; /* linear warm-up steps */
     ptrt_schedule schedule;
     double max_norm; /* gradient clipping by global norm; 0 = off */
+    /* dynamic loss scaling, for a plan with a loss-scale input (--precision fp16): the initial
+     * scale, the factor it shrinks by on an overflow (the step is skipped) and grows by after
+     * scale_window clean steps in a row */
+    double loss_scale, scale_growth;
+    int64_t scale_window;
+    const char *scale_flag; /* the first --loss-scale* flag given, for the error without one */
     const char *ckpt_dir;
     int64_t ckpt_every; /* 0 = only at the end (when ckpt_dir is set) */
     int keep;           /* checkpoints kept; 0 = all */
