@@ -32,7 +32,9 @@ static bool gemmable(const ptc_graph *g, const ptc_node *n)
 {
     const ptc_type *a = &g->values[n->in[0]].type, *b = &g->values[n->in[1]].type,
                    *o = &g->values[n->out[0]].type;
-    if (a->dtype != PTC_F32 || b->dtype != PTC_F32 || o->dtype != PTC_F32)
+    /* f32, or bf16 operands (the GEMM's result is f32, rounded to a bf16 result after it) */
+    if (a->dtype != b->dtype || (a->dtype != PTC_F32 && a->dtype != PTC_BF16) ||
+        (o->dtype != PTC_F32 && o->dtype != a->dtype))
         return false;
     int64_t ob = lw_batch_of(o), ab = lw_batch_of(a), bb = lw_batch_of(b);
     return (ab == 1 || ab == ob) && (bb == 1 || bb == ob);
@@ -140,7 +142,8 @@ static void find_gemms(lw *L)
     bool *ok = ptc_xmalloc((size_t)(g->nvalues ? g->nvalues : 1));
     for (int v = 0; v < g->nvalues; v++) {
         const ptc_node *d = &g->nodes[g->values[v].def];
-        ok[v] = d->op == PTC_OP_TRANSPOSE && g->values[v].type.dtype == PTC_F32 &&
+        ok[v] = d->op == PTC_OP_TRANSPOSE &&
+                (g->values[v].type.dtype == PTC_F32 || g->values[v].type.dtype == PTC_BF16) &&
                 L->nlast[v] >= 0 && L->nlast[v] < g->nnodes;
     }
     for (int i = 0; i < g->nnodes; i++)

@@ -509,6 +509,16 @@ static void emit_gemm(lw *L, const item *it)
     }
     if (y < 0)
         y = lw_key_buffer(L, lw_out_key(L, it, v), v, PTC_BUF_TEMP);
+    /* bf16 operands: the GEMM accumulates in f32 and writes an f32 result, rounded into the bf16
+     * result after it (as every 16-bit op) */
+    gm.ab = (uint8_t)L->pg->bufs[x[0]].type.dtype;
+    int wide = y;
+    if (is_16bit(L->pg->bufs[y].type.dtype)) {
+        ptc_type t = L->pg->bufs[y].type;
+        t.dtype = PTC_F32;
+        wide = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
+        memcpy(L->pg->bufs[wide].place, L->pg->bufs[y].place, sizeof L->pg->bufs[wide].place);
+    }
     ptc_instr in;
     memset(&in, 0, sizeof in);
     in.kind = PTC_INSTR_GEMM;
@@ -516,10 +526,12 @@ static void emit_gemm(lw *L, const item *it)
     in.gemm = gm;
     in.nin = gm.beta != 0 ? 3 : 2;
     in.nout = 1;
-    int ins[3] = {x[0], x[1], y};
+    int ins[3] = {x[0], x[1], wide};
     in.in = ins;
-    in.out = &y;
+    in.out = &wide;
     emit(L, it, &in);
+    if (wide != y)
+        emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_CAST, wide, -1, y);
 }
 
 /* A rank's part of a tensor split along its first dimension that is larger than 1 (no groups, no

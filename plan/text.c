@@ -95,6 +95,8 @@ static void put_gemm(FILE *f, const ptc_gemm *g)
     ptc_put_double(f, g->alpha);
     fputs(", beta=", f);
     ptc_put_double(f, g->beta);
+    if (g->ab != PTC_F32)
+        fprintf(f, ", ab=%s", ptc_dtype_name((ptc_dtype)g->ab));
     fputc('}', f);
 }
 
@@ -439,6 +441,13 @@ static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
     }
     if (strcmp(key, "alpha") == 0 || strcmp(key, "beta") == 0) {
         *(key[0] == 'a' ? &g->alpha : &g->beta) = ptc_lex_number(lx);
+        return true;
+    }
+    if (strcmp(key, "ab") == 0) {
+        if (!ptc_lex_ident(lx, "bf16") && !ptc_lex_ident(lx, "f32"))
+            ptc_lex_fail(lx, "expected f32 or bf16, got '%.200s'", lx->text);
+        g->ab = ptc_lex_ident(lx, "bf16") ? PTC_BF16 : PTC_F32;
+        ptc_lex_next(lx);
         return true;
     }
     static const char *const names[] = {"m", "n", "k", "batch", "lda", "ldb", "ldc", "sa", "sb",

@@ -151,10 +151,14 @@ static int check_gemm(vctx *v, int i, const ptc_instr *in)
         return bad(v, "i%d: a gemm has two operands (three, the last its result, when beta is "
                       "not 0) and one result",
                    i);
+    if (g->ab != PTC_F32 && g->ab != PTC_BF16)
+        return bad(v, "i%d: gemm operands of a bad dtype", i);
     for (int k = 0; k < 3; k++) {
         int b = k < 2 ? in->in[k] : in->out[0];
-        if (dtype(v, b) != PTC_F32)
-            return bad(v, "i%d: gemm operand b%d is not f32", i, b);
+        ptc_dtype want = k < 2 ? (ptc_dtype)g->ab : PTC_F32;
+        if (dtype(v, b) != want)
+            return bad(v, "i%d: gemm %s b%d is not %s", i, k < 2 ? "operand" : "result", b,
+                       ptc_dtype_name(want));
     }
     if (g->m < 1 || g->n < 1 || g->k < 1 || g->batch < 1 || g->lda != (g->ta ? g->m : g->k) ||
         g->ldb != (g->tb ? g->k : g->n) || g->ldc != g->n)

@@ -23,7 +23,8 @@ typedef struct ptrt_backend {
     const char *name;
     ptrt_kernel_fn kernel;
     /* C = alpha op(A) op(B) + beta C over g's batches (f32) */
-    void (*gemm)(const ptc_gemm *g, const float *a, const float *b, float *c);
+    /* a and b hold g->ab elements (f32 or bf16), c f32 */
+    void (*gemm)(const ptc_gemm *g, const void *a, const void *b, float *c);
     /* An arena of n bytes (n > 0), aligned to at least PTC_ALIGN; NULL when it cannot be had.
      * Memory is committed as it is first touched. */
     void *(*alloc)(size_t n);

@@ -34,11 +34,16 @@ typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, f
 typedef int (*dnnl_sgemm_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
                              const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                              float *c, int64_t ldc);
+/* oneDNN's bf16 GEMM: bf16 A and B, f32 accumulation and C (row-major, like dnnl_sgemm) */
+typedef int (*dnnl_bf16_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc);
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
 static struct {
     cblas_sgemm_fn cblas;
     dnnl_sgemm_fn dnnl;
+    dnnl_bf16_fn dnnl_bf16; /* NULL: bf16 operands are converted to f32 first */
     void (*omp_set_num_threads)(int); /* oneDNN's OpenMP, one thread per calling thread */
     char name[64];
 } blas;
@@ -58,9 +63,17 @@ static bool open_onednn(void)
     if (!h)
         return false;
     SYM(blas.dnnl, h, "dnnl_sgemm");
+    SYM(blas.dnnl_bf16, h, "dnnl_gemm_bf16bf16f32");
     SYM(blas.omp_set_num_threads, h, "omp_set_num_threads"); /* (from its libgomp) */
     if (!blas.dnnl)
         return false;
+    if (blas.dnnl_bf16) { /* oneDNN has it only for AVX-512 CPUs and up: try one */
+        uint16_t one[4] = {0x3f80, 0, 0, 0x3f80};
+        float c[4] = {0};
+        if (blas.dnnl_bf16('N', 'N', 2, 2, 2, 1.0f, one, 2, one, 2, 0.0f, c, 2) != 0 || c[0] != 1 ||
+            c[3] != 1)
+            blas.dnnl_bf16 = NULL;
+    }
     snprintf(blas.name, sizeof blas.name, "onednn");
     return true;
 }
@@ -99,6 +112,7 @@ static void open_blas(void)
     if (((any && ONEDNN_BY_DEFAULT) || (want && strcmp(want, "onednn") == 0)) && open_onednn())
         return;
     blas.dnnl = NULL;
+    blas.dnnl_bf16 = NULL;
     if ((any || strcmp(want, "openblas") == 0) && open_openblas())
         return;
     blas.cblas = NULL;
@@ -115,6 +129,12 @@ int ptrt_cpu_has_blas(void)
 {
     pthread_once(&blas_once, open_blas);
     return blas.cblas || blas.dnnl;
+}
+
+bool ptrt_cpu_has_bf16_gemm(void)
+{
+    pthread_once(&blas_once, open_blas);
+    return blas.dnnl_bf16 != NULL;
 }
 
 /* C = beta C for the k = 0 case and the plain loop's start. */
@@ -179,11 +199,39 @@ void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     }
 }
 
+/* One thread's GEMM of f32 or (bf16, with oneDNN's bf16 GEMM) operands. */
+static void gemm_serial_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc)
+{
+    if (!bf16) {
+        ptrt_cpu_gemm_serial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    if (m <= 0 || n <= 0)
+        return;
+    if (k <= 0) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    if (!omp_single && blas.omp_set_num_threads) {
+        blas.omp_set_num_threads(1);
+        omp_single = true;
+    }
+    blas.dnnl_bf16(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* p advanced by n elements of 2 (bf16) or 4 bytes */
+static const void *elems(const void *p, int64_t n, bool bf16)
+{
+    return (const char *)p + n * (bf16 ? 2 : 4);
+}
+
 typedef struct gemm_job {
-    bool ta, tb, by_rows;
+    bool ta, tb, by_rows, bf16;
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
-    const float *a, *b;
+    const void *a, *b;
     float *c;
 } gemm_job;
 
@@ -196,23 +244,24 @@ static void gemm_piece(void *ctx, int64_t begin, int64_t end)
     int64_t lo = begin * BLOCK, hi = end * BLOCK;
     if (j->by_rows) {
         hi = hi < j->m ? hi : j->m;
-        const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-        ptrt_cpu_gemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb,
-                             j->beta, j->c + lo * j->ldc, j->ldc);
+        const void *a = elems(j->a, j->ta ? lo : lo * j->lda, j->bf16);
+        gemm_serial_any(j->bf16, j->ta, j->tb, hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b,
+                        j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
     } else {
         hi = hi < j->n ? hi : j->n;
-        const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
-        ptrt_cpu_gemm_serial(j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda, b, j->ldb,
-                             j->beta, j->c + lo, j->ldc);
+        const void *b = elems(j->b, j->tb ? lo * j->ldb : lo, j->bf16);
+        gemm_serial_any(j->bf16, j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda, b,
+                        j->ldb, j->beta, j->c + lo, j->ldc);
     }
 }
 
-void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                   int64_t ldc)
+static void gemm_split(bool bf16, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                       float beta, float *c, int64_t ldc)
 {
     gemm_job j = {.ta = trans_a,
                   .tb = trans_b,
+                  .bf16 = bf16,
                   .by_rows = m >= n,
                   .m = m,
                   .n = n,
@@ -234,6 +283,13 @@ void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
     if (grain < (blocks + threads - 1) / threads)
         grain = (blocks + threads - 1) / threads;
     ptrt_cpu_parallel_for(blocks, grain, gemm_piece, &j);
+}
+
+void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                   int64_t ldc)
+{
+    gemm_split(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* Offset (in elements) of the matrix at flat batch index bi of a broadcast operand t of the
@@ -298,7 +354,7 @@ int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, cons
 
 typedef struct strided_job {
     const ptc_gemm *g;
-    const float *a, *b;
+    const void *a, *b;
     float *c;
 } strided_job;
 
@@ -306,14 +362,49 @@ static void strided_piece(void *ctx, int64_t begin, int64_t end)
 {
     const strided_job *j = ctx;
     const ptc_gemm *g = j->g;
+    bool bf16 = g->ab == PTC_BF16;
     for (int64_t bi = begin; bi < end; bi++)
-        ptrt_cpu_gemm_serial(g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha, j->a + bi * g->sa,
-                             g->lda, j->b + bi * g->sb, g->ldb, (float)g->beta, j->c + bi * g->sc,
-                             g->ldc);
+        gemm_serial_any(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
+                        elems(j->a, bi * g->sa, bf16), g->lda, elems(j->b, bi * g->sb, bf16),
+                        g->ldb, (float)g->beta, j->c + bi * g->sc, g->ldc);
 }
 
-void ptrt_cpu_gemm_instr(const ptc_gemm *g, const float *a, const float *b, float *c)
+typedef struct widen_job {
+    const uint16_t *x;
+    float *o;
+} widen_job;
+
+static void widen_piece(void *ctx, int64_t begin, int64_t end)
 {
+    const widen_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        uint32_t u = (uint32_t)j->x[i] << 16;
+        memcpy(&j->o[i], &u, 4);
+    }
+}
+
+static float *widened(const void *x, int64_t n)
+{
+    float *o = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    widen_job j = {x, o};
+    ptrt_cpu_parallel_for(n, 1 << 16, widen_piece, &j);
+    return o;
+}
+
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, float *c)
+{
+    bool bf16 = g->ab == PTC_BF16;
+    if (bf16 && !ptrt_cpu_has_bf16_gemm()) {
+        /* no bf16 GEMM in the library: the operands widened to f32 (exact), the f32 GEMM */
+        ptc_gemm f = *g;
+        f.ab = PTC_F32;
+        float *fa = widened(a, (g->sa ? g->batch : 1) * g->m * g->k);
+        float *fb = widened(b, (g->sb ? g->batch : 1) * g->k * g->n);
+        ptrt_cpu_gemm_instr(&f, fa, fb, c);
+        free(fa);
+        free(fb);
+        return;
+    }
     int64_t work = g->m * g->n * g->k;
     if (g->batch >= ptrt_cpu_threads() || (g->batch > 1 && work < (1 << 20))) {
         /* many matrices: one per piece */
@@ -322,6 +413,7 @@ void ptrt_cpu_gemm_instr(const ptc_gemm *g, const float *a, const float *b, floa
         return;
     }
     for (int64_t bi = 0; bi < g->batch; bi++) /* few big matrices: split each one */
-        ptrt_cpu_gemm(g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha, a + bi * g->sa, g->lda,
-                      b + bi * g->sb, g->ldb, (float)g->beta, c + bi * g->sc, g->ldc);
+        gemm_split(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
+                   elems(a, bi * g->sa, bf16), g->lda, elems(b, bi * g->sb, bf16), g->ldb,
+                   (float)g->beta, c + bi * g->sc, g->ldc);
 }

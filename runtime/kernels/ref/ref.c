@@ -198,17 +198,23 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
     return rc;
 }
 
-void ptrt_ref_gemm(const ptc_gemm *g, const float *a, const float *b, float *c)
+/* Element i of a GEMM operand of dtype ab (f32, or bf16 storage). */
+static double gemm_at(const void *x, uint8_t ab, int64_t i)
+{
+    return ab == PTC_BF16 ? ptc_bf16_value(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
 {
     for (int64_t bi = 0; bi < g->batch; bi++) {
-        const float *pa = a + bi * g->sa, *pb = b + bi * g->sb;
+        int64_t oa = bi * g->sa, ob = bi * g->sb;
         float *pc = c + bi * g->sc;
         for (int64_t i = 0; i < g->m; i++)
             for (int64_t j = 0; j < g->n; j++) {
                 double s = 0;
                 for (int64_t p = 0; p < g->k; p++)
-                    s += (double)(g->ta ? pa[p * g->lda + i] : pa[i * g->lda + p]) *
-                         (g->tb ? pb[j * g->ldb + p] : pb[p * g->ldb + j]);
+                    s += gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p)) *
+                         gemm_at(b, g->ab, ob + (g->tb ? j * g->ldb + p : p * g->ldb + j));
                 double prior = g->beta != 0 ? g->beta * pc[i * g->ldc + j] : 0;
                 pc[i * g->ldc + j] = (float)(g->alpha * s + prior);
             }

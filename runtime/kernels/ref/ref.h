@@ -35,6 +35,6 @@ static inline float ptrt_round_f16(float x)
 
 /* The reference GEMM of a plan's gemm instruction: every element a double sum, rounded to float
  * once (as ptrt_ref_run's matmul). */
-void ptrt_ref_gemm(const ptc_gemm *g, const float *a, const float *b, float *c);
+void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, float *c);
 
 #endif
