@@ -1,6 +1,8 @@
 /* kir.c - building and verifying kernels of the kernel IR (see kir.h). */
 #include "kir.h"
 
+#include "half.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@ const char *const ptc_kx_names[PTC_NKX] = {
     [PTC_KX_MIN] = "min",   [PTC_KX_MAX] = "max",   [PTC_KX_SELECT] = "select",
     [PTC_KX_EXP] = "exp",   [PTC_KX_LOG] = "log",   [PTC_KX_SQRT] = "sqrt",
     [PTC_KX_TANH] = "tanh", [PTC_KX_FLOAT] = "float", [PTC_KX_SUM] = "sum",
+    [PTC_KX_RBF16] = "round_bf16",
     [PTC_KX_RMAX] = "maxr", [PTC_KX_NEG] = "neg",
 };
 
@@ -90,7 +93,7 @@ int ptc_kx_v(ptc_kir *k, int var)
 
 int ptc_kx_load(ptc_kir *k, int param, int index)
 {
-    bool f = param >= 0 && param < k->nparams && k->params[param].dtype == PTC_F32;
+    bool f = param >= 0 && param < k->nparams && k->params[param].dtype != PTC_I32;
     int e = new_x(k, PTC_KX_LOAD, f ? PTC_KT_F32 : PTC_KT_I64);
     k->x[e].param = param;
     k->x[e].a = index;
@@ -260,7 +263,7 @@ static int check_x(vk *v, int e)
     case PTC_KX_LOAD:
         if (x->param < 0 || x->param >= k->nparams)
             return vbad(v, "a load from no parameter");
-        if (t != (k->params[x->param].dtype == PTC_F32 ? PTC_KT_F32 : PTC_KT_I64))
+        if (t != (k->params[x->param].dtype != PTC_I32 ? PTC_KT_F32 : PTC_KT_I64))
             return vbad(v, "a load from '%s' has the wrong type", k->params[x->param].name);
         return want(v, x->a, PTC_KT_I64, "an index");
     case PTC_KX_ADD:
@@ -297,6 +300,7 @@ static int check_x(vk *v, int e)
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
+    case PTC_KX_RBF16:
         if (want(v, x->a, PTC_KT_F32, ptc_kx_names[x->kind]) < 0)
             return -1;
         return t == PTC_KT_F32 ? 0 : vbad(v, "%s is not f32", ptc_kx_names[x->kind]);
@@ -343,7 +347,7 @@ static int check_list(vk *v, int s, int depth)
             if (!p->out)
                 return vbad(v, "a store to '%s', which is not an out parameter", p->name);
             if (want(v, st->index, PTC_KT_I64, "an index") < 0 ||
-                want(v, st->value, p->dtype == PTC_F32 ? PTC_KT_F32 : PTC_KT_I64,
+                want(v, st->value, p->dtype != PTC_I32 ? PTC_KT_F32 : PTC_KT_I64,
                      "a stored value") < 0)
                 return -1;
             break;
@@ -373,8 +377,9 @@ int ptc_kir_verify(const ptc_kir *k, char *err, size_t errn)
         return vbad(&v, "a kernel without a name");
     for (int p = 0; p < k->nparams; p++) {
         const ptc_kparam *pp = &k->params[p];
-        if ((pp->dtype != PTC_F32 && pp->dtype != PTC_I32) || pp->numel < 0)
-            return vbad(&v, "parameter '%s' must be f32 or i32 with a size", pp->name);
+        if ((pp->dtype != PTC_F32 && pp->dtype != PTC_BF16 && pp->dtype != PTC_I32) ||
+            pp->numel < 0)
+            return vbad(&v, "parameter '%s' must be f32, bf16 or i32 with a size", pp->name);
         for (int q = 0; q < p; q++)
             if (strcmp(k->params[q].name, pp->name) == 0)
                 return vbad(&v, "two parameters named '%s'", pp->name);
@@ -436,6 +441,8 @@ static kval eval(interp *in, int e)
             return r;
         if (in->k->params[x->param].dtype == PTC_F32)
             r.f = ((const float *)in->args[x->param])[i];
+        else if (in->k->params[x->param].dtype == PTC_BF16)
+            r.f = ptc_bf16_value(((const uint16_t *)in->args[x->param])[i]);
         else
             r.i = ((const int32_t *)in->args[x->param])[i];
         return r;
@@ -469,6 +476,7 @@ static kval eval(interp *in, int e)
         case PTC_KX_LOG: r.f = log(a.f); return r;
         case PTC_KX_SQRT: r.f = sqrt(a.f); return r;
         case PTC_KX_TANH: r.f = tanh(a.f); return r;
+        case PTC_KX_RBF16: r.f = ptc_round_bf16((float)a.f); return r; /* (as f32, then bf16) */
         default: r.f = (double)a.i; return r; /* float */
         }
     }
@@ -505,6 +513,8 @@ static void run_list(interp *in, int s, int depth)
                 return;
             if (k->params[st->param].dtype == PTC_F32)
                 ((float *)in->args[st->param])[i] = (float)v.f;
+            else if (k->params[st->param].dtype == PTC_BF16) /* (as f32, then bf16) */
+                ((uint16_t *)in->args[st->param])[i] = ptc_bf16_bits((float)v.f);
             else
                 ((int32_t *)in->args[st->param])[i] = (int32_t)v.i;
             break;

@@ -93,6 +93,7 @@ static void put_x(FILE *f, const ptc_kir *k, int e, int min_prec)
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
     case PTC_KX_FLOAT:
+    case PTC_KX_RBF16:
         fprintf(f, "%s(", ptc_kx_names[x->kind]);
         put_x(f, k, x->a, 0);
         if (x->b >= 0) {
@@ -471,10 +472,12 @@ static void parse_param(parser *ps)
     bool out = ptc_lex_ident(lx, "out");
     if (out)
         ptc_lex_next(lx);
-    ptc_dtype dt = ptc_lex_ident(lx, "f32") ? PTC_F32 : ptc_lex_ident(lx, "i32") ? PTC_I32
-                                                                                  : PTC_NDTYPES;
+    ptc_dtype dt = ptc_lex_ident(lx, "f32")    ? PTC_F32
+                   : ptc_lex_ident(lx, "bf16") ? PTC_BF16
+                   : ptc_lex_ident(lx, "i32")  ? PTC_I32
+                                               : PTC_NDTYPES;
     if (dt == PTC_NDTYPES)
-        ptc_lex_fail(lx, "expected f32 or i32, got '%s'", lx->text);
+        ptc_lex_fail(lx, "expected f32, bf16 or i32, got '%s'", lx->text);
     ptc_lex_next(lx);
     ptc_lex_expect(lx, '[');
     int64_t n = ptc_lex_int(lx);

@@ -154,6 +154,17 @@ static bool all_f32(const fz *z, const ptc_instr *in)
     return true;
 }
 
+/* A cast between f32 and bf16 storage (--precision bf16: the lowering widens every 16-bit operand
+ * of an op to f32 and rounds its result back): a widening one joins a chain as a load of the
+ * bf16 bytes, a narrowing one as a rounding, so a fused kernel reads and writes bf16 directly. */
+static bool bf16_cast(const fz *z, const ptc_instr *in, bool widening)
+{
+    if (in->kind != PTC_INSTR_KERNEL || in->op != PTC_OP_CAST || in->nout != 1)
+        return false;
+    ptc_dtype a = z->pg->bufs[in->in[0]].type.dtype, b = z->pg->bufs[in->out[0]].type.dtype;
+    return widening ? a == PTC_BF16 && b == PTC_F32 : a == PTC_F32 && b == PTC_BF16;
+}
+
 /* Whether instruction i reads a buffer the members [g->first, i) wrote (by id). */
 static bool reads_member(const fz *z, const group *g, int i)
 {
@@ -221,11 +232,19 @@ static bool inplace_safe(const fz *z, int first, int n, bool consumer)
     return true;
 }
 
+/* A member computed element by element (not a row consumer) */
+static bool chain_member(const fz *z, const ptc_instr *in)
+{
+    return pointwise(in->op) || bf16_cast(z, in, true) || bf16_cast(z, in, false);
+}
+
 /* The chain starting at i: its length (0 when it is not one of two or more). */
 static int chain_at(const fz *z, int i)
 {
     const ptc_instr *a = ins(z, i);
-    if (a->kind != PTC_INSTR_KERNEL || !pointwise(a->op) || !all_f32(z, a) || a->nout != 1)
+    bool cast = bf16_cast(z, a, true) || bf16_cast(z, a, false);
+    if (a->kind != PTC_INSTR_KERNEL || !(cast || (pointwise(a->op) && all_f32(z, a))) ||
+        a->nout != 1)
         return 0;
     const ptc_type *o = &z->pg->bufs[a->out[0]].type;
     if (o->rank == 0)
@@ -237,10 +256,16 @@ static int chain_at(const fz *z, int i)
     while (g.n < MAX_MEMBERS && i + g.n < z->nold) {
         int j = i + g.n;
         const ptc_instr *b = ins(z, j);
-        if (b->kind != PTC_INSTR_KERNEL || !same_task(a, b) || !all_f32(z, b) ||
-            !reads_member(z, &g, j))
+        if (b->kind != PTC_INSTR_KERNEL || !same_task(a, b))
             break;
-        if (pointwise(b->op)) {
+        if (bf16_cast(z, b, true) && broadcasts(&z->pg->bufs[b->out[0]].type, o)) {
+            g.n++; /* a load of bf16 bytes for a later member (trimmed below if none reads it) */
+            continue;
+        }
+        bool narrowing = bf16_cast(z, b, false);
+        if ((!all_f32(z, b) && !narrowing) || !reads_member(z, &g, j))
+            break;
+        if (pointwise(b->op) || narrowing) {
             const ptc_type *t = &z->pg->bufs[b->out[0]].type;
             bool ok = numel(z, b->out[0]) == ptc_type_numel(o) && last_dim(z, b->out[0]) == o->dims[o->rank - 1];
             for (int k = 0; k < b->nin && ok; k++) {
@@ -265,8 +290,20 @@ static int chain_at(const fz *z, int i)
         }
         break;
     }
-    while (g.n >= 2 && !inplace_safe(z, i, g.n, !pointwise(ins(z, i + g.n - 1)->op)))
+    /* a widening cast at the end feeds nothing in the run */
+    while (g.n >= 2 && bf16_cast(z, ins(z, i + g.n - 1), true))
         g.n--;
+    while (g.n >= 2 && !inplace_safe(z, i, g.n, !chain_member(z, ins(z, i + g.n - 1))))
+        g.n--;
+    /* a row consumer's one result rounded to bf16 right after it, and read by nothing else: the
+     * kernel stores the bf16 result itself */
+    const ptc_instr *c = ins(z, i + g.n - 1);
+    if (g.n >= 2 && !chain_member(z, c) && c->nout == 1 && i + g.n < z->nold) {
+        const ptc_instr *nx = ins(z, i + g.n);
+        if (bf16_cast(z, nx, false) && same_task(a, nx) && nx->in[0] == c->out[0] &&
+            !z->keep[root(z, c->out[0])] && z->last_read[root(z, c->out[0])] == i + g.n)
+            g.n++;
+    }
     return g.n >= 2 ? g.n : 0;
 }
 
@@ -566,12 +603,26 @@ static int member_value(kb *b, int m, int j, bool reload)
     }
     if (b->memo[m] >= 0)
         return b->memo[m];
+    if (bf16_cast(b->z, in, true)) { /* the bf16 bytes, loaded (widened), at j's broadcast */
+        int q = producer(b, m, in->in[0]); /* (or a member's rounded value: widening is exact) */
+        return b->memo[m] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[0], j);
+    }
     int v[4];
     for (int k = 0; k < in->nin; k++) {
         int q = producer(b, m, in->in[k]);
         v[k] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[k], j);
     }
+    if (in->op == PTC_OP_CAST) /* narrowing: the value rounded as its bf16 result holds it */
+        return b->memo[m] = un(b, PTC_KX_RBF16, v[0]);
     return b->memo[m] = op_value(b, in->op, v);
+}
+
+/* The buffer a consumer's operand is loaded from: the bf16 source of a widening member. */
+static int source_of(kb *b, int buf)
+{
+    int q = producer(b, b->n - 1, buf);
+    return q >= 0 && bf16_cast(b->z, ins(b->z, b->first + q), true) ? ins(b->z, b->first + q)->in[0]
+                                                                    : buf;
 }
 
 static void clear_memo(kb *b)
@@ -605,8 +656,8 @@ static void build_consumer(kb *b, const ptc_instr *c, int xm)
     }
     int yp = b->out_param[b->nout - 1];
     if (c->op == PTC_OP_LAYERNORM || c->op == PTC_OP_RMSNORM) {
-        int g = input_param(b, c->in[1]);
-        int bb = c->op == PTC_OP_LAYERNORM ? input_param(b, c->in[2]) : -1;
+        int g = input_param(b, source_of(b, c->in[1]));
+        int bb = c->op == PTC_OP_LAYERNORM ? input_param(b, source_of(b, c->in[2])) : -1;
         int mean = -1;
         if (c->op == PTC_OP_LAYERNORM) {
             jv = ptc_kir_var(k, NULL, PTC_KT_I64);
@@ -654,7 +705,8 @@ static int add_out(kb *b, int buf)
     snprintf(name, sizeof name, "y%d", b->nout);
     PTC_ASSERT(b->nout < PTC_MAX_FUSED_OPERANDS);
     b->out[b->nout] = buf;
-    b->out_param[b->nout] = ptc_kir_param(b->k, name, PTC_F32, numel(b->z, buf), true, alias);
+    b->out_param[b->nout] = ptc_kir_param(b->k, name, b->z->pg->bufs[buf].type.dtype,
+                                          numel(b->z, buf), true, alias);
     return b->nout++;
 }
 
@@ -672,8 +724,14 @@ static ptc_kir *build_chain(kb *b)
 {
     fz *z = b->z;
     const ptc_instr *last = ins(z, b->first + b->n - 1);
-    bool consumer = !pointwise(last->op);
-    int npw = consumer ? b->n - 1 : b->n;
+    int cn = b->n, yout = -1; /* members through the consumer; its bf16 rounding after it */
+    if (b->n >= 2 && bf16_cast(z, last, false) && !chain_member(z, ins(z, b->first + b->n - 2))) {
+        yout = last->out[0];
+        cn = b->n - 1;
+        last = ins(z, b->first + cn - 1);
+    }
+    bool consumer = !chain_member(z, last);
+    int npw = consumer ? cn - 1 : cn;
     int o0 = ins(z, b->first)->out[0];
     b->C = last_dim(z, o0);
     b->R = numel(z, o0) / b->C;
@@ -683,7 +741,7 @@ static ptc_kir *build_chain(kb *b)
             add_out(b, ins(z, b->first + m)->out[0]);
     if (consumer)
         for (int o = 0; o < last->nout; o++)
-            add_out(b, last->out[o]);
+            add_out(b, yout >= 0 ? yout : last->out[o]);
     ptc_kir *k = b->k;
     b->r = ptc_kir_for(k, "r", ptc_kx_i(k, b->R), true);
     /* pass 1: the chain's stored results */
@@ -693,9 +751,9 @@ static ptc_kir *build_chain(kb *b)
     if (any) {
         int j = ptc_kir_for(k, "j", ptc_kx_i(k, b->C), false);
         clear_memo(b);
-        for (int m = 0; m < npw; m++) { /* bind every value once */
+        for (int m = 0; m < npw; m++) { /* bind every value once (a widened load is a load) */
             int v = member_value(b, m, j, false);
-            b->memo[m] = ptc_kir_bind(k, v);
+            b->memo[m] = bf16_cast(z, ins(z, b->first + m), true) ? v : ptc_kir_bind(k, v);
         }
         for (int o = 0; o < b->nout - (consumer ? last->nout : 0); o++)
             for (int m = 0; m < npw; m++)
@@ -704,7 +762,7 @@ static ptc_kir *build_chain(kb *b)
         ptc_kir_end(k);
     }
     if (consumer) {
-        int xm = producer(b, b->n - 1, last->in[0]);
+        int xm = producer(b, cn - 1, last->in[0]);
         build_consumer(b, last, xm);
     }
     ptc_kir_end(k);

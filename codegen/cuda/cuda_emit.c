@@ -259,6 +259,12 @@ static void put_f(em *e, double v)
     fprintf(e->f, "%s%s%sf%s", f < 0 ? "(" : "", buf, point ? "" : ".0", f < 0 ? ")" : "");
 }
 
+/* the C type of a parameter's elements */
+static const char *elem_ctype(ptc_dtype dt)
+{
+    return dt == PTC_F32 ? "float" : dt == PTC_BF16 ? "unsigned short" : "int";
+}
+
 static void put_param(em *e, int param)
 {
     if (e->slot && e->slot[param] >= 0)
@@ -291,13 +297,15 @@ static void put_x(em *e, int x)
         return;
     case PTC_KX_ICONST: fprintf(f, "%lldLL", (long long)p->i); return;
     case PTC_KX_VAR: fprintf(f, "v_%s", k->vars[p->var].name); return;
-    case PTC_KX_LOAD:
-        fputs(k->params[p->param].dtype == PTC_F32 ? "" : "(long long)", f);
+    case PTC_KX_LOAD: {
+        ptc_dtype dt = k->params[p->param].dtype;
+        fputs(dt == PTC_F32 ? "" : dt == PTC_BF16 ? "ptc_bf16_f(" : "(long long)", f);
         put_param(e, p->param);
         fputc('[', f);
         put_x(e, p->a);
-        fputc(']', f);
+        fputs(dt == PTC_BF16 ? "])" : "]", f);
         return;
+    }
     case PTC_KX_SUM:
     case PTC_KX_RMAX: fprintf(f, "r%d", x); return;
     case PTC_KX_SELECT:
@@ -329,6 +337,7 @@ static void put_x(em *e, int x)
         return;
     case PTC_KX_NEG: fputs("(-", f); put_x(e, p->a); fputc(')', f); return;
     case PTC_KX_FLOAT: fputs("(float)(", f); put_x(e, p->a); fputc(')', f); return;
+    case PTC_KX_RBF16: fputs("ptc_round_bf16(", f); put_x(e, p->a); fputc(')', f); return;
     case PTC_KX_EXP:
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
@@ -612,8 +621,7 @@ static int emit_group(em *e, int s)
         if (e->slot[i] >= 0) {
             bool ro = !k->params[i].out && !aliased(k, i);
             ind(e);
-            fprintf(f, "%s%s *%ss%d = 0;\n", ro ? "const " : "",
-                    k->params[i].dtype == PTC_F32 ? "float" : "int",
+            fprintf(f, "%s%s *%ss%d = 0;\n", ro ? "const " : "", elem_ctype(k->params[i].dtype),
                     aliased(k, i) ? "" : "PTC_RESTRICT ", e->slot[i]);
         }
     ind(e);
@@ -720,7 +728,8 @@ static void emit_store(em *e, const ptc_ks *st, ctx cx)
     put_param(e, st->param);
     fputc('[', e->f);
     put_x(e, st->index);
-    fputs(p->dtype == PTC_F32 ? "] = " : "] = (int)(", e->f);
+    fputs(p->dtype == PTC_F32 ? "] = " : p->dtype == PTC_BF16 ? "] = ptc_f_bf16(" : "] = (int)(",
+          e->f);
     put_x(e, st->value);
     fputs(p->dtype == PTC_F32 ? ";\n" : ");\n", e->f);
     if (cx == CX_BLOCK)
@@ -795,9 +804,8 @@ void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
     for (int i = 0; i < k->nparams; i++) {
         const ptc_kparam *p = &k->params[i];
         bool ro = !p->out && !aliased(k, i);
-        fprintf(f, "%s%s%s *%sp_%s", i ? ", " : "", ro ? "const " : "",
-                p->dtype == PTC_F32 ? "float" : "int", aliased(k, i) ? "" : "PTC_RESTRICT ",
-                p->name);
+        fprintf(f, "%s%s%s *%sp_%s", i ? ", " : "", ro ? "const " : "", elem_ctype(p->dtype),
+                aliased(k, i) ? "" : "PTC_RESTRICT ", p->name);
     }
     fputs(")\n{\n", f);
     em e = {.k = k, .f = f, .indent = 1};
@@ -815,8 +823,7 @@ void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
     for (int i = 0; i < k->nparams; i++) {
         const ptc_kparam *p = &k->params[i];
         bool ro = !p->out && !aliased(k, i);
-        fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", ro ? "const " : "",
-                p->dtype == PTC_F32 ? "float" : "int", i);
+        fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", ro ? "const " : "", elem_ctype(p->dtype), i);
     }
     fputs(");\n}\n#endif\n", f);
 }
@@ -832,7 +839,26 @@ void ptc_cuda_emit_prelude(FILE *f)
           "#define PTC_RESTRICT __restrict__\n"
           "#define PTC_INF __int_as_float(0x7f800000)\n"
           "#define PTC_NAN __int_as_float(0x7fffffff)\n"
+          "#define PTC_F2U(x) __float_as_uint(x)\n"
+          "#define PTC_U2F(x) __uint_as_float(x)\n"
           "#endif\n"
+          "/* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest\n"
+          " * even, NaN to the quiet NaN of its sign (as common/half.c) */\n"
+          "PTC_DEVICE float ptc_bf16_f(unsigned short h)\n"
+          "{\n"
+          "    return PTC_U2F((unsigned int)h << 16);\n"
+          "}\n"
+          "PTC_DEVICE unsigned short ptc_f_bf16(float v)\n"
+          "{\n"
+          "    unsigned int u = PTC_F2U(v);\n"
+          "    if ((u & 0x7fffffffu) > 0x7f800000u)\n"
+          "        return (unsigned short)(0x7fc0u | ((u >> 16) & 0x8000u));\n"
+          "    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+          "}\n"
+          "PTC_DEVICE float ptc_round_bf16(float v)\n"
+          "{\n"
+          "    return ptc_bf16_f(ptc_f_bf16(v));\n"
+          "}\n"
           "#define PTC_LOWEST (-3.40282347e+38f)\n"
           "#define PTC_IMIN(a, b) ((a) < (b) ? (a) : (b))\n"
           "#define PTC_IMAX(a, b) ((a) > (b) ? (a) : (b))\n"

@@ -36,6 +36,20 @@
 #define PTC_RESTRICT restrict
 #define PTC_INF ((float)INFINITY)
 #define PTC_NAN ((float)NAN)
+static inline unsigned int ptc_emu_f2u(float x)
+{
+    unsigned int u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float ptc_emu_u2f(unsigned int u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+#define PTC_F2U(x) ptc_emu_f2u(x)
+#define PTC_U2F(x) ptc_emu_u2f(x)
 #define __launch_bounds__(n)
 #define __shared__ static
 

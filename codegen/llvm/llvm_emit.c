@@ -22,7 +22,7 @@ typedef struct em {
     const ptc_kir *k;
     LLVMValueRef *ptr; /* param -> typed pointer */
     LLVMValueRef *var; /* var -> value */
-    LLVMTypeRef f32, i64, i32, i1;
+    LLVMTypeRef f32, i64, i32, i16, i1;
     LLVMValueRef tid, nt;
     unsigned loop_kind;
 } em;
@@ -192,6 +192,32 @@ static LLVMValueRef emit_reduce(em *e, const ptc_kx *x)
     return acc;
 }
 
+/* bf16 storage: the high half of an f32. round_bits(v) is v's nearest bf16 (ties to even) as
+ * the 16 bits in an i32 (NaN: the quiet NaN of its sign, as common/half.c) */
+static LLVMValueRef round_bits(em *e, LLVMValueRef v)
+{
+    LLVMBuilderRef B = e->B;
+    LLVMValueRef u = LLVMBuildBitCast(B, v, e->i32, "");
+    LLVMValueRef hi = LLVMBuildLShr(B, u, LLVMConstInt(e->i32, 16, 0), "");
+    LLVMValueRef lsb = LLVMBuildAnd(B, hi, LLVMConstInt(e->i32, 1, 0), "");
+    LLVMValueRef r = LLVMBuildLShr(
+        B, LLVMBuildAdd(B, LLVMBuildAdd(B, u, LLVMConstInt(e->i32, 0x7fff, 0), ""), lsb, ""),
+        LLVMConstInt(e->i32, 16, 0), "");
+    LLVMValueRef nan = LLVMBuildICmp(B, LLVMIntUGT,
+                                     LLVMBuildAnd(B, u, LLVMConstInt(e->i32, 0x7fffffff, 0), ""),
+                                     LLVMConstInt(e->i32, 0x7f800000, 0), "");
+    LLVMValueRef q = LLVMBuildOr(B, LLVMConstInt(e->i32, 0x7fc0, 0),
+                                 LLVMBuildAnd(B, hi, LLVMConstInt(e->i32, 0x8000, 0), ""), "");
+    return LLVMBuildSelect(B, nan, q, r, "");
+}
+
+/* the f32 value of 16 bf16 bits in an i32 */
+static LLVMValueRef bf16_value(em *e, LLVMValueRef bits)
+{
+    return LLVMBuildBitCast(e->B, LLVMBuildShl(e->B, bits, LLVMConstInt(e->i32, 16, 0), ""),
+                            e->f32, "");
+}
+
 static LLVMValueRef emit_x(em *e, int id)
 {
     const ptc_kx *x = &e->k->x[id];
@@ -201,13 +227,15 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_ICONST: return iconst(e, x->i);
     case PTC_KX_VAR: return e->var[x->var];
     case PTC_KX_LOAD: {
-        bool f = e->k->params[x->param].dtype == PTC_F32;
-        LLVMTypeRef t = f ? e->f32 : e->i32;
+        ptc_dtype dt = e->k->params[x->param].dtype;
+        LLVMTypeRef t = dt == PTC_F32 ? e->f32 : dt == PTC_BF16 ? e->i16 : e->i32;
         LLVMValueRef idx = emit_x(e, x->a);
         LLVMValueRef p = LLVMBuildInBoundsGEP2(B, t, e->ptr[x->param], &idx, 1, "");
         LLVMValueRef v = LLVMBuildLoad2(B, t, p, "");
-        LLVMSetAlignment(v, 4);
-        return f ? v : LLVMBuildSExt(B, v, e->i64, "");
+        LLVMSetAlignment(v, dt == PTC_BF16 ? 2 : 4);
+        if (dt == PTC_BF16)
+            return bf16_value(e, LLVMBuildZExt(B, v, e->i32, ""));
+        return dt == PTC_F32 ? v : LLVMBuildSExt(B, v, e->i64, "");
     }
     case PTC_KX_SELECT: {
         LLVMValueRef c = emit_x(e, x->a), a = emit_x(e, x->b), b = emit_x(e, x->c);
@@ -224,6 +252,7 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_LOG: return intrinsic1(e, "llvm.log.f32", emit_x(e, x->a));
     case PTC_KX_SQRT: return intrinsic1(e, "llvm.sqrt.f32", emit_x(e, x->a));
     case PTC_KX_FLOAT: return LLVMBuildSIToFP(B, emit_x(e, x->a), e->f32, "");
+    case PTC_KX_RBF16: return bf16_value(e, round_bits(e, emit_x(e, x->a)));
     default: break;
     }
     LLVMValueRef a = emit_x(e, x->a), b = emit_x(e, x->b);
@@ -257,13 +286,15 @@ static void emit_list(em *e, int s, int depth)
         switch (st->kind) {
         case PTC_KS_LET: e->var[st->var] = emit_x(e, st->value); break;
         case PTC_KS_STORE: {
-            bool f = k->params[st->param].dtype == PTC_F32;
-            LLVMTypeRef t = f ? e->f32 : e->i32;
+            ptc_dtype dt = k->params[st->param].dtype;
+            LLVMTypeRef t = dt == PTC_F32 ? e->f32 : dt == PTC_BF16 ? e->i16 : e->i32;
             LLVMValueRef idx = emit_x(e, st->index), v = emit_x(e, st->value);
-            if (!f)
+            if (dt == PTC_BF16)
+                v = LLVMBuildTrunc(e->B, round_bits(e, v), e->i16, "");
+            else if (dt != PTC_F32)
                 v = LLVMBuildTrunc(e->B, v, e->i32, "");
             LLVMValueRef p = LLVMBuildInBoundsGEP2(e->B, t, e->ptr[st->param], &idx, 1, "");
-            LLVMSetAlignment(LLVMBuildStore(e->B, v, p), 4);
+            LLVMSetAlignment(LLVMBuildStore(e->B, v, p), dt == PTC_BF16 ? 2 : 4);
             break;
         }
         default: {
@@ -298,6 +329,7 @@ LLVMModuleRef ptc_llvm_emit(LLVMContextRef C, const ptc_kir *k, const char *symb
     e.f32 = LLVMFloatTypeInContext(C);
     e.i64 = LLVMInt64TypeInContext(C);
     e.i32 = LLVMInt32TypeInContext(C);
+    e.i16 = LLVMInt16TypeInContext(C);
     e.i1 = LLVMInt1TypeInContext(C);
     e.loop_kind = LLVMGetMDKindIDInContext(C, "llvm.loop", 9);
     LLVMTypeRef i8p = LLVMPointerType(LLVMInt8TypeInContext(C), 0);
@@ -322,7 +354,8 @@ LLVMModuleRef ptc_llvm_emit(LLVMContextRef C, const ptc_kir *k, const char *symb
         LLVMValueRef idx = iconst(&e, p);
         LLVMValueRef slot = LLVMBuildInBoundsGEP2(e.B, i8p, args, &idx, 1, "");
         LLVMValueRef raw = LLVMBuildLoad2(e.B, i8p, slot, k->params[p].name);
-        LLVMTypeRef t = LLVMPointerType(k->params[p].dtype == PTC_F32 ? e.f32 : e.i32, 0);
+        ptc_dtype dt = k->params[p].dtype;
+        LLVMTypeRef t = LLVMPointerType(dt == PTC_F32 ? e.f32 : dt == PTC_BF16 ? e.i16 : e.i32, 0);
         e.ptr[p] = LLVMBuildBitCast(e.B, raw, t, "");
     }
     emit_list(&e, k->body, 0);

@@ -20,4 +20,16 @@ static const char kir_every_kind[] =
     "    }\n"
     "}\n";
 
+/* bf16 storage: loads widen, stores round, round_bf16 in between; bit-exact on every target (a
+ * sum of two floats and the difference of a value and its rounding are exact in float) */
+static const char kir_bf16[] =
+    "kernel half(h: bf16[97], x: f32[97], o: out bf16[97], r: out f32[97], g: out bf16[97] = h) {\n"
+    "    for i < 97 parallel {\n"
+    "        let v = h[i] + x[i]\n"
+    "        o[i] = v\n"
+    "        r[i] = round_bf16(v) - v\n"
+    "        g[i] = select(v < 0.0, v * 0.5, round_bf16(v))\n"
+    "    }\n"
+    "}\n";
+
 #endif

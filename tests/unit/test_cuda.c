@@ -37,6 +37,7 @@
 #include "ref.h"
 #include "frontend.h"
 #include "kir.h"
+#include "half.h"
 #include "kir_samples.h"
 #include "passes.h"
 #include "plan.h"
@@ -169,10 +170,12 @@ static bufs make_bufs(const ptc_kir *k, unsigned seed)
             b.args[i] = b.args[p->alias];
             continue;
         }
-        b.owned[i] = malloc((size_t)(p->numel ? p->numel : 1) * 4);
+        b.owned[i] = calloc((size_t)(p->numel ? p->numel : 1), 4);
         for (int64_t j = 0; j < p->numel; j++) {
             if (p->dtype == PTC_F32)
                 b.owned[i][j] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
+            else if (p->dtype == PTC_BF16)
+                ((uint16_t *)b.owned[i])[j] = ptc_bf16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
             else
                 ((int32_t *)b.owned[i])[j] = rand() % 3;
         }
@@ -208,8 +211,9 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
         if (!got.owned[i])
             continue;
         const float *a = want.owned[i], *b = got.owned[i];
-        if (q->dtype != PTC_F32) {
-            cr_expect_eq(memcmp(a, b, (size_t)q->numel * 4), 0, "%s: %s differs", k->name, q->name);
+        if (q->dtype != PTC_F32) { /* i32, and bf16: rounded alike, bit for bit */
+            cr_expect_eq(memcmp(a, b, (size_t)q->numel * ptc_dtype_size(q->dtype)), 0,
+                         "%s: %s differs", k->name, q->name);
             continue;
         }
         double big = 0;
@@ -261,6 +265,7 @@ static void check_plan(const char *rel, const ptc_define *defs, int ndefs, const
  * max reduction, a store of the row, stores at the top level, a loop of one element */
 static const char *const corner_kernels[] = {
     kir_every_kind,
+    kir_bf16,
     "kernel scan(x: f32[200], y: out f32[200], n: out f32[5]) {\n"
     "    for r < 5 parallel {\n"
     "        y[r * 40] = x[r * 40]\n"

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "half.h"
 #include "kir_samples.h"
 #include "cpu.h"
 #include "exec.h"
@@ -135,9 +136,44 @@ Test(kir, compiled_matches_interpreter)
     }
     ptc_kir_free(k);
 }
+/* bf16 parameters and round_bf16: the compiled kernel and the interpreter agree bit for bit */
+Test(kir, compiled_bf16_matches_interpreter)
+{
+    char err[1024];
+    ptc_kir *k = ptc_kir_parse_text(kir_bf16, err, sizeof err);
+    cr_assert_not_null(k, "%s", err);
+    ptc_kfn fn = ptc_kjit_get(k, "", err, sizeof err);
+    cr_assert_not_null(fn, "%s", err);
+    uint16_t h[2][97], o[2][97];
+    float x[97], r[2][97];
+    srand(11);
+    for (int i = 0; i < 97; i++) {
+        h[0][i] = h[1][i] = ptc_bf16_bits((float)rand() / RAND_MAX * 4 - 2);
+        /* multiples of 2^-12 below 2^-7: h + x is exact in float (the interpreter computes in
+         * double) and lands between bf16 values, so that the roundings have work to do */
+        x[i] = (float)(rand() % 64 - 32) * 0x1p-12f;
+    }
+    h[0][5] = h[1][5] = 0x7fc0; /* NaN, and infinity, pass through */
+    h[0][6] = h[1][6] = 0xff80;
+    void *a0[5] = {h[0], x, o[0], r[0], h[0]}, *a1[5] = {h[1], x, o[1], r[1], h[1]};
+    cr_assert_eq(ptc_kir_run(k, a0, 0, 1, err, sizeof err), 0, "%s", err);
+    fn(a1, 0, 1);
+    cr_expect(memcmp(o[0], o[1], sizeof o[0]) == 0, "the bf16 stores differ");
+    for (int i = 0; i < 97; i++) /* (NaN's sign and payload are free) */
+        cr_expect(r[0][i] == r[1][i] || (isnan(r[0][i]) && isnan(r[1][i])),
+                  "round_bf16 differs at %d: %.9g, interpreter %.9g", i, r[1][i], r[0][i]);
+    cr_expect(memcmp(h[0], h[1], sizeof h[0]) == 0, "the in-place bf16 stores differ");
+    int nonzero = 0;
+    for (int i = 0; i < 97; i++)
+        nonzero += r[0][i] != 0 && r[0][i] == r[0][i];
+    cr_expect_gt(nonzero, 30, "round_bf16 rounded nothing (%d)", nonzero);
+    ptc_kir_free(k);
+}
 #endif
 
 /* ---- fusion against the reference kernels ---- */
+
+static ptc_dtype precision = PTC_F32; /* --precision of the models compiled below */
 
 static ptc_graph *compile_text(const char *src)
 {
@@ -147,11 +183,21 @@ static ptc_graph *compile_text(const char *src)
     ptc_frontend_opts fo = {0};
     ptc_graph *g = ptc_frontend_compile("test.ptm", src, strlen(src), &fo, &d);
     cr_assert_not_null(g, "%s", src);
-    ptc_compile_opts co = {.train = true, .verify_each = true};
+    ptc_compile_opts co = {.train = true, .verify_each = true, .precision = precision};
     ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
     cr_assert_eq(ptc_run_passes(&ctx), 0, "%s", err);
     ptc_pass_ctx_free(&ctx);
     return ctx.g;
+}
+
+/* buffer b of run x as floats (bf16 and f16 widened), malloc'd */
+static float *floats_of(ptrt_exec *x, int b)
+{
+    int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = ptrt_exec_get(x, b, i);
+    return v;
 }
 
 typedef struct run {
@@ -187,27 +233,40 @@ static run step(const ptc_plan *p, const ptrt_backend *be)
     return r;
 }
 
+/* Tolerances: f32, as the fused kernels compute in f32 without storing intermediates (a few float
+ * roundings: 1e-5 on the loss, 1e-4 on a tensor's largest element). bf16: the fused kernels round
+ * to bf16 exactly where the unfused program stores bf16, but a value computed in a different f32
+ * order (or in double by the interpreter) can land on the other side of a bf16 rounding boundary:
+ * one bf16 ulp (2^-8 = 4e-3) on that element, carried on through the backward: 1e-3 on the loss
+ * (a mean), 3e-2 on a tensor (a lost or doubled term is 100%). */
 static void compare(const run *ref, const run *got, const char *what)
 {
+    double lt = precision == PTC_F32 ? 1e-5 : 1e-3, tt = precision == PTC_F32 ? 1e-4 : 3e-2;
     const float *la = ptrt_exec_data(ref->x, ref->pg->loss), *lb = ptrt_exec_data(got->x, got->pg->loss);
-    cr_expect_leq(fabs(la[0] - lb[0]), 1e-5 * fabs(la[0]) + 1e-7, "%s: loss %g vs %g", what, lb[0],
+    cr_expect_leq(fabs(la[0] - lb[0]), lt * fabs(la[0]) + 1e-7, "%s: loss %g vs %g", what, lb[0],
                   la[0]);
     cr_assert_eq(ref->pg->noutputs, got->pg->noutputs);
     for (int k = 0; k < ref->pg->noutputs; k++) {
         int a = ref->pg->outputs[k], b = got->pg->outputs[k];
         int64_t n = ptc_type_numel(&ref->pg->bufs[a].type);
-        double d = max_rel(ptrt_exec_data(got->x, b), ptrt_exec_data(ref->x, a), n);
-        cr_expect_lt(d, 1e-4, "%s: gradient output %d differs by %g", what, k, d);
+        float *va = floats_of(ref->x, a), *vb = floats_of(got->x, b);
+        double d = max_rel(vb, va, n);
+        cr_expect_lt(d, tt, "%s: gradient output %d differs by %g", what, k, d);
+        free(va);
+        free(vb);
     }
     for (int b = 0; b < ref->pg->nbufs; b++) {
         const ptc_buffer *bf = &ref->pg->bufs[b];
-        if (bf->kind != PTC_BUF_PARAM || bf->view >= 0)
+        if ((bf->kind != PTC_BUF_PARAM && bf->kind != PTC_BUF_STATE) || bf->view >= 0)
             continue;
-        int c = ptrt_exec_find(got->x, PTC_BUF_PARAM, bf->name);
+        int c = ptrt_exec_find(got->x, bf->kind, bf->name);
         cr_assert_geq(c, 0);
-        double d = max_rel(ptrt_exec_data(got->x, c), ptrt_exec_data(ref->x, b),
-                           ptc_type_numel(&bf->type));
-        cr_expect_lt(d, 1e-4, "%s: weight %s differs by %g", what, bf->name, d);
+        float *va = floats_of(ref->x, b), *vb = floats_of(got->x, c);
+        double d = max_rel(vb, va, ptc_type_numel(&bf->type));
+        cr_expect_lt(d, tt, "%s: %s %s differs by %g", what,
+                     bf->kind == PTC_BUF_PARAM ? "weight" : "state", bf->name, d);
+        free(va);
+        free(vb);
     }
 }
 
@@ -312,6 +371,18 @@ Test(fuse, gpt2_odd_and_prime_sizes, .timeout = 120)
     check_sizes(gpt, 31, 10, 5, 1, 2, 7);
     check_sizes(gpt, 1, 1, 1, 1, 1, 1);
     check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+}
+
+/* --precision bf16: chains read and write bf16 (the casts around every op fused as loads and
+ * roundings), against the unfused bf16 program on the reference kernels */
+Test(fuse, gpt2_bf16_odd_and_prime_sizes, .timeout = 120)
+{
+    ptrt_cpu_set_threads(3);
+    precision = PTC_BF16;
+    check_sizes(gpt, 7, 3, 1, 1, 1, 5);
+    check_sizes(gpt, 31, 10, 5, 1, 2, 7);
+    check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+    precision = PTC_F32;
 }
 
 Test(fuse, llama_like_odd_and_prime_sizes, .timeout = 120)

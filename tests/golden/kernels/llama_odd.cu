@@ -7,7 +7,26 @@
 #define PTC_RESTRICT __restrict__
 #define PTC_INF __int_as_float(0x7f800000)
 #define PTC_NAN __int_as_float(0x7fffffff)
+#define PTC_F2U(x) __float_as_uint(x)
+#define PTC_U2F(x) __uint_as_float(x)
 #endif
+/* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
+ * even, NaN to the quiet NaN of its sign (as common/half.c) */
+PTC_DEVICE float ptc_bf16_f(unsigned short h)
+{
+    return PTC_U2F((unsigned int)h << 16);
+}
+PTC_DEVICE unsigned short ptc_f_bf16(float v)
+{
+    unsigned int u = PTC_F2U(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)(0x7fc0u | ((u >> 16) & 0x8000u));
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+PTC_DEVICE float ptc_round_bf16(float v)
+{
+    return ptc_bf16_f(ptc_f_bf16(v));
+}
 #define PTC_LOWEST (-3.40282347e+38f)
 #define PTC_IMIN(a, b) ((a) < (b) ? (a) : (b))
 #define PTC_IMAX(a, b) ((a) > (b) ? (a) : (b))
