@@ -36,6 +36,8 @@ typedef struct group {
     int first, n;    /* instructions [first, first + n) */
     int kind;        /* G_CHAIN, G_CE, G_ADAMW */
     uint64_t seed;   /* G_CE: bit m set when member m computes the gradient's seed (ce_seed) */
+    uint64_t inner;  /* G_CE over bf16 logits: the members the kernel replaces besides the ends
+                      * (the loss, the gradient's widening, the gradient) */
 } group;
 
 enum { G_CHAIN, G_CE, G_ADAMW };
@@ -415,6 +417,67 @@ static int ce_at(const fz *z, int i, uint64_t *seedmask)
     return j - i + 1;
 }
 
+/* The same over bf16 logits (--precision bf16), where the lowering widened the logits for each of
+ * the two and rounded the gradient back:
+ *   cast L16 -> W1; cross_entropy W1, T; ...; cast L16 -> W2; cross_entropy_grad W2, T, dl -> G;
+ *   cast G -> dL16
+ * The kernel reads L16 and writes dL16 over it (neither f32 copy nor the f32 gradient is made). */
+static int ce16_at(const fz *z, int i, uint64_t *seedmask, uint64_t *inner)
+{
+    if (i + 1 >= z->nold || !bf16_cast(z, ins(z, i), true) ||
+        !is_kernel(z, i + 1, PTC_OP_CROSS_ENTROPY) || ins(z, i + 1)->in[0] != ins(z, i)->out[0])
+        return 0;
+    const ptc_instr *w1 = ins(z, i), *ce = ins(z, i + 1);
+    int L = w1->in[0], T = ce->in[1], j = i + 2;
+    while (j + 2 < z->nold && j - i < CE_SPAN - 3 &&
+           !(bf16_cast(z, ins(z, j), true) && ins(z, j)->in[0] == L &&
+             is_kernel(z, j + 1, PTC_OP_CROSS_ENTROPY_GRAD) &&
+             ins(z, j + 1)->in[0] == ins(z, j)->out[0] && ins(z, j + 1)->in[1] == T))
+        j++;
+    if (j + 2 >= z->nold || j - i >= CE_SPAN - 3)
+        return 0;
+    const ptc_instr *w2 = ins(z, j), *gr = ins(z, j + 1), *nr = ins(z, j + 2);
+    if (!bf16_cast(z, nr, false) || nr->in[0] != gr->out[0])
+        return 0;
+    int dL = nr->out[0], rl = root(z, L), rt = root(z, T);
+    bool seed[CE_SPAN];
+    if (!ce_seed(z, i + 1, j + 1, seed)) /* (seed[m] for instruction i + 1 + m) */
+        return 0;
+    for (int m = i + 2; m < j; m++)
+        for (int x = i + 2; x < m && seed[m - i - 1]; x++)
+            if (!seed[x - i - 1] && shares_bytes(z, ins(z, m), ins(z, x)))
+                return 0;
+    for (int m = i; m <= j + 2; m++) {
+        const ptc_instr *x = ins(z, m);
+        bool part = m == i || m == i + 1 || m >= j || (m > i + 1 && seed[m - i - 1]);
+        if (part && (x->work != ce->work || x->mb != ce->mb || x->vstage != ce->vstage ||
+                     x->recompute != ce->recompute || x->has_coord))
+            return 0;
+        if (part)
+            continue;
+        for (int k = 0; k < x->nin; k++)
+            if (root(z, x->in[k]) == rl || root(z, x->in[k]) == rt)
+                return 0;
+        for (int k = 0; k < x->nout; k++)
+            if (root(z, x->out[k]) == rl || root(z, x->out[k]) == rt ||
+                root(z, x->out[k]) == root(z, dL))
+                return 0;
+    }
+    /* the f32 copies and the f32 gradient are read by their member alone */
+    if (z->last_read[root(z, w1->out[0])] != i + 1 || z->last_read[root(z, w2->out[0])] != j + 1 ||
+        z->last_read[root(z, gr->out[0])] != j + 2 || z->keep[root(z, gr->out[0])] ||
+        !is_f32(z, gr->in[2]) || z->last_read[rl] != j || z->keep[rl] ||
+        z->pg->bufs[dL].view >= 0 || z->pg->bufs[L].view_axis >= 0 ||
+        z->pg->bufs[rl].kind != PTC_BUF_TEMP || z->pg->bufs[rl].region != z->pg->bufs[dL].region ||
+        z->pg->bufs[rl].bytes < z->pg->bufs[dL].bytes)
+        return 0;
+    *seedmask = 0;
+    for (int m = i + 2; m < j; m++)
+        *seedmask |= (uint64_t)seed[m - i - 1] << (m - i);
+    *inner = (uint64_t)1 << 1 | (uint64_t)1 << (j - i) | (uint64_t)1 << (j + 1 - i);
+    return j + 3 - i;
+}
+
 /* consecutive [mul G, c -> G';] adamw_update P, G', M, V, lr, step: the number of instructions */
 static int adamw_at(const fz *z, int i)
 {
@@ -771,18 +834,18 @@ static ptc_kir *build_chain(kb *b)
 
 /* one pass over each row of logits: max, sum of exps, the row's loss and the gradient over the
  * logits; the mean of the row losses is a separate (reference) kernel */
-static ptc_kir *build_ce(kb *b, int rowloss)
+static ptc_kir *build_ce(kb *b, int rowloss, const ptc_instr *ce, const ptc_instr *gr, int logits,
+                         int dlogits)
 {
     fz *z = b->z;
-    const ptc_instr *ce = ins(z, b->first), *gr = ins(z, b->first + b->n - 1);
     ptc_kir *k = b->k;
-    int L = input_param(b, ce->in[0]), T = input_param(b, ce->in[1]);
+    int L = input_param(b, logits), T = input_param(b, ce->in[1]);
     int dl = input_param(b, gr->in[2]);
-    int64_t C = last_dim(z, ce->in[0]), R = numel(z, ce->in[0]) / C;
+    int64_t C = last_dim(z, logits), R = numel(z, logits) / C;
     b->C = C;
     b->R = R;
     add_out(b, rowloss);
-    add_out(b, gr->out[0]);
+    add_out(b, dlogits);
     int lossp = b->out_param[0], dLp = b->out_param[1];
     int scale = ptc_kir_bind(k, bin(b, PTC_KX_DIV, ptc_kx_load(k, dl, ptc_kx_i(k, 0)), f(b, (double)R)));
     b->r = ptc_kir_for(k, "r", ptc_kx_i(k, R), true);
@@ -1038,8 +1101,12 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
     char name[96], ops[64];
     const ptc_instr *first = &old[g->first];
     if (g->kind == G_CE) {
-        const ptc_instr *ce = &old[g->first], *gr = &old[g->first + g->n - 1];
-        int L = ce->in[0], dL = gr->out[0], r = root(z, L);
+        /* (over bf16 logits: the ends are the widening of the logits and the rounding of the
+         * gradient; the kernel reads and writes bf16) */
+        bool b16 = g->inner != 0;
+        const ptc_instr *ce = &old[g->first + b16], *gr = &old[g->first + g->n - 1 - b16];
+        int L = b16 ? old[g->first].in[0] : ce->in[0];
+        int dL = b16 ? old[g->first + g->n - 1].out[0] : gr->out[0], r = root(z, L);
         /* the gradient over the logits: dL takes their bytes (L may be a microbatch's slice of
          * its root), and so do its views */
         int64_t at = z->pg->bufs[L].view >= 0 ? z->pg->bufs[L].view_offset : 0;
@@ -1059,7 +1126,7 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
         for (int m = 1; m < g->n - 1; m++) /* the gradient's seed first */
             if (g->seed >> m & 1)
                 ptc_prog_add_instr(z->p, z->pg, &old[g->first + m]);
-        build_ce(&b, rowloss);
+        build_ce(&b, rowloss, ce, gr, L, dL);
         emit_fused(z, &b, (ptc_phase)ce->phase, ce);
         ptc_instr mean = *ce;
         mean.op = PTC_OP_MEAN;
@@ -1175,13 +1242,15 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
     int ng = 0;
     for (int i = 0; i < n;) {
         int len;
-        uint64_t seed = 0;
+        uint64_t seed = 0, inner = 0;
         if ((len = ce_at(&z, i, &seed)) > 0)
-            groups[ng++] = (group){i, len, G_CE, seed};
+            groups[ng++] = (group){i, len, G_CE, seed, 0};
+        else if ((len = ce16_at(&z, i, &seed, &inner)) > 0)
+            groups[ng++] = (group){i, len, G_CE, seed, inner};
         else if ((len = adamw_at(&z, i)) > 0)
-            groups[ng++] = (group){i, len, G_ADAMW, 0};
+            groups[ng++] = (group){i, len, G_ADAMW, 0, 0};
         else if ((len = chain_at(&z, i)) > 0)
-            groups[ng++] = (group){i, len, G_CHAIN, 0};
+            groups[ng++] = (group){i, len, G_CHAIN, 0, 0};
         i += len > 0 ? len : 1;
     }
     remat *rs = ptc_xmalloc(sizeof(remat) * (size_t)(n ? n : 1));
@@ -1219,7 +1288,7 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
             for (int k = before; k < pg->ninstrs && in_eval[i]; k++)
                 new_eval[neval++] = k;
             for (int m = 1; m < g->n - 1; m++) {
-                if (g->seed >> m & 1)
+                if ((g->seed | g->inner) >> m & 1)
                     continue;
                 int at = pg->ninstrs;
                 for (int q = 0; q < nr; q++)
