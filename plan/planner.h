@@ -33,6 +33,9 @@ typedef struct ptc_lower_opts {
     int virtual_stages; /* model chunks per pipeline rank (interleaved) */
     /* run the fusion pass (fuse.c) before memory planning */
     bool fuse;
+    /* a GEMM with a 16-bit result larger than this in f32 runs in blocks of rows, each into an
+     * f32 scratch of at most this size (0: 16 MiB; tests make it small) */
+    int64_t gemm_block_bytes;
     /* every graph output is a program output, readable after a run (a forward-only plan: the
      * sampling program's logits); otherwise output 0 is the gradient norm and 1.. gradients */
     bool forward_outputs;
