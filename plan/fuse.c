@@ -483,11 +483,23 @@ static int adamw_at(const fz *z, int i)
 {
     int n = 0, updates = 0, lr = -1, step = -1;
     for (;;) {
-        int j = i + n, len = 1;
+        /* per parameter: [cast G16 -> G;] [mul G, c -> G';] adamw_update P, G', M, V, lr, step;
+         * [cast P -> P16] (--precision bf16: the gradient widened, the working copy rounded
+         * from the master) */
+        int j = i + n, len = 1, w = 0;
+        /* (the widened gradient read by the mul, or by the update where the mul wrote over it) */
+        if (j + 1 < z->nold && bf16_cast(z, ins(z, j), true) && is_kernel(z, j + 1, PTC_OP_MUL) &&
+            ins(z, j + 1)->in[0] == ins(z, j)->out[0] &&
+            z->last_read[root(z, ins(z, j)->out[0])] <= j + 2 &&
+            !z->keep[root(z, ins(z, j)->out[0])])
+            w = 1;
+        j += w;
         if (is_kernel(z, j, PTC_OP_MUL) && is_kernel(z, j + 1, PTC_OP_ADAMW_UPDATE) &&
             ins(z, j + 1)->in[1] == ins(z, j)->out[0] && numel(z, ins(z, j)->in[1]) == 1 &&
             numel(z, ins(z, j)->in[0]) == numel(z, ins(z, j)->out[0]))
             len = 2;
+        else if (w)
+            break;
         int u = j + len - 1;
         if (!is_kernel(z, u, PTC_OP_ADAMW_UPDATE) || !all_f32(z, ins(z, u)) ||
             (len == 2 && !all_f32(z, ins(z, j))))
@@ -496,11 +508,13 @@ static int adamw_at(const fz *z, int i)
         if (n > 0 && !same_task(ins(z, i), a))
             break;
         if ((lr >= 0 && (a->in[4] != lr || a->in[5] != step)) ||
-            (updates + 1) * 6 > PTC_MAX_FUSED_OPERANDS)
+            (updates + 1) * 8 > PTC_MAX_FUSED_OPERANDS || n + w + len + 1 > MAX_MEMBERS * 4)
             break;
+        int r = u + 1 < z->nold && bf16_cast(z, ins(z, u + 1), false) &&
+                ins(z, u + 1)->in[0] == a->out[0] && same_task(a, ins(z, u + 1));
         lr = a->in[4];
         step = a->in[5];
-        n += len;
+        n += w + len + r;
         updates++;
     }
     return updates >= 2 ? n : 0;
@@ -883,13 +897,16 @@ static ptc_kir *build_adamw(kb *b)
     ptc_kir *k = b->k;
     collect_inputs(b);
     const ptc_instr *a0 = NULL;
-    for (int m = 0; m < b->n; m++)
-        if (ins(z, b->first + m)->op == PTC_OP_ADAMW_UPDATE) {
-            const ptc_instr *a = ins(z, b->first + m);
+    for (int m = 0; m < b->n; m++) {
+        const ptc_instr *a = ins(z, b->first + m);
+        if (a->op == PTC_OP_ADAMW_UPDATE) {
             a0 = a0 ? a0 : a;
             for (int o = 0; o < 3; o++)
                 add_out(b, a->out[o]);
+        } else if (bf16_cast(z, a, false)) { /* the working copy */
+            add_out(b, a->out[0]);
         }
+    }
     const ptc_attrs *at = &a0->attrs;
     int lr = ptc_kir_bind(k, ptc_kx_load(k, input_param(b, a0->in[4]), ptc_kx_i(k, 0)));
     int step = ptc_kir_bind(k, ptc_kx_load(k, input_param(b, a0->in[5]), ptc_kx_i(k, 0)));
@@ -905,11 +922,17 @@ static ptc_kir *build_adamw(kb *b)
             continue;
         if (m > 0 && ins(z, b->first + m - 1)->op == PTC_OP_MUL)
             mul = ins(z, b->first + m - 1);
+        /* a widened bf16 gradient is loaded from its bf16 bytes */
+        int gbuf = mul ? mul->in[0] : a->in[1];
+        if (mul && m > 1 && bf16_cast(z, ins(z, b->first + m - 2), true) &&
+            ins(z, b->first + m - 2)->out[0] == gbuf)
+            gbuf = ins(z, b->first + m - 2)->in[0];
+        bool copy = m + 1 < b->n && bf16_cast(z, ins(z, b->first + m + 1), false);
         int64_t n = numel(z, a->in[0]);
         int i = ptc_kir_for(k, NULL, ptc_kx_i(k, n), true);
-        int g = mul ? bin(b, PTC_KX_MUL, ptc_kx_load(k, input_param(b, mul->in[0]), i),
+        int g = mul ? bin(b, PTC_KX_MUL, ptc_kx_load(k, input_param(b, gbuf), i),
                           ptc_kx_load(k, input_param(b, mul->in[1]), ptc_kx_i(k, 0)))
-                    : ptc_kx_load(k, input_param(b, a->in[1]), i);
+                    : ptc_kx_load(k, input_param(b, gbuf), i);
         g = ptc_kir_bind(k, g);
         int p = ptc_kx_load(k, input_param(b, a->in[0]), i);
         int mm = ptc_kir_bind(k, bin(b, PTC_KX_ADD, bin(b, PTC_KX_MUL, f(b, at->beta1), ptc_kx_load(k, input_param(b, a->in[2]), i)),
@@ -918,11 +941,13 @@ static ptc_kir *build_adamw(kb *b)
                                     bin(b, PTC_KX_MUL, f(b, 1 - at->beta2), bin(b, PTC_KX_MUL, g, g))));
         int denom = bin(b, PTC_KX_ADD, bin(b, PTC_KX_DIV, un(b, PTC_KX_SQRT, vv), bc2_sqrt), f(b, a->attrs.eps));
         int pd = bin(b, PTC_KX_MUL, p, bin(b, PTC_KX_SUB, f(b, 1.0), bin(b, PTC_KX_MUL, lr, f(b, a->attrs.wd))));
-        int pn = bin(b, PTC_KX_SUB, pd, bin(b, PTC_KX_DIV, bin(b, PTC_KX_MUL, step_size, mm), denom));
+        int pn = ptc_kir_bind(k, bin(b, PTC_KX_SUB, pd, bin(b, PTC_KX_DIV, bin(b, PTC_KX_MUL, step_size, mm), denom)));
         ptc_kir_store(k, b->out_param[o], i, pn);
         ptc_kir_store(k, b->out_param[o + 1], i, mm);
         ptc_kir_store(k, b->out_param[o + 2], i, vv);
-        o += 3;
+        if (copy) /* the bf16 working copy: the new master, rounded */
+            ptc_kir_store(k, b->out_param[o + 3], i, pn);
+        o += 3 + copy;
         ptc_kir_end(k);
     }
     return k;
