@@ -941,7 +941,9 @@ static ptc_kir *build_adamw(kb *b)
                                     bin(b, PTC_KX_MUL, f(b, 1 - at->beta2), bin(b, PTC_KX_MUL, g, g))));
         int denom = bin(b, PTC_KX_ADD, bin(b, PTC_KX_DIV, un(b, PTC_KX_SQRT, vv), bc2_sqrt), f(b, a->attrs.eps));
         int pd = bin(b, PTC_KX_MUL, p, bin(b, PTC_KX_SUB, f(b, 1.0), bin(b, PTC_KX_MUL, lr, f(b, a->attrs.wd))));
-        int pn = ptc_kir_bind(k, bin(b, PTC_KX_SUB, pd, bin(b, PTC_KX_DIV, bin(b, PTC_KX_MUL, step_size, mm), denom)));
+        int pn = bin(b, PTC_KX_SUB, pd, bin(b, PTC_KX_DIV, bin(b, PTC_KX_MUL, step_size, mm), denom));
+        if (copy) /* (stored twice) */
+            pn = ptc_kir_bind(k, pn);
         ptc_kir_store(k, b->out_param[o], i, pn);
         ptc_kir_store(k, b->out_param[o + 1], i, mm);
         ptc_kir_store(k, b->out_param[o + 2], i, vv);
