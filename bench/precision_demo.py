@@ -66,6 +66,37 @@ def ptc_run(ptc, precision, wd, init, steps, threads):
             (len(losses) - 10) * 4 * 64 / (ms / 1e3), 'wall': wall}
 
 
+SPEED_MODELS = [
+    ('gpt2_tiny (4 x 64)', 'examples/gpt2_tiny.ptm', [], 60, 10),
+    ('gpt2_20m (8 x 256: d=512, 5 layers, vocab 8192)', 'examples/gpt2.ptm',
+     ['-D', 'vocab=8192', '-D', 'ctx=256', '-D', 'd=512', '-D', 'heads=8', '-D', 'layers=5',
+      '-D', 'batch=8', '-D', 'seq=256'], 6, 2),
+]
+
+
+def speed_rounds(ptc, rounds, threads):
+    out = []
+    with tempfile.TemporaryDirectory(prefix='ptc-speed-') as wd:
+        for name, rel, defs, steps, warm in SPEED_MODELS:
+            tok = {}
+            for prec in ('fp32', 'bf16'):
+                exe = os.path.join(wd, prec)
+                run([ptc, '--precision', prec] + defs + [os.path.join(ROOT, rel), '-o', exe])
+                tok[prec] = []
+            for _ in range(rounds):
+                for prec in ('fp32', 'bf16'):
+                    log = os.path.join(wd, prec + '.jsonl')
+                    run([os.path.join(wd, prec), '--steps', str(steps), '--threads', str(threads),
+                         '--schedule', 'constant', '--log', log, '--quiet'])
+                    recs = [json.loads(x) for x in open(log) if '"loss"' in x]
+                    timed = [r for r in recs if r['step'] > warm]
+                    ntok = sum(r['tokens_per_s'] * r['step_ms'] / 1e3 for r in timed)
+                    tok[prec].append(ntok / (sum(r['step_ms'] for r in timed) / 1e3))
+            med = lambda v: sorted(v)[len(v) // 2]
+            out.append((name, med(tok['fp32']), med(tok['bf16'])))
+    return out
+
+
 def lr_at(t, peak, warmup, steps):  # runtime/train/train.c, ptrt_lr_at (cosine to peak/10)
     if warmup > 0 and t <= warmup:
         return peak * t / warmup
@@ -114,6 +145,8 @@ def main():
     ap.add_argument('--threads', type=int, default=os.cpu_count())
     ap.add_argument('--check', action='store_true', help='a test: bf16 within 2%% of fp32')
     ap.add_argument('--no-torch', action='store_true')
+    ap.add_argument('--rounds', type=int, default=3,
+                    help='speed: interleaved fp32/bf16 rounds of each model (0: none)')
     args = ap.parse_args()
     tokenize = os.path.join(os.path.dirname(args.ptc), 'ptc-tokenize')
     spec = importlib.util.spec_from_file_location('compare',
@@ -184,6 +217,9 @@ def main():
                                                                  args.steps, prec == 'bf16',
                                                                  args.threads)
 
+    speed = []
+    if not args.check and args.rounds > 0:
+        speed = speed_rounds(args.ptc, args.rounds, args.threads)
     rows = []
     for name, r in res.items():
         last = sum(r['losses'][-10:]) / 10
@@ -204,6 +240,12 @@ def main():
                          'x%.2f' % (sysname, 100 * dl, 100 * dv, t16 / t32))
             if sysname == 'ptc':
                 ok = abs(dl) <= 0.02 and abs(dv) <= 0.02
+    if speed:
+        lines += ['', 'Speed, ptc alone (median of %d interleaved rounds, tok/s of the timed steps '
+                  'from the step log):' % args.rounds, '',
+                  '| model | fp32 tok/s | bf16 tok/s | bf16 / fp32 |', '|---|---:|---:|---:|']
+        for name, t32, t16 in speed:
+            lines.append('| %s | %.0f | %.0f | x%.2f |' % (name, t32, t16, t16 / t32))
     print('\n'.join(lines))
     if args.check:
         print('PASS' if ok else 'FAIL', 'ptc bf16 within 2%% of ptc fp32 over %d steps' %
@@ -215,8 +257,8 @@ def main():
     out = os.path.join(ROOT, 'bench', 'results', 'precision_demo_%s.md' % stamp)
     with open(out, 'w') as f:
         f.write('# precision_demo.py, %s\n\n' % stamp.replace('_', ' '))
-        f.write('- command: `/usr/bin/python3 bench/precision_demo.py --steps %d --threads %d`\n'
-                % (args.steps, args.threads))
+        f.write('- command: `/usr/bin/python3 bench/precision_demo.py --steps %d --threads %d '
+                '--rounds %d`\n' % (args.steps, args.threads, args.rounds))
         f.write('- commit: %s; machine: %s, %d CPUs\n\n' % (commit, platform.processor() or
                                                            platform.machine(), os.cpu_count()))
         f.write('\n'.join(lines) + '\n')

@@ -59,6 +59,8 @@ const char ptrt_runner_usage[] =
     "  --init-from FILE       start from weights in a safetensors file (e.g. saved from PyTorch)\n"
     "  --save FILE            write the final weights to FILE (safetensors); a device such as\n"
     "                         /dev/null is written in place, a file the run reads is refused\n"
+    "  --save-dtype DT        f32 (default: the fp32 master weights) or bf16 (rounded, half the\n"
+    "                         size, for inference; --init-from reads it back)\n"
     "output:\n"
     "  --log FILE             one JSON object per step (step, loss, lr, grad_norm,\n"
     "                         tokens_per_s, step_ms; val_loss lines too); appended on --resume\n"
@@ -297,6 +299,7 @@ static bool takes_value(const char *a)
                                              "--top-k",
                                              "--ranks-per-process",
                                              "--loss-scale",
+                                             "--save-dtype",
                                              "--loss-scale-growth",
                                              "--loss-scale-window",
                                              NULL};
@@ -352,6 +355,12 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
         case 10: o->ranks_per_process = (int)n; break;
         default: o->scale_window = n; break;
         }
+        return 0;
+    }
+    if (strcmp(a, "--save-dtype") == 0) {
+        if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0)
+            return bad(errf, prog, "--save-dtype expects f32 or bf16, got '%s'", v);
+        o->save_bf16 = v[0] == 'b';
         return 0;
     }
     if (strcmp(a, "--loss-scale-growth") == 0) {

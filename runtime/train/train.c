@@ -27,6 +27,7 @@
 #include "mpicomm.h"
 #include "data.h"
 #include "exec.h"
+#include "half.h"
 #include "inproc.h"
 #include "plan.h"
 #include "trace.h"
@@ -1052,11 +1053,26 @@ static int save_weights(shared *sh, char *err, size_t errn)
     if (sh->mpi && ptrt_mpi_process(sh->mpi) != 0)
         return 0; /* (process 0 writes) */
     ptrt_st_writer *w = ptrt_st_writer_new();
-    for (int i = 0; i < sh->nparams; i++)
-        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
-                    sh->full[i].value);
+    uint16_t **half = ptc_xcalloc((size_t)(sh->nparams ? sh->nparams : 1), sizeof(uint16_t *));
+    for (int i = 0; i < sh->nparams; i++) {
+        if (!sh->o->save_bf16) {
+            ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
+                        sh->full[i].value);
+            continue;
+        }
+        /* --save-dtype bf16: the (master) weights rounded to nearest even, for inference */
+        int64_t n = ptc_type_numel(&sh->ents[i].full);
+        half[i] = ptc_xmalloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+        for (int64_t k = 0; k < n; k++)
+            half[i][k] = ptc_bf16_bits(sh->full[i].value[k]);
+        ptrt_st_add(w, sh->full[i].name, PTRT_ST_BF16, sh->full[i].ndim, sh->full[i].shape,
+                    half[i]);
+    }
     int rc = ptrt_st_save(w, sh->o->save, err, errn) < 0 ? 1 : 0;
     ptrt_st_writer_free(w);
+    for (int i = 0; i < sh->nparams; i++)
+        free(half[i]);
+    free(half);
     return rc;
 }
 

@@ -53,6 +53,7 @@ typedef struct ptrt_train_opts {
     bool ckpt_on_signal; /* SIGTERM/SIGINT: checkpoint the step in progress, then stop */
     const char *init_from;
     const char *save;          /* final weights as safetensors, or NULL */
+    bool save_bf16;            /* --save-dtype bf16: the weights rounded to BF16 tensors */
     const char *log;           /* JSON lines, or NULL */
     const char *trace;         /* the measured timeline (Chrome trace events), or NULL */
     const char *dump_grads;    /* directory: grads_step_NNNNNNNN.safetensors per step, or NULL */

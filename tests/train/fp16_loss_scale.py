@@ -11,6 +11,8 @@
 3. A run resumed from a checkpoint continues with the scale, its clean-step count and the
    optimizer's step count: its final checkpoint is byte-identical to an uninterrupted run's.
 4. bf16 needs no scaling: its executables take no loss-scale input.
+5. --save-dtype bf16 exports the weights as BF16 tensors (the fp32 masters rounded), half the
+   size, which --init-from reads back.
 Usage: fp16_loss_scale.py PTC SOURCE_DIR
 """
 import json
@@ -152,6 +154,31 @@ with tempfile.TemporaryDirectory() as d:
     # 4. bf16 has no scaling
     plan = run(PTC, '--precision', 'bf16', '--emit', 'program', MODEL)
     check('loss_scale' not in plan, 'a bf16 plan has no loss-scale input')
+
+    # 5. bf16 export
+    w32, w16 = os.path.join(d, 'w32.safetensors'), os.path.join(d, 'w16.safetensors')
+    run(exe, '--steps', '2', '--seed', '7', '--quiet', '--save', w32)
+    run(exe, '--steps', '2', '--seed', '7', '--quiet', '--save', w16, '--save-dtype', 'bf16')
+    with open(w16, 'rb') as f:
+        n = struct.unpack('<Q', f.read(8))[0]
+        header = json.loads(f.read(n))
+        blob = f.read()
+    dtypes = {t['dtype'] for k, t in header.items() if k != '__metadata__'}
+    full, _ = load(w32)
+    rounded = True
+    for k, t in header.items():
+        if k == '__metadata__':
+            continue
+        a, b = t['data_offsets']
+        bits = struct.unpack('<%dH' % ((b - a) // 2), blob[a:b])
+        for x, h in zip(full[k], bits):
+            u = struct.unpack('<I', struct.pack('<f', x))[0]
+            rounded &= h == ((u + 0x7fff + ((u >> 16) & 1)) >> 16) & 0xffff
+    check(dtypes == {'BF16'} and rounded and os.path.getsize(w16) < 0.6 * os.path.getsize(w32),
+          '--save-dtype bf16: BF16 tensors, the fp32 weights rounded to nearest even, %d bytes '
+          'against %d' % (os.path.getsize(w16), os.path.getsize(w32)))
+    out = run(exe, '--init-from', w16, '--steps', '1', '--seed', '7')
+    check('loss' in out, '--init-from reads a bf16 export back')
 
 print('%d passed, %d failed' % (passed, failed))
 sys.exit(1 if failed else 0)
