@@ -14,6 +14,8 @@
    and variance), reproduced on its own example: a 7.5B-parameter GPT at N=64 holds 120 GB,
    31.4 GB, 16.6 GB and 1.9 GB of model states per device under ZeRO 0, 1, 2 and 3 (the plan
    within 2% of each; exactly the formula for its own parameter count).
+   --grad-dtype fp32 keeps gradients in f32 (4P bytes, reduced in f32), and trains at dp=2 like
+   its single device.
 3. A plan with one collective dropped on one rank is rejected before launch, by ptc and by the
    executable; with the check skipped, the hang is reported by the communicator's timeout with
    the rank, the collective, the group and the step.
@@ -95,6 +97,31 @@ for z in range(4):
     check(abs(total - paper[z]) <= 0.02 * paper[z],
           'bf16 ZeRO-%d: %.2f GB per device, the paper %.1f GB (within 2%%: %+.2f%%)' %
           (z, total / 1e9, paper[z] / 1e9, 100 * (total - paper[z]) / paper[z]))
+
+# 2c. --grad-dtype fp32 under bf16: gradients held and reduced in f32 (4P bytes, the all-reduce
+# twice the bf16 one), and a dp=2 run of it trains like its single device
+P8 = plan('--mesh', 'dp=8', '--zero', '1', '--precision', 'bf16', GPT2)
+G8 = plan('--mesh', 'dp=8', '--zero', '1', '--precision', 'bf16', '--grad-dtype', 'fp32', GPT2)
+P = P8['parameter_count']
+mb, mg = P8['programs'][0]['memory_bytes'], G8['programs'][0]['memory_bytes']
+ar = lambda pj: sum(c['bytes'] for c in pj['programs'][0]['collectives'] if c['kind'] == 'allreduce')
+check(mb['gradients'] == 2 * P and mg['gradients'] == 4 * P and
+      abs(ar(G8) - 2 * ar(P8)) <= 64,  # (the loss's scalar all-reduces are f32 in both)
+      'bf16 gradients 2P bytes, --grad-dtype fp32 4P and an all-reduce twice as large: %d, %d; '
+      '%d, %d' % (mb['gradients'], mg['gradients'], ar(P8), ar(G8)))
+with tempfile.TemporaryDirectory() as d:
+    losses = {}
+    for tag, mesh in (('single', []), ('dp2', ['--mesh', 'dp=2'])):
+        exe = os.path.join(d, tag)
+        subprocess.run([PTC, '--precision', 'bf16', '--grad-dtype', 'fp32'] + mesh + [TINY, '-o', exe],
+                       check=True, capture_output=True)
+        log = os.path.join(d, tag + '.jsonl')
+        subprocess.run([exe, '--steps', '3', '--seed', '5', '--quiet', '--log', log], check=True,
+                       capture_output=True)
+        losses[tag] = [json.loads(x)['loss'] for x in open(log) if '"loss"' in x]
+    worst = max(abs(a - b) / b for a, b in zip(losses['dp2'], losses['single']))
+    check(worst < 5e-3, '--grad-dtype fp32 at dp=2 trains like its single device (losses within '
+          '%.1e; bf16 tolerance of the equivalence matrix: 5e-3)' % worst)
 
 # 3. mismatched plans and hangs
 r = subprocess.run([PTC, '--mesh', 'dp=2,tp=2', '--debug-drop-collective', '1:3', TINY],
