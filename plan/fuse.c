@@ -980,9 +980,19 @@ static bool activation(ptc_op op)
 static bool find_remat(const fz *z, const group *g, int m, remat *r)
 {
     const ptc_instr *a = ins(z, g->first + m);
-    int end = g->first + g->n - 1, y = a->out[0], h = a->in[0];
-    if (!activation(a->op) || a->nin != 1 || z->pg->bufs[y].view >= 0 || z->keep[y] ||
-        !stored_in(z, g->first, g->n, m))
+    int end = g->first + g->n - 1, y = a->out[0], h = a->in[0], ym = m;
+    if (!activation(a->op) || a->nin != 1)
+        return false;
+    /* bf16: h16 widened, f, rounded to y16 (the recomputation loads h16 and stores y16, rounding
+     * exactly as the chain did) */
+    if (m > 0 && m + 1 < g->n && bf16_cast(z, ins(z, g->first + m - 1), true) &&
+        ins(z, g->first + m - 1)->out[0] == h && bf16_cast(z, ins(z, g->first + m + 1), false) &&
+        ins(z, g->first + m + 1)->in[0] == y) {
+        h = ins(z, g->first + m - 1)->in[0];
+        y = ins(z, g->first + m + 1)->out[0];
+        ym = m + 1;
+    }
+    if (z->pg->bufs[y].view >= 0 || z->keep[y] || !stored_in(z, g->first, g->n, ym))
         return false;
     int last_fwd = end, first_bwd = -1, rh = root(z, h);
     for (int j = end + 1; j < z->nold; j++) {
