@@ -12,7 +12,7 @@ const char *const ptc_kx_names[PTC_NKX] = {
     [PTC_KX_MIN] = "min",   [PTC_KX_MAX] = "max",   [PTC_KX_SELECT] = "select",
     [PTC_KX_EXP] = "exp",   [PTC_KX_LOG] = "log",   [PTC_KX_SQRT] = "sqrt",
     [PTC_KX_TANH] = "tanh", [PTC_KX_FLOAT] = "float", [PTC_KX_SUM] = "sum",
-    [PTC_KX_RBF16] = "round_bf16",
+    [PTC_KX_RBF16] = "round_bf16", [PTC_KX_RF16] = "round_f16",
     [PTC_KX_RMAX] = "maxr", [PTC_KX_NEG] = "neg",
 };
 
@@ -301,6 +301,7 @@ static int check_x(vk *v, int e)
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
     case PTC_KX_RBF16:
+    case PTC_KX_RF16:
         if (want(v, x->a, PTC_KT_F32, ptc_kx_names[x->kind]) < 0)
             return -1;
         return t == PTC_KT_F32 ? 0 : vbad(v, "%s is not f32", ptc_kx_names[x->kind]);
@@ -377,9 +378,10 @@ int ptc_kir_verify(const ptc_kir *k, char *err, size_t errn)
         return vbad(&v, "a kernel without a name");
     for (int p = 0; p < k->nparams; p++) {
         const ptc_kparam *pp = &k->params[p];
-        if ((pp->dtype != PTC_F32 && pp->dtype != PTC_BF16 && pp->dtype != PTC_I32) ||
+        if ((pp->dtype != PTC_F32 && pp->dtype != PTC_BF16 && pp->dtype != PTC_F16 &&
+             pp->dtype != PTC_I32) ||
             pp->numel < 0)
-            return vbad(&v, "parameter '%s' must be f32, bf16 or i32 with a size", pp->name);
+            return vbad(&v, "parameter '%s' must be f32, bf16, f16 or i32 with a size", pp->name);
         for (int q = 0; q < p; q++)
             if (strcmp(k->params[q].name, pp->name) == 0)
                 return vbad(&v, "two parameters named '%s'", pp->name);
@@ -443,6 +445,8 @@ static kval eval(interp *in, int e)
             r.f = ((const float *)in->args[x->param])[i];
         else if (in->k->params[x->param].dtype == PTC_BF16)
             r.f = ptc_bf16_value(((const uint16_t *)in->args[x->param])[i]);
+        else if (in->k->params[x->param].dtype == PTC_F16)
+            r.f = ptc_f16_value(((const uint16_t *)in->args[x->param])[i]);
         else
             r.i = ((const int32_t *)in->args[x->param])[i];
         return r;
@@ -477,6 +481,7 @@ static kval eval(interp *in, int e)
         case PTC_KX_SQRT: r.f = sqrt(a.f); return r;
         case PTC_KX_TANH: r.f = tanh(a.f); return r;
         case PTC_KX_RBF16: r.f = ptc_round_bf16((float)a.f); return r; /* (as f32, then bf16) */
+        case PTC_KX_RF16: r.f = ptc_round_f16((float)a.f); return r;
         default: r.f = (double)a.i; return r; /* float */
         }
     }
@@ -515,6 +520,8 @@ static void run_list(interp *in, int s, int depth)
                 ((float *)in->args[st->param])[i] = (float)v.f;
             else if (k->params[st->param].dtype == PTC_BF16) /* (as f32, then bf16) */
                 ((uint16_t *)in->args[st->param])[i] = ptc_bf16_bits((float)v.f);
+            else if (k->params[st->param].dtype == PTC_F16)
+                ((uint16_t *)in->args[st->param])[i] = ptc_f16_bits((float)v.f);
             else
                 ((int32_t *)in->args[st->param])[i] = (int32_t)v.i;
             break;

@@ -19,8 +19,8 @@
  *               load as i64), + - * / % (the last on i64), min max, comparisons < <= == != (to
  *               bool), select(c, a, b), neg exp log sqrt tanh, float(i64), and reductions
  *               `sum(j < N: EXPR)` and `maxr(j < N: EXPR)` over an index.
- *   parameters  f32, bf16 (2-byte storage: a load gives its f32 value, a store rounds to nearest
- *               even) or i32; in or out; an out parameter written over an in parameter names it (`= x`): they
+ *   parameters  f32, bf16 or f16 (2-byte storage: a load gives its f32 value, a store rounds to
+ *               nearest even, as common/half.c) or i32; in or out; an out parameter written over an in parameter names it (`= x`): they
  *               share their bytes (the plan's in-place results), and a target gives both one
  *               pointer, so it knows the accesses alias.
  *
@@ -71,6 +71,7 @@ typedef enum {
     PTC_KX_TANH,
     PTC_KX_FLOAT,
     PTC_KX_RBF16, /* a (f32) rounded to the nearest bf16, as a store to bf16 rounds */
+    PTC_KX_RF16,  /* a (f32) rounded to the nearest f16 (IEEE half), as a store to f16 rounds */
     /* reductions: var < a of b */
     PTC_KX_SUM,
     PTC_KX_RMAX,
@@ -101,7 +102,7 @@ typedef struct ptc_ks {
 
 typedef struct ptc_kparam {
     const char *name;
-    ptc_dtype dtype; /* f32, bf16 or i32 */
+    ptc_dtype dtype; /* f32, bf16, f16 or i32 */
     int64_t numel;
     bool out;
     int alias; /* an out parameter over an in parameter: that parameter; else -1 */

@@ -94,6 +94,7 @@ static void put_x(FILE *f, const ptc_kir *k, int e, int min_prec)
     case PTC_KX_TANH:
     case PTC_KX_FLOAT:
     case PTC_KX_RBF16:
+    case PTC_KX_RF16:
         fprintf(f, "%s(", ptc_kx_names[x->kind]);
         put_x(f, k, x->a, 0);
         if (x->b >= 0) {
@@ -474,10 +475,11 @@ static void parse_param(parser *ps)
         ptc_lex_next(lx);
     ptc_dtype dt = ptc_lex_ident(lx, "f32")    ? PTC_F32
                    : ptc_lex_ident(lx, "bf16") ? PTC_BF16
+                   : ptc_lex_ident(lx, "f16")  ? PTC_F16
                    : ptc_lex_ident(lx, "i32")  ? PTC_I32
                                                : PTC_NDTYPES;
     if (dt == PTC_NDTYPES)
-        ptc_lex_fail(lx, "expected f32, bf16 or i32, got '%s'", lx->text);
+        ptc_lex_fail(lx, "expected f32, bf16, f16 or i32, got '%s'", lx->text);
     ptc_lex_next(lx);
     ptc_lex_expect(lx, '[');
     int64_t n = ptc_lex_int(lx);

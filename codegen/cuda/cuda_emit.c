@@ -262,7 +262,7 @@ static void put_f(em *e, double v)
 /* the C type of a parameter's elements */
 static const char *elem_ctype(ptc_dtype dt)
 {
-    return dt == PTC_F32 ? "float" : dt == PTC_BF16 ? "unsigned short" : "int";
+    return dt == PTC_F32 ? "float" : dt == PTC_BF16 || dt == PTC_F16 ? "unsigned short" : "int";
 }
 
 static void put_param(em *e, int param)
@@ -299,11 +299,15 @@ static void put_x(em *e, int x)
     case PTC_KX_VAR: fprintf(f, "v_%s", k->vars[p->var].name); return;
     case PTC_KX_LOAD: {
         ptc_dtype dt = k->params[p->param].dtype;
-        fputs(dt == PTC_F32 ? "" : dt == PTC_BF16 ? "ptc_bf16_f(" : "(long long)", f);
+        fputs(dt == PTC_F32    ? ""
+              : dt == PTC_BF16 ? "ptc_bf16_f("
+              : dt == PTC_F16  ? "ptc_f16_f("
+                               : "(long long)",
+              f);
         put_param(e, p->param);
         fputc('[', f);
         put_x(e, p->a);
-        fputs(dt == PTC_BF16 ? "])" : "]", f);
+        fputs(dt == PTC_BF16 || dt == PTC_F16 ? "])" : "]", f);
         return;
     }
     case PTC_KX_SUM:
@@ -338,6 +342,7 @@ static void put_x(em *e, int x)
     case PTC_KX_NEG: fputs("(-", f); put_x(e, p->a); fputc(')', f); return;
     case PTC_KX_FLOAT: fputs("(float)(", f); put_x(e, p->a); fputc(')', f); return;
     case PTC_KX_RBF16: fputs("ptc_round_bf16(", f); put_x(e, p->a); fputc(')', f); return;
+    case PTC_KX_RF16: fputs("ptc_round_f16(", f); put_x(e, p->a); fputc(')', f); return;
     case PTC_KX_EXP:
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
@@ -728,7 +733,10 @@ static void emit_store(em *e, const ptc_ks *st, ctx cx)
     put_param(e, st->param);
     fputc('[', e->f);
     put_x(e, st->index);
-    fputs(p->dtype == PTC_F32 ? "] = " : p->dtype == PTC_BF16 ? "] = ptc_f_bf16(" : "] = (int)(",
+    fputs(p->dtype == PTC_F32    ? "] = "
+          : p->dtype == PTC_BF16 ? "] = ptc_f_bf16("
+          : p->dtype == PTC_F16  ? "] = ptc_f_f16("
+                                 : "] = (int)(",
           e->f);
     put_x(e, st->value);
     fputs(p->dtype == PTC_F32 ? ";\n" : ");\n", e->f);
@@ -858,6 +866,32 @@ void ptc_cuda_emit_prelude(FILE *f)
           "PTC_DEVICE float ptc_round_bf16(float v)\n"
           "{\n"
           "    return ptc_bf16_f(ptc_f_bf16(v));\n"
+          "}\n"
+          "/* f16 storage (IEEE half) in integer arithmetic, the same rounding (NaN: 0x7e00) */\n"
+          "PTC_DEVICE float ptc_f16_f(unsigned short h)\n"
+          "{\n"
+          "    unsigned int o = (unsigned int)(h & 0x7fffu) << 13, e = o & 0x0f800000u;\n"
+          "    o += 0x38000000u;\n"
+          "    if (e == 0x0f800000u)\n"
+          "        o += 0x38000000u;\n"
+          "    else if (e == 0)\n"
+          "        o = PTC_F2U(PTC_U2F(o + 0x00800000u) - PTC_U2F(0x38800000u));\n"
+          "    return PTC_U2F(o | (unsigned int)(h & 0x8000u) << 16);\n"
+          "}\n"
+          "PTC_DEVICE unsigned short ptc_f_f16(float v)\n"
+          "{\n"
+          "    unsigned int u = PTC_F2U(v), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;\n"
+          "    if (a > 0x7f800000u)\n"
+          "        return 0x7e00;\n"
+          "    if (a >= 0x477ff000u)\n"
+          "        return (unsigned short)(sign | 0x7c00u);\n"
+          "    if (a >= 0x38800000u)\n"
+          "        return (unsigned short)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));\n"
+          "    return (unsigned short)(sign | (PTC_F2U(PTC_U2F(a) + 0.5f) - 0x3f000000u));\n"
+          "}\n"
+          "PTC_DEVICE float ptc_round_f16(float v)\n"
+          "{\n"
+          "    return ptc_f16_f(ptc_f_f16(v));\n"
           "}\n"
           "#define PTC_LOWEST (-3.40282347e+38f)\n"
           "#define PTC_IMIN(a, b) ((a) < (b) ? (a) : (b))\n"

@@ -211,6 +211,51 @@ static LLVMValueRef round_bits(em *e, LLVMValueRef v)
     return LLVMBuildSelect(B, nan, q, r, "");
 }
 
+static LLVMValueRef ic(em *e, uint64_t v)
+{
+    return LLVMConstInt(e->i32, v, 0);
+}
+
+/* IEEE half in integer arithmetic (no libgcc half builtins in a JIT'd kernel), as
+ * runtime/backend/cpu/cpu_elementwise.c: f16_bits(v) the nearest f16 (ties to even; overflow to
+ * infinity; NaN to 0x7e00, as common/half.c) in an i32, f16_value(bits) its f32 value */
+static LLVMValueRef f16_bits(em *e, LLVMValueRef v)
+{
+    LLVMBuilderRef B = e->B;
+    LLVMValueRef u = LLVMBuildBitCast(B, v, e->i32, "");
+    LLVMValueRef sign = LLVMBuildAnd(B, LLVMBuildLShr(B, u, ic(e, 16), ""), ic(e, 0x8000), "");
+    LLVMValueRef a = LLVMBuildAnd(B, u, ic(e, 0x7fffffff), "");
+    LLVMValueRef odd = LLVMBuildAnd(B, LLVMBuildLShr(B, a, ic(e, 13), ""), ic(e, 1), "");
+    LLVMValueRef rn = LLVMBuildLShr(
+        B, LLVMBuildAdd(B, LLVMBuildAdd(B, a, ic(e, 0xc8000fff), ""), odd, ""), ic(e, 13), "");
+    LLVMValueRef half = LLVMConstReal(e->f32, 0.5);
+    LLVMValueRef rs = LLVMBuildSub(
+        B, LLVMBuildBitCast(B, LLVMBuildFAdd(B, LLVMBuildBitCast(B, a, e->f32, ""), half, ""), e->i32, ""),
+        ic(e, 0x3f000000), "");
+    LLVMValueRef r = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntUGE, a, ic(e, 0x38800000), ""), rn, rs, "");
+    r = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntUGE, a, ic(e, 0x477ff000), ""), ic(e, 0x7c00), r, "");
+    r = LLVMBuildOr(B, r, sign, "");
+    return LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntUGT, a, ic(e, 0x7f800000), ""), ic(e, 0x7e00), r, "");
+}
+
+static LLVMValueRef f16_value(em *e, LLVMValueRef h)
+{
+    LLVMBuilderRef B = e->B;
+    LLVMValueRef o = LLVMBuildShl(B, LLVMBuildAnd(B, h, ic(e, 0x7fff), ""), ic(e, 13), "");
+    LLVMValueRef ex = LLVMBuildAnd(B, o, ic(e, 0x0f800000), "");
+    o = LLVMBuildAdd(B, o, ic(e, 0x38000000), "");
+    LLVMValueRef inf = LLVMBuildAdd(B, o, ic(e, 0x38000000), "");
+    LLVMValueRef sub = LLVMBuildBitCast(
+        B,
+        LLVMBuildFSub(B, LLVMBuildBitCast(B, LLVMBuildAdd(B, o, ic(e, 0x00800000), ""), e->f32, ""),
+                      LLVMBuildBitCast(B, ic(e, 0x38800000), e->f32, ""), ""),
+        e->i32, "");
+    o = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntEQ, ex, ic(e, 0), ""), sub, o, "");
+    o = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntEQ, ex, ic(e, 0x0f800000), ""), inf, o, "");
+    LLVMValueRef sign = LLVMBuildShl(B, LLVMBuildAnd(B, h, ic(e, 0x8000), ""), ic(e, 16), "");
+    return LLVMBuildBitCast(B, LLVMBuildOr(B, o, sign, ""), e->f32, "");
+}
+
 /* the f32 value of 16 bf16 bits in an i32 */
 static LLVMValueRef bf16_value(em *e, LLVMValueRef bits)
 {
@@ -228,13 +273,16 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_VAR: return e->var[x->var];
     case PTC_KX_LOAD: {
         ptc_dtype dt = e->k->params[x->param].dtype;
-        LLVMTypeRef t = dt == PTC_F32 ? e->f32 : dt == PTC_BF16 ? e->i16 : e->i32;
+        bool h = dt == PTC_BF16 || dt == PTC_F16;
+        LLVMTypeRef t = dt == PTC_F32 ? e->f32 : h ? e->i16 : e->i32;
         LLVMValueRef idx = emit_x(e, x->a);
         LLVMValueRef p = LLVMBuildInBoundsGEP2(B, t, e->ptr[x->param], &idx, 1, "");
         LLVMValueRef v = LLVMBuildLoad2(B, t, p, "");
-        LLVMSetAlignment(v, dt == PTC_BF16 ? 2 : 4);
+        LLVMSetAlignment(v, h ? 2 : 4);
         if (dt == PTC_BF16)
             return bf16_value(e, LLVMBuildZExt(B, v, e->i32, ""));
+        if (dt == PTC_F16)
+            return f16_value(e, LLVMBuildZExt(B, v, e->i32, ""));
         return dt == PTC_F32 ? v : LLVMBuildSExt(B, v, e->i64, "");
     }
     case PTC_KX_SELECT: {
@@ -253,6 +301,7 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_SQRT: return intrinsic1(e, "llvm.sqrt.f32", emit_x(e, x->a));
     case PTC_KX_FLOAT: return LLVMBuildSIToFP(B, emit_x(e, x->a), e->f32, "");
     case PTC_KX_RBF16: return bf16_value(e, round_bits(e, emit_x(e, x->a)));
+    case PTC_KX_RF16: return f16_value(e, f16_bits(e, emit_x(e, x->a)));
     default: break;
     }
     LLVMValueRef a = emit_x(e, x->a), b = emit_x(e, x->b);
@@ -287,14 +336,15 @@ static void emit_list(em *e, int s, int depth)
         case PTC_KS_LET: e->var[st->var] = emit_x(e, st->value); break;
         case PTC_KS_STORE: {
             ptc_dtype dt = k->params[st->param].dtype;
-            LLVMTypeRef t = dt == PTC_F32 ? e->f32 : dt == PTC_BF16 ? e->i16 : e->i32;
+            bool h = dt == PTC_BF16 || dt == PTC_F16;
+            LLVMTypeRef t = dt == PTC_F32 ? e->f32 : h ? e->i16 : e->i32;
             LLVMValueRef idx = emit_x(e, st->index), v = emit_x(e, st->value);
-            if (dt == PTC_BF16)
-                v = LLVMBuildTrunc(e->B, round_bits(e, v), e->i16, "");
+            if (h)
+                v = LLVMBuildTrunc(e->B, dt == PTC_BF16 ? round_bits(e, v) : f16_bits(e, v), e->i16, "");
             else if (dt != PTC_F32)
                 v = LLVMBuildTrunc(e->B, v, e->i32, "");
             LLVMValueRef p = LLVMBuildInBoundsGEP2(e->B, t, e->ptr[st->param], &idx, 1, "");
-            LLVMSetAlignment(LLVMBuildStore(e->B, v, p), dt == PTC_BF16 ? 2 : 4);
+            LLVMSetAlignment(LLVMBuildStore(e->B, v, p), h ? 2 : 4);
             break;
         }
         default: {
@@ -355,7 +405,10 @@ LLVMModuleRef ptc_llvm_emit(LLVMContextRef C, const ptc_kir *k, const char *symb
         LLVMValueRef slot = LLVMBuildInBoundsGEP2(e.B, i8p, args, &idx, 1, "");
         LLVMValueRef raw = LLVMBuildLoad2(e.B, i8p, slot, k->params[p].name);
         ptc_dtype dt = k->params[p].dtype;
-        LLVMTypeRef t = LLVMPointerType(dt == PTC_F32 ? e.f32 : dt == PTC_BF16 ? e.i16 : e.i32, 0);
+        LLVMTypeRef t = LLVMPointerType(dt == PTC_F32                      ? e.f32
+                                        : dt == PTC_BF16 || dt == PTC_F16 ? e.i16
+                                                                          : e.i32,
+                                        0);
         e.ptr[p] = LLVMBuildBitCast(e.B, raw, t, "");
     }
     emit_list(&e, k->body, 0);

@@ -32,4 +32,15 @@ static const char kir_bf16[] =
     "    }\n"
     "}\n";
 
+/* the same over f16 (IEEE half) */
+static const char kir_f16[] =
+    "kernel half16(h: f16[97], x: f32[97], o: out f16[97], r: out f32[97], g: out f16[97] = h) {\n"
+    "    for i < 97 parallel {\n"
+    "        let v = h[i] + x[i]\n"
+    "        o[i] = v\n"
+    "        r[i] = round_f16(v) - v\n"
+    "        g[i] = select(v < 0.0, v * 0.5, round_f16(v))\n"
+    "    }\n"
+    "}\n";
+
 #endif

@@ -176,6 +176,8 @@ static bufs make_bufs(const ptc_kir *k, unsigned seed)
                 b.owned[i][j] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
             else if (p->dtype == PTC_BF16)
                 ((uint16_t *)b.owned[i])[j] = ptc_bf16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
+            else if (p->dtype == PTC_F16)
+                ((uint16_t *)b.owned[i])[j] = ptc_f16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
             else
                 ((int32_t *)b.owned[i])[j] = rand() % 3;
         }
@@ -266,6 +268,7 @@ static void check_plan(const char *rel, const ptc_define *defs, int ndefs, const
 static const char *const corner_kernels[] = {
     kir_every_kind,
     kir_bf16,
+    kir_f16,
     "kernel scan(x: f32[200], y: out f32[200], n: out f32[5]) {\n"
     "    for r < 5 parallel {\n"
     "        y[r * 40] = x[r * 40]\n"

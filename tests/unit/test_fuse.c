@@ -136,38 +136,62 @@ Test(kir, compiled_matches_interpreter)
     }
     ptc_kir_free(k);
 }
-/* bf16 parameters and round_bf16: the compiled kernel and the interpreter agree bit for bit */
-Test(kir, compiled_bf16_matches_interpreter)
+/* bf16 and f16 parameters, round_bf16 and round_f16: the compiled kernel and the interpreter agree
+ * bit for bit, on values that need rounding, ties, NaN and infinity, and (f16) overflow to
+ * infinity and subnormals */
+static void check_half_kernel(const char *text, ptc_dtype dt)
 {
     char err[1024];
-    ptc_kir *k = ptc_kir_parse_text(kir_bf16, err, sizeof err);
+    ptc_kir *k = ptc_kir_parse_text(text, err, sizeof err);
     cr_assert_not_null(k, "%s", err);
     ptc_kfn fn = ptc_kjit_get(k, "", err, sizeof err);
     cr_assert_not_null(fn, "%s", err);
     uint16_t h[2][97], o[2][97];
     float x[97], r[2][97];
     srand(11);
+    bool bf = dt == PTC_BF16;
     for (int i = 0; i < 97; i++) {
-        h[0][i] = h[1][i] = ptc_bf16_bits((float)rand() / RAND_MAX * 4 - 2);
-        /* multiples of 2^-12 below 2^-7: h + x is exact in float (the interpreter computes in
-         * double) and lands between bf16 values, so that the roundings have work to do */
-        x[i] = (float)(rand() % 64 - 32) * 0x1p-12f;
+        float v = (float)rand() / RAND_MAX * 4 - 2;
+        h[0][i] = h[1][i] = bf ? ptc_bf16_bits(v) : ptc_f16_bits(v);
+        /* multiples of 2^-12 (bf16) or 2^-14 (f16) below 2^-7: h + x is exact in float (the
+         * interpreter computes in double) and lands between 16-bit values */
+        x[i] = (float)(rand() % 64 - 32) * (bf ? 0x1p-12f : 0x1p-14f);
     }
-    h[0][5] = h[1][5] = 0x7fc0; /* NaN, and infinity, pass through */
-    h[0][6] = h[1][6] = 0xff80;
+    h[0][5] = h[1][5] = bf ? 0x7fc0 : 0x7e00; /* NaN, and -infinity, pass through */
+    h[0][6] = h[1][6] = bf ? 0xff80 : 0xfc00;
+    if (!bf) {
+        h[0][7] = h[1][7] = 0x7bff; /* 65504 + 16 = 65520: a tie, to infinity */
+        x[7] = 16.0f;
+        h[0][8] = h[1][8] = 0; /* 3 2^-26: an f16 subnormal's rounding */
+        x[8] = 0x3p-26f;
+        h[0][9] = h[1][9] = 0x0001; /* the smallest subnormal and a half of it */
+        x[9] = 0x1p-25f;
+    }
     void *a0[5] = {h[0], x, o[0], r[0], h[0]}, *a1[5] = {h[1], x, o[1], r[1], h[1]};
     cr_assert_eq(ptc_kir_run(k, a0, 0, 1, err, sizeof err), 0, "%s", err);
     fn(a1, 0, 1);
-    cr_expect(memcmp(o[0], o[1], sizeof o[0]) == 0, "the bf16 stores differ");
-    for (int i = 0; i < 97; i++) /* (NaN's sign and payload are free) */
-        cr_expect(r[0][i] == r[1][i] || (isnan(r[0][i]) && isnan(r[1][i])),
-                  "round_bf16 differs at %d: %.9g, interpreter %.9g", i, r[1][i], r[0][i]);
-    cr_expect(memcmp(h[0], h[1], sizeof h[0]) == 0, "the in-place bf16 stores differ");
+    for (int i = 0; i < 97; i++) {
+        cr_expect_eq(o[0][i], o[1][i], "%s: the store at %d: %#x, interpreter %#x", k->name, i,
+                     o[1][i], o[0][i]);
+        cr_expect_eq(h[0][i], h[1][i], "%s: the in-place store at %d", k->name, i);
+        cr_expect(r[0][i] == r[1][i] || (isnan(r[0][i]) && isnan(r[1][i])), /* (NaN: free) */
+                  "%s: the rounding at %d: %.9g, interpreter %.9g", k->name, i, r[1][i], r[0][i]);
+    }
     int nonzero = 0;
     for (int i = 0; i < 97; i++)
         nonzero += r[0][i] != 0 && r[0][i] == r[0][i];
-    cr_expect_gt(nonzero, 30, "round_bf16 rounded nothing (%d)", nonzero);
+    cr_expect_gt(nonzero, 30, "%s: the rounding rounded nothing (%d)", k->name, nonzero);
     ptc_kir_free(k);
+}
+
+Test(kir, compiled_bf16_matches_interpreter)
+{
+    check_half_kernel(kir_bf16, PTC_BF16);
+}
+
+Test(kir, compiled_f16_matches_interpreter)
+{
+    check_half_kernel(kir_f16, PTC_F16);
 }
 #endif
 
