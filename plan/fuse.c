@@ -156,15 +156,17 @@ static bool all_f32(const fz *z, const ptc_instr *in)
     return true;
 }
 
-/* A cast between f32 and bf16 storage (--precision bf16: the lowering widens every 16-bit operand
- * of an op to f32 and rounds its result back): a widening one joins a chain as a load of the
- * bf16 bytes, a narrowing one as a rounding, so a fused kernel reads and writes bf16 directly. */
-static bool bf16_cast(const fz *z, const ptc_instr *in, bool widening)
+/* A cast between f32 and 16-bit storage, bf16 or f16 (--precision: the lowering widens every
+ * 16-bit operand of an op to f32 and rounds its result back): a widening one joins a chain as a
+ * load of the 16-bit bytes, a narrowing one as a rounding, so a fused kernel reads and writes
+ * 16 bits directly. */
+static bool half_cast(const fz *z, const ptc_instr *in, bool widening)
 {
     if (in->kind != PTC_INSTR_KERNEL || in->op != PTC_OP_CAST || in->nout != 1)
         return false;
     ptc_dtype a = z->pg->bufs[in->in[0]].type.dtype, b = z->pg->bufs[in->out[0]].type.dtype;
-    return widening ? a == PTC_BF16 && b == PTC_F32 : a == PTC_F32 && b == PTC_BF16;
+    bool a16 = a == PTC_BF16 || a == PTC_F16, b16 = b == PTC_BF16 || b == PTC_F16;
+    return widening ? a16 && b == PTC_F32 : a == PTC_F32 && b16;
 }
 
 /* Whether instruction i reads a buffer the members [g->first, i) wrote (by id). */
@@ -237,14 +239,14 @@ static bool inplace_safe(const fz *z, int first, int n, bool consumer)
 /* A member computed element by element (not a row consumer) */
 static bool chain_member(const fz *z, const ptc_instr *in)
 {
-    return pointwise(in->op) || bf16_cast(z, in, true) || bf16_cast(z, in, false);
+    return pointwise(in->op) || half_cast(z, in, true) || half_cast(z, in, false);
 }
 
 /* The chain starting at i: its length (0 when it is not one of two or more). */
 static int chain_at(const fz *z, int i)
 {
     const ptc_instr *a = ins(z, i);
-    bool cast = bf16_cast(z, a, true) || bf16_cast(z, a, false);
+    bool cast = half_cast(z, a, true) || half_cast(z, a, false);
     if (a->kind != PTC_INSTR_KERNEL || !(cast || (pointwise(a->op) && all_f32(z, a))) ||
         a->nout != 1)
         return 0;
@@ -260,11 +262,11 @@ static int chain_at(const fz *z, int i)
         const ptc_instr *b = ins(z, j);
         if (b->kind != PTC_INSTR_KERNEL || !same_task(a, b))
             break;
-        if (bf16_cast(z, b, true) && broadcasts(&z->pg->bufs[b->out[0]].type, o)) {
+        if (half_cast(z, b, true) && broadcasts(&z->pg->bufs[b->out[0]].type, o)) {
             g.n++; /* a load of bf16 bytes for a later member (trimmed below if none reads it) */
             continue;
         }
-        bool narrowing = bf16_cast(z, b, false);
+        bool narrowing = half_cast(z, b, false);
         if ((!all_f32(z, b) && !narrowing) || !reads_member(z, &g, j))
             break;
         if (pointwise(b->op) || narrowing) {
@@ -293,7 +295,7 @@ static int chain_at(const fz *z, int i)
         break;
     }
     /* a widening cast at the end feeds nothing in the run */
-    while (g.n >= 2 && bf16_cast(z, ins(z, i + g.n - 1), true))
+    while (g.n >= 2 && half_cast(z, ins(z, i + g.n - 1), true))
         g.n--;
     while (g.n >= 2 && !inplace_safe(z, i, g.n, !chain_member(z, ins(z, i + g.n - 1))))
         g.n--;
@@ -302,7 +304,7 @@ static int chain_at(const fz *z, int i)
     const ptc_instr *c = ins(z, i + g.n - 1);
     if (g.n >= 2 && !chain_member(z, c) && c->nout == 1 && i + g.n < z->nold) {
         const ptc_instr *nx = ins(z, i + g.n);
-        if (bf16_cast(z, nx, false) && same_task(a, nx) && nx->in[0] == c->out[0] &&
+        if (half_cast(z, nx, false) && same_task(a, nx) && nx->in[0] == c->out[0] &&
             !z->keep[root(z, c->out[0])] && z->last_read[root(z, c->out[0])] == i + g.n)
             g.n++;
     }
@@ -424,20 +426,20 @@ static int ce_at(const fz *z, int i, uint64_t *seedmask)
  * The kernel reads L16 and writes dL16 over it (neither f32 copy nor the f32 gradient is made). */
 static int ce16_at(const fz *z, int i, uint64_t *seedmask, uint64_t *inner)
 {
-    if (i + 1 >= z->nold || !bf16_cast(z, ins(z, i), true) ||
+    if (i + 1 >= z->nold || !half_cast(z, ins(z, i), true) ||
         !is_kernel(z, i + 1, PTC_OP_CROSS_ENTROPY) || ins(z, i + 1)->in[0] != ins(z, i)->out[0])
         return 0;
     const ptc_instr *w1 = ins(z, i), *ce = ins(z, i + 1);
     int L = w1->in[0], T = ce->in[1], j = i + 2;
     while (j + 2 < z->nold && j - i < CE_SPAN - 3 &&
-           !(bf16_cast(z, ins(z, j), true) && ins(z, j)->in[0] == L &&
+           !(half_cast(z, ins(z, j), true) && ins(z, j)->in[0] == L &&
              is_kernel(z, j + 1, PTC_OP_CROSS_ENTROPY_GRAD) &&
              ins(z, j + 1)->in[0] == ins(z, j)->out[0] && ins(z, j + 1)->in[1] == T))
         j++;
     if (j + 2 >= z->nold || j - i >= CE_SPAN - 3)
         return 0;
     const ptc_instr *w2 = ins(z, j), *gr = ins(z, j + 1), *nr = ins(z, j + 2);
-    if (!bf16_cast(z, nr, false) || nr->in[0] != gr->out[0])
+    if (!half_cast(z, nr, false) || nr->in[0] != gr->out[0])
         return 0;
     int dL = nr->out[0], rl = root(z, L), rt = root(z, T);
     bool seed[CE_SPAN];
@@ -488,7 +490,7 @@ static int adamw_at(const fz *z, int i)
          * from the master) */
         int j = i + n, len = 1, w = 0;
         /* (the widened gradient read by the mul, or by the update where the mul wrote over it) */
-        if (j + 1 < z->nold && bf16_cast(z, ins(z, j), true) && is_kernel(z, j + 1, PTC_OP_MUL) &&
+        if (j + 1 < z->nold && half_cast(z, ins(z, j), true) && is_kernel(z, j + 1, PTC_OP_MUL) &&
             ins(z, j + 1)->in[0] == ins(z, j)->out[0] &&
             z->last_read[root(z, ins(z, j)->out[0])] <= j + 2 &&
             !z->keep[root(z, ins(z, j)->out[0])])
@@ -510,7 +512,7 @@ static int adamw_at(const fz *z, int i)
         if ((lr >= 0 && (a->in[4] != lr || a->in[5] != step)) ||
             (updates + 1) * 8 > PTC_MAX_FUSED_OPERANDS || n + w + len + 1 > MAX_MEMBERS * 4)
             break;
-        int r = u + 1 < z->nold && bf16_cast(z, ins(z, u + 1), false) &&
+        int r = u + 1 < z->nold && half_cast(z, ins(z, u + 1), false) &&
                 ins(z, u + 1)->in[0] == a->out[0] && same_task(a, ins(z, u + 1));
         lr = a->in[4];
         step = a->in[5];
@@ -680,7 +682,7 @@ static int member_value(kb *b, int m, int j, bool reload)
     }
     if (b->memo[m] >= 0)
         return b->memo[m];
-    if (bf16_cast(b->z, in, true)) { /* the bf16 bytes, loaded (widened), at j's broadcast */
+    if (half_cast(b->z, in, true)) { /* the bf16 bytes, loaded (widened), at j's broadcast */
         int q = producer(b, m, in->in[0]); /* (or a member's rounded value: widening is exact) */
         return b->memo[m] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[0], j);
     }
@@ -689,8 +691,10 @@ static int member_value(kb *b, int m, int j, bool reload)
         int q = producer(b, m, in->in[k]);
         v[k] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[k], j);
     }
-    if (in->op == PTC_OP_CAST) /* narrowing: the value rounded as its bf16 result holds it */
-        return b->memo[m] = un(b, PTC_KX_RBF16, v[0]);
+    if (in->op == PTC_OP_CAST) /* narrowing: the value rounded as its 16-bit result holds it */
+        return b->memo[m] = un(b, b->z->pg->bufs[in->out[0]].type.dtype == PTC_BF16 ? PTC_KX_RBF16
+                                                                                  : PTC_KX_RF16,
+                               v[0]);
     return b->memo[m] = op_value(b, in->op, v);
 }
 
@@ -698,7 +702,7 @@ static int member_value(kb *b, int m, int j, bool reload)
 static int source_of(kb *b, int buf)
 {
     int q = producer(b, b->n - 1, buf);
-    return q >= 0 && bf16_cast(b->z, ins(b->z, b->first + q), true) ? ins(b->z, b->first + q)->in[0]
+    return q >= 0 && half_cast(b->z, ins(b->z, b->first + q), true) ? ins(b->z, b->first + q)->in[0]
                                                                     : buf;
 }
 
@@ -802,7 +806,7 @@ static ptc_kir *build_chain(kb *b)
     fz *z = b->z;
     const ptc_instr *last = ins(z, b->first + b->n - 1);
     int cn = b->n, yout = -1; /* members through the consumer; its bf16 rounding after it */
-    if (b->n >= 2 && bf16_cast(z, last, false) && !chain_member(z, ins(z, b->first + b->n - 2))) {
+    if (b->n >= 2 && half_cast(z, last, false) && !chain_member(z, ins(z, b->first + b->n - 2))) {
         yout = last->out[0];
         cn = b->n - 1;
         last = ins(z, b->first + cn - 1);
@@ -830,7 +834,7 @@ static ptc_kir *build_chain(kb *b)
         clear_memo(b);
         for (int m = 0; m < npw; m++) { /* bind every value once (a widened load is a load) */
             int v = member_value(b, m, j, false);
-            b->memo[m] = bf16_cast(z, ins(z, b->first + m), true) ? v : ptc_kir_bind(k, v);
+            b->memo[m] = half_cast(z, ins(z, b->first + m), true) ? v : ptc_kir_bind(k, v);
         }
         for (int o = 0; o < b->nout - (consumer ? last->nout : 0); o++)
             for (int m = 0; m < npw; m++)
@@ -903,7 +907,7 @@ static ptc_kir *build_adamw(kb *b)
             a0 = a0 ? a0 : a;
             for (int o = 0; o < 3; o++)
                 add_out(b, a->out[o]);
-        } else if (bf16_cast(z, a, false)) { /* the working copy */
+        } else if (half_cast(z, a, false)) { /* the working copy */
             add_out(b, a->out[0]);
         }
     }
@@ -924,10 +928,10 @@ static ptc_kir *build_adamw(kb *b)
             mul = ins(z, b->first + m - 1);
         /* a widened bf16 gradient is loaded from its bf16 bytes */
         int gbuf = mul ? mul->in[0] : a->in[1];
-        if (mul && m > 1 && bf16_cast(z, ins(z, b->first + m - 2), true) &&
+        if (mul && m > 1 && half_cast(z, ins(z, b->first + m - 2), true) &&
             ins(z, b->first + m - 2)->out[0] == gbuf)
             gbuf = ins(z, b->first + m - 2)->in[0];
-        bool copy = m + 1 < b->n && bf16_cast(z, ins(z, b->first + m + 1), false);
+        bool copy = m + 1 < b->n && half_cast(z, ins(z, b->first + m + 1), false);
         int64_t n = numel(z, a->in[0]);
         int i = ptc_kir_for(k, NULL, ptc_kx_i(k, n), true);
         int g = mul ? bin(b, PTC_KX_MUL, ptc_kx_load(k, input_param(b, gbuf), i),
@@ -985,8 +989,8 @@ static bool find_remat(const fz *z, const group *g, int m, remat *r)
         return false;
     /* bf16: h16 widened, f, rounded to y16 (the recomputation loads h16 and stores y16, rounding
      * exactly as the chain did) */
-    if (m > 0 && m + 1 < g->n && bf16_cast(z, ins(z, g->first + m - 1), true) &&
-        ins(z, g->first + m - 1)->out[0] == h && bf16_cast(z, ins(z, g->first + m + 1), false) &&
+    if (m > 0 && m + 1 < g->n && half_cast(z, ins(z, g->first + m - 1), true) &&
+        ins(z, g->first + m - 1)->out[0] == h && half_cast(z, ins(z, g->first + m + 1), false) &&
         ins(z, g->first + m + 1)->in[0] == y) {
         h = ins(z, g->first + m - 1)->in[0];
         y = ins(z, g->first + m + 1)->out[0];

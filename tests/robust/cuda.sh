@@ -22,10 +22,10 @@ if [ -x "$nvcc" ]; then
     [ "$n" -eq "$kernels" ] && ok "sm_$sm PTX has every kernel" "$n entries" \
       || bad "sm_$sm PTX has every kernel" "$n entries for $kernels kernels"
   done
-  # the kernels of parallel plans: tensor and data parallel, experts, pipeline stages, bf16
+  # the kernels of parallel plans: tensor and data parallel, experts, pipeline stages, bf16, fp16
   for args in "--mesh dp=2,tp=2 examples/gpt2_tiny.ptm" "--mesh dp=2,ep=2 examples/moe_tiny.ptm" \
               "--mesh pp=2 -D batch=8 --microbatches 2 examples/gpt2_tiny.ptm" "--no-fuse examples/llama_tiny.ptm" \
-              "--precision bf16 --mesh dp=2 examples/gpt2_tiny.ptm"; do
+              "--precision bf16 --mesh dp=2 examples/gpt2_tiny.ptm" "--precision fp16 examples/gpt2_tiny.ptm"; do
     # shellcheck disable=SC2086
     "$ptc" --emit cuda ${args/examples/$src/examples} > plan.cu 2> err.txt \
       && check "nvcc --ptx of ptc --emit cuda $args" 0 "" "$nvcc" --ptx -arch=sm_90 plan.cu -o plan.ptx \

@@ -411,6 +411,16 @@ Test(fuse, gpt2_bf16_odd_and_prime_sizes, .timeout = 120)
     precision = PTC_F32;
 }
 
+/* --precision fp16 likewise (f16 loads, stores and round_f16; matmuls stay unfused kernels) */
+Test(fuse, gpt2_f16_odd_and_prime_sizes, .timeout = 120)
+{
+    ptrt_cpu_set_threads(2);
+    precision = PTC_F16;
+    check_sizes(gpt, 7, 3, 1, 1, 1, 5);
+    check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+    precision = PTC_F32;
+}
+
 Test(fuse, llama_like_odd_and_prime_sizes, .timeout = 120)
 {
     ptrt_cpu_set_threads(2);

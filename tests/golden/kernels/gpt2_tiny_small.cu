@@ -27,6 +27,32 @@ PTC_DEVICE float ptc_round_bf16(float v)
 {
     return ptc_bf16_f(ptc_f_bf16(v));
 }
+/* f16 storage (IEEE half) in integer arithmetic, the same rounding (NaN: 0x7e00) */
+PTC_DEVICE float ptc_f16_f(unsigned short h)
+{
+    unsigned int o = (unsigned int)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
+    o += 0x38000000u;
+    if (e == 0x0f800000u)
+        o += 0x38000000u;
+    else if (e == 0)
+        o = PTC_F2U(PTC_U2F(o + 0x00800000u) - PTC_U2F(0x38800000u));
+    return PTC_U2F(o | (unsigned int)(h & 0x8000u) << 16);
+}
+PTC_DEVICE unsigned short ptc_f_f16(float v)
+{
+    unsigned int u = PTC_F2U(v), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return 0x7e00;
+    if (a >= 0x477ff000u)
+        return (unsigned short)(sign | 0x7c00u);
+    if (a >= 0x38800000u)
+        return (unsigned short)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));
+    return (unsigned short)(sign | (PTC_F2U(PTC_U2F(a) + 0.5f) - 0x3f000000u));
+}
+PTC_DEVICE float ptc_round_f16(float v)
+{
+    return ptc_f16_f(ptc_f_f16(v));
+}
 #define PTC_LOWEST (-3.40282347e+38f)
 #define PTC_IMIN(a, b) ((a) < (b) ? (a) : (b))
 #define PTC_IMAX(a, b) ((a) > (b) ? (a) : (b))
