@@ -32,8 +32,8 @@ static bool gemmable(const ptc_graph *g, const ptc_node *n)
 {
     const ptc_type *a = &g->values[n->in[0]].type, *b = &g->values[n->in[1]].type,
                    *o = &g->values[n->out[0]].type;
-    /* f32, or bf16 operands (the GEMM's result is f32, rounded to a bf16 result after it) */
-    if (a->dtype != b->dtype || (a->dtype != PTC_F32 && a->dtype != PTC_BF16) ||
+    /* f32, or 16-bit operands (the GEMM's result is f32, rounded to a 16-bit result after it) */
+    if (a->dtype != b->dtype || a->dtype == PTC_I32 ||
         (o->dtype != PTC_F32 && o->dtype != a->dtype))
         return false;
     int64_t ob = lw_batch_of(o), ab = lw_batch_of(a), bb = lw_batch_of(b);
@@ -142,8 +142,7 @@ static void find_gemms(lw *L)
     bool *ok = ptc_xmalloc((size_t)(g->nvalues ? g->nvalues : 1));
     for (int v = 0; v < g->nvalues; v++) {
         const ptc_node *d = &g->nodes[g->values[v].def];
-        ok[v] = d->op == PTC_OP_TRANSPOSE &&
-                (g->values[v].type.dtype == PTC_F32 || g->values[v].type.dtype == PTC_BF16) &&
+        ok[v] = d->op == PTC_OP_TRANSPOSE && g->values[v].type.dtype != PTC_I32 &&
                 L->nlast[v] >= 0 && L->nlast[v] < g->nnodes;
     }
     for (int i = 0; i < g->nnodes; i++)

@@ -113,8 +113,8 @@ const char *ptc_work_name(int w);
  * ta/tb. A[b] starts at b * sa elements (0: the same matrix for every b), likewise B and C. */
 typedef struct ptc_gemm {
     bool ta, tb;
-    /* the dtype of A and B: f32, or bf16 (--precision bf16: the library's bf16 GEMM where it has
-     * one, accumulating in f32); C is always f32 */
+    /* the dtype of A and B: f32, bf16 or f16 (--precision: the library's bf16 GEMM where it has
+     * one, accumulating in f32; f16 operands widened); C is always f32 */
     uint8_t ab;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;

@@ -444,9 +444,9 @@ static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
         return true;
     }
     if (strcmp(key, "ab") == 0) {
-        if (!ptc_lex_ident(lx, "bf16") && !ptc_lex_ident(lx, "f32"))
-            ptc_lex_fail(lx, "expected f32 or bf16, got '%.200s'", lx->text);
-        g->ab = ptc_lex_ident(lx, "bf16") ? PTC_BF16 : PTC_F32;
+        if (!ptc_lex_ident(lx, "bf16") && !ptc_lex_ident(lx, "f16") && !ptc_lex_ident(lx, "f32"))
+            ptc_lex_fail(lx, "expected f32, bf16 or f16, got '%.200s'", lx->text);
+        g->ab = ptc_lex_ident(lx, "bf16") ? PTC_BF16 : ptc_lex_ident(lx, "f16") ? PTC_F16 : PTC_F32;
         ptc_lex_next(lx);
         return true;
     }

@@ -151,7 +151,7 @@ static int check_gemm(vctx *v, int i, const ptc_instr *in)
         return bad(v, "i%d: a gemm has two operands (three, the last its result, when beta is "
                       "not 0) and one result",
                    i);
-    if (g->ab != PTC_F32 && g->ab != PTC_BF16)
+    if (g->ab != PTC_F32 && g->ab != PTC_BF16 && g->ab != PTC_F16)
         return bad(v, "i%d: gemm operands of a bad dtype", i);
     for (int k = 0; k < 3; k++) {
         int b = k < 2 ? in->in[k] : in->out[0];

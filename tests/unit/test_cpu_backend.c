@@ -399,36 +399,38 @@ Test(cpu_gemm, transposes_and_plain_loop)
     free(want);
 }
 
-/* A plan's gemm instruction with bf16 operands (--precision bf16) against the reference's: both
+/* A plan's gemm instruction with bf16 and f16 operands (--precision) against the reference's: both
  * transposes, beta, a batch of strided matrices and one split across the pool; with oneDNN's bf16
  * GEMM where the library has it (f32 accumulation: DOT), else the operands widened to f32 (the
  * sanitizer build, which runs OpenBLAS). */
 Test(cpu_gemm, bf16_operands)
 {
     int64_t shapes[][4] = {{37, 45, 29, 1}, {5, 7, 3, 6}, {130, 70, 96, 1}, {1, 1, 1, 1}};
+    for (int f16 = 0; f16 < 2; f16++) /* (f16 operands: always widened) */
     for (int sh = 0; sh < 4; sh++)
         for (int mode = 0; mode < 4; mode++) {
             int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], nb = shapes[sh][3];
             ptc_gemm g = {.ta = mode & 1, .tb = mode & 2, .m = m, .n = n, .k = k, .batch = nb,
                           .lda = (mode & 1) ? m : k, .ldb = (mode & 2) ? k : n, .ldc = n,
                           .sa = nb > 1 ? m * k : 0, .sb = nb > 1 ? k * n : 0, .sc = m * n,
-                          .alpha = 1.0, .beta = mode == 3 ? 1.0 : 0.0, .ab = PTC_BF16};
+                          .alpha = 1.0, .beta = mode == 3 ? 1.0 : 0.0,
+                          .ab = f16 ? PTC_F16 : PTC_BF16};
             float *fa = rnd(nb * m * k, 21 + sh, -1, 1), *fb = rnd(nb * k * n, 31 + sh, -1, 1);
             uint16_t *a = malloc(sizeof(uint16_t) * (size_t)(nb * m * k));
             uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(nb * k * n));
             for (int64_t i = 0; i < nb * m * k; i++)
-                a[i] = ptc_bf16_bits(fa[i]);
+                a[i] = f16 ? ptc_f16_bits(fa[i]) : ptc_bf16_bits(fa[i]);
             for (int64_t i = 0; i < nb * k * n; i++)
-                b[i] = ptc_bf16_bits(fb[i]);
+                b[i] = f16 ? ptc_f16_bits(fb[i]) : ptc_bf16_bits(fb[i]);
             float *c = rnd(nb * m * n, 41, -1, 1), *want = malloc(sizeof(float) * (size_t)(nb * m * n));
             memcpy(want, c, sizeof(float) * (size_t)(nb * m * n));
             ptrt_ref_gemm(&g, a, b, want);
             ptrt_cpu_gemm_instr(&g, a, b, c);
             double e = rel_error(c, want, nb * m * n);
-            cr_expect(e <= DOT, "bf16 gemm %lldx%lldx%lld batch %lld ta=%d tb=%d beta=%g (%s): "
-                      "error %.3g", (long long)m, (long long)n, (long long)k, (long long)nb,
-                      g.ta, g.tb, g.beta, ptrt_cpu_has_bf16_gemm() ? "oneDNN bf16" : "widened",
-                      e);
+            cr_expect(e <= DOT, "%s gemm %lldx%lldx%lld batch %lld ta=%d tb=%d beta=%g (%s): "
+                      "error %.3g", f16 ? "f16" : "bf16", (long long)m, (long long)n,
+                      (long long)k, (long long)nb, g.ta, g.tb, g.beta,
+                      !f16 && ptrt_cpu_has_bf16_gemm() ? "oneDNN bf16" : "widened", e);
             free(fa);
             free(fb);
             free(a);

@@ -439,13 +439,56 @@ __attribute__((target("avx2"))) static int64_t bf16_to_f32_avx2(const uint16_t *
     }
     return i;
 }
+/* f32 <-> f16 by F16C, 8 at a time: vcvtps2ph rounds to nearest even, overflows to infinity and
+ * handles subnormals as common/half.c does; only its NaN keeps the payload, so NaNs are made
+ * 0x7e00 as there */
+__attribute__((target("avx2,f16c"))) static int64_t f32_to_f16_f16c(const float *x, uint16_t *o,
+                                                                    int64_t n)
+{
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m128i qnan = _mm_set1_epi16(0x7e00);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), absm), inf);
+        __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+        _mm_storeu_si128((__m128i *)(o + i), _mm_blendv_epi8(h, qnan, nan16));
+    }
+    return i;
+}
+
+__attribute__((target("avx2,f16c"))) static int64_t f16_to_f32_f16c(const uint16_t *x, float *o,
+                                                                    int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    return i;
+}
+
+static bool have_f16c(void)
+{
+    static int f = -1;
+    if (f < 0) {
+        __builtin_cpu_init();
+        f = __builtin_cpu_supports("f16c") != 0;
+    }
+    return f && ptrt_cpu_vec_avx2();
+}
 #endif
 
 static void cast_piece(void *ctx, int64_t begin, int64_t end)
 {
     const cast_job *j = ctx;
 #ifdef CAST_AVX2
-    if (ptrt_cpu_vec_avx2() && j->from == PTC_F32 && j->to == PTC_BF16)
+    if (have_f16c() && j->from == PTC_F32 && j->to == PTC_F16)
+        begin += f32_to_f16_f16c((const float *)j->x + begin, (uint16_t *)j->o + begin,
+                                 end - begin);
+    else if (have_f16c() && j->from == PTC_F16 && j->to == PTC_F32)
+        begin += f16_to_f32_f16c((const uint16_t *)j->x + begin, (float *)j->o + begin,
+                                 end - begin);
+    else if (ptrt_cpu_vec_avx2() && j->from == PTC_F32 && j->to == PTC_BF16)
         begin += f32_to_bf16_avx2((const float *)j->x + begin, (uint16_t *)j->o + begin,
                                   end - begin);
     else if (ptrt_cpu_vec_avx2() && j->from == PTC_BF16 && j->to == PTC_F32)

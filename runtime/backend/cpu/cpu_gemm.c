@@ -369,37 +369,25 @@ static void strided_piece(void *ctx, int64_t begin, int64_t end)
                         g->ldb, (float)g->beta, j->c + bi * g->sc, g->ldc);
 }
 
-typedef struct widen_job {
-    const uint16_t *x;
-    float *o;
-} widen_job;
-
-static void widen_piece(void *ctx, int64_t begin, int64_t end)
-{
-    const widen_job *j = ctx;
-    for (int64_t i = begin; i < end; i++) {
-        uint32_t u = (uint32_t)j->x[i] << 16;
-        memcpy(&j->o[i], &u, 4);
-    }
-}
-
-static float *widened(const void *x, int64_t n)
+/* a 16-bit operand widened to f32 (exact), by the cast kernel */
+static float *widened(const void *x, ptc_dtype dt, int64_t n)
 {
     float *o = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
-    widen_job j = {x, o};
-    ptrt_cpu_parallel_for(n, 1 << 16, widen_piece, &j);
+    ptc_type t = {.dtype = dt, .rank = 1, .dims = {n}};
+    ptrt_cpu_cast(&t, x, PTC_F32, o);
     return o;
 }
 
 void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, float *c)
 {
     bool bf16 = g->ab == PTC_BF16;
-    if (bf16 && !ptrt_cpu_has_bf16_gemm()) {
-        /* no bf16 GEMM in the library: the operands widened to f32 (exact), the f32 GEMM */
+    if ((bf16 && !ptrt_cpu_has_bf16_gemm()) || g->ab == PTC_F16) {
+        /* no bf16 GEMM in the library, and no f16 one in any: the operands widened to f32
+         * (exact), the f32 GEMM */
         ptc_gemm f = *g;
         f.ab = PTC_F32;
-        float *fa = widened(a, (g->sa ? g->batch : 1) * g->m * g->k);
-        float *fb = widened(b, (g->sb ? g->batch : 1) * g->k * g->n);
+        float *fa = widened(a, (ptc_dtype)g->ab, (g->sa ? g->batch : 1) * g->m * g->k);
+        float *fb = widened(b, (ptc_dtype)g->ab, (g->sb ? g->batch : 1) * g->k * g->n);
         ptrt_cpu_gemm_instr(&f, fa, fb, c);
         free(fa);
         free(fb);

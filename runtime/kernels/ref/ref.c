@@ -198,10 +198,12 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
     return rc;
 }
 
-/* Element i of a GEMM operand of dtype ab (f32, or bf16 storage). */
+/* Element i of a GEMM operand of dtype ab (f32, or bf16 or f16 storage). */
 static double gemm_at(const void *x, uint8_t ab, int64_t i)
 {
-    return ab == PTC_BF16 ? ptc_bf16_value(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    return ab == PTC_BF16  ? ptc_bf16_value(((const uint16_t *)x)[i])
+           : ab == PTC_F16 ? ptc_f16_value(((const uint16_t *)x)[i])
+                           : ((const float *)x)[i];
 }
 
 void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
