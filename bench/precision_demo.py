@@ -79,12 +79,12 @@ def speed_rounds(ptc, rounds, threads):
     with tempfile.TemporaryDirectory(prefix='ptc-speed-') as wd:
         for name, rel, defs, steps, warm in SPEED_MODELS:
             tok = {}
-            for prec in ('fp32', 'bf16'):
+            for prec in ('fp32', 'bf16', 'fp16'):
                 exe = os.path.join(wd, prec)
                 run([ptc, '--precision', prec] + defs + [os.path.join(ROOT, rel), '-o', exe])
                 tok[prec] = []
             for _ in range(rounds):
-                for prec in ('fp32', 'bf16'):
+                for prec in ('fp32', 'bf16', 'fp16'):
                     log = os.path.join(wd, prec + '.jsonl')
                     run([os.path.join(wd, prec), '--steps', str(steps), '--threads', str(threads),
                          '--schedule', 'constant', '--log', log, '--quiet'])
@@ -93,7 +93,7 @@ def speed_rounds(ptc, rounds, threads):
                     ntok = sum(r['tokens_per_s'] * r['step_ms'] / 1e3 for r in timed)
                     tok[prec].append(ntok / (sum(r['step_ms'] for r in timed) / 1e3))
             med = lambda v: sorted(v)[len(v) // 2]
-            out.append((name, med(tok['fp32']), med(tok['bf16'])))
+            out.append((name, med(tok['fp32']), med(tok['bf16']), med(tok['fp16'])))
     return out
 
 
@@ -243,9 +243,11 @@ def main():
     if speed:
         lines += ['', 'Speed, ptc alone (median of %d interleaved rounds, tok/s of the timed steps '
                   'from the step log):' % args.rounds, '',
-                  '| model | fp32 tok/s | bf16 tok/s | bf16 / fp32 |', '|---|---:|---:|---:|']
-        for name, t32, t16 in speed:
-            lines.append('| %s | %.0f | %.0f | x%.2f |' % (name, t32, t16, t16 / t32))
+                  '| model | fp32 tok/s | bf16 tok/s | bf16 / fp32 | fp16 tok/s | fp16 / fp32 |',
+                  '|---|---:|---:|---:|---:|---:|']
+        for name, t32, t16, h16 in speed:
+            lines.append('| %s | %.0f | %.0f | x%.2f | %.0f | x%.2f |' % (name, t32, t16, t16 / t32,
+                                                                        h16, h16 / t32))
     print('\n'.join(lines))
     if args.check:
         print('PASS' if ok else 'FAIL', 'ptc bf16 within 2%% of ptc fp32 over %d steps' %
