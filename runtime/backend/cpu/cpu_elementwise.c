@@ -405,6 +405,7 @@ typedef struct cast_job {
 } cast_job;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define CAST_AVX2 1
 /* f32 <-> bf16, 8 at a time: the same integer rounding as to_bf16 (NaN by a blend) */
@@ -467,12 +468,13 @@ __attribute__((target("avx2,f16c"))) static int64_t f16_to_f32_f16c(const uint16
     return i;
 }
 
+/* (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c") */
 static bool have_f16c(void)
 {
     static int f = -1;
     if (f < 0) {
-        __builtin_cpu_init();
-        f = __builtin_cpu_supports("f16c") != 0;
+        unsigned int a, b, c, d;
+        f = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
     }
     return f && ptrt_cpu_vec_avx2();
 }
