@@ -795,11 +795,13 @@ static int dump_grads(run *r, int64_t t)
     for (int i = 0; i < sh->nparams && i < pg->noutputs; i++) {
         int b = pg->outputs[i];
         const void *data = ptrt_exec_data(r->x, b);
-        if (pg->bufs[b].type.dtype != PTC_F32) { /* a 16-bit gradient (--precision), widened */
+        /* a 16-bit gradient (--precision) widened; with fp16 loss scaling, the true gradient */
+        if (pg->bufs[b].type.dtype != PTC_F32 || sh->scaling) {
             int64_t n = ptc_type_numel(&pg->bufs[b].type);
+            double inv = sh->scaling ? 1.0 / r->step_scale : 1.0;
             wide[i] = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
             for (int64_t k = 0; k < n; k++)
-                wide[i][k] = ptrt_exec_get(r->x, b, k);
+                wide[i][k] = (float)(ptrt_exec_get(r->x, b, k) * inv);
             data = wide[i];
         }
         ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape, data);
