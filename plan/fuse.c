@@ -12,6 +12,10 @@
  *     stored), then the mean of the row losses;
  *   - the AdamW updates of consecutive parameters, with their gradient-clipping scale, as one
  *     multi-tensor kernel.
+ * Under --precision the casts the lowering puts around every 16-bit op join these groups: a
+ * widening as a load of the 16-bit bytes, a narrowing as a rounding (round_bf16, round_f16), so
+ * the kernels read and write 16 bits themselves (and an activation recomputed for the backward
+ * is recomputed from and into 16 bits).
  * A result of a fused instruction that nothing reads after the run (and that is not a parameter,
  * optimizer state, the loss, the gradient norm or an output) is not stored: its buffer leaves the
  * program and the memory plan. Results written in place stay in place (the kernel's parameter
@@ -36,7 +40,7 @@ typedef struct group {
     int first, n;    /* instructions [first, first + n) */
     int kind;        /* G_CHAIN, G_CE, G_ADAMW */
     uint64_t seed;   /* G_CE: bit m set when member m computes the gradient's seed (ce_seed) */
-    uint64_t inner;  /* G_CE over bf16 logits: the members the kernel replaces besides the ends
+    uint64_t inner;  /* G_CE over 16-bit logits: the members the kernel replaces besides the ends
                       * (the loss, the gradient's widening, the gradient) */
 } group;
 
@@ -263,7 +267,7 @@ static int chain_at(const fz *z, int i)
         if (b->kind != PTC_INSTR_KERNEL || !same_task(a, b))
             break;
         if (half_cast(z, b, true) && broadcasts(&z->pg->bufs[b->out[0]].type, o)) {
-            g.n++; /* a load of bf16 bytes for a later member (trimmed below if none reads it) */
+            g.n++; /* a load of 16-bit bytes for a later member (trimmed below if none reads it) */
             continue;
         }
         bool narrowing = half_cast(z, b, false);
@@ -299,8 +303,8 @@ static int chain_at(const fz *z, int i)
         g.n--;
     while (g.n >= 2 && !inplace_safe(z, i, g.n, !chain_member(z, ins(z, i + g.n - 1))))
         g.n--;
-    /* a row consumer's one result rounded to bf16 right after it, and read by nothing else: the
-     * kernel stores the bf16 result itself */
+    /* a row consumer's one result rounded to 16 bits right after it, and read by nothing else:
+     * the kernel stores the 16-bit result itself */
     const ptc_instr *c = ins(z, i + g.n - 1);
     if (g.n >= 2 && !chain_member(z, c) && c->nout == 1 && i + g.n < z->nold) {
         const ptc_instr *nx = ins(z, i + g.n);
@@ -419,7 +423,7 @@ static int ce_at(const fz *z, int i, uint64_t *seedmask)
     return j - i + 1;
 }
 
-/* The same over bf16 logits (--precision bf16), where the lowering widened the logits for each of
+/* The same over 16-bit logits (--precision), where the lowering widened the logits for each of
  * the two and rounded the gradient back:
  *   cast L16 -> W1; cross_entropy W1, T; ...; cast L16 -> W2; cross_entropy_grad W2, T, dl -> G;
  *   cast G -> dL16
@@ -486,7 +490,7 @@ static int adamw_at(const fz *z, int i)
     int n = 0, updates = 0, lr = -1, step = -1;
     for (;;) {
         /* per parameter: [cast G16 -> G;] [mul G, c -> G';] adamw_update P, G', M, V, lr, step;
-         * [cast P -> P16] (--precision bf16: the gradient widened, the working copy rounded
+         * [cast P -> P16] (--precision: the 16-bit gradient widened, the working copy rounded
          * from the master) */
         int j = i + n, len = 1, w = 0;
         /* (the widened gradient read by the mul, or by the update where the mul wrote over it) */
@@ -682,7 +686,7 @@ static int member_value(kb *b, int m, int j, bool reload)
     }
     if (b->memo[m] >= 0)
         return b->memo[m];
-    if (half_cast(b->z, in, true)) { /* the bf16 bytes, loaded (widened), at j's broadcast */
+    if (half_cast(b->z, in, true)) { /* the 16-bit bytes, loaded (widened), at j's broadcast */
         int q = producer(b, m, in->in[0]); /* (or a member's rounded value: widening is exact) */
         return b->memo[m] = q >= 0 ? member_value(b, q, j, reload) : load_at(b, in->in[0], j);
     }
@@ -698,7 +702,7 @@ static int member_value(kb *b, int m, int j, bool reload)
     return b->memo[m] = op_value(b, in->op, v);
 }
 
-/* The buffer a consumer's operand is loaded from: the bf16 source of a widening member. */
+/* The buffer a consumer's operand is loaded from: the 16-bit source of a widening member. */
 static int source_of(kb *b, int buf)
 {
     int q = producer(b, b->n - 1, buf);
@@ -805,7 +809,7 @@ static ptc_kir *build_chain(kb *b)
 {
     fz *z = b->z;
     const ptc_instr *last = ins(z, b->first + b->n - 1);
-    int cn = b->n, yout = -1; /* members through the consumer; its bf16 rounding after it */
+    int cn = b->n, yout = -1; /* members through the consumer; its 16-bit rounding after it */
     if (b->n >= 2 && half_cast(z, last, false) && !chain_member(z, ins(z, b->first + b->n - 2))) {
         yout = last->out[0];
         cn = b->n - 1;
@@ -926,7 +930,7 @@ static ptc_kir *build_adamw(kb *b)
             continue;
         if (m > 0 && ins(z, b->first + m - 1)->op == PTC_OP_MUL)
             mul = ins(z, b->first + m - 1);
-        /* a widened bf16 gradient is loaded from its bf16 bytes */
+        /* a widened 16-bit gradient is loaded from its 16-bit bytes */
         int gbuf = mul ? mul->in[0] : a->in[1];
         if (mul && m > 1 && half_cast(z, ins(z, b->first + m - 2), true) &&
             ins(z, b->first + m - 2)->out[0] == gbuf)
@@ -951,7 +955,7 @@ static ptc_kir *build_adamw(kb *b)
         ptc_kir_store(k, b->out_param[o], i, pn);
         ptc_kir_store(k, b->out_param[o + 1], i, mm);
         ptc_kir_store(k, b->out_param[o + 2], i, vv);
-        if (copy) /* the bf16 working copy: the new master, rounded */
+        if (copy) /* the 16-bit working copy: the new master, rounded */
             ptc_kir_store(k, b->out_param[o + 3], i, pn);
         o += 3 + copy;
         ptc_kir_end(k);
@@ -987,7 +991,7 @@ static bool find_remat(const fz *z, const group *g, int m, remat *r)
     int end = g->first + g->n - 1, y = a->out[0], h = a->in[0], ym = m;
     if (!activation(a->op) || a->nin != 1)
         return false;
-    /* bf16: h16 widened, f, rounded to y16 (the recomputation loads h16 and stores y16, rounding
+    /* 16 bits: h16 widened, f, rounded to y16 (the recomputation loads h16 and stores y16, rounding
      * exactly as the chain did) */
     if (m > 0 && m + 1 < g->n && half_cast(z, ins(z, g->first + m - 1), true) &&
         ins(z, g->first + m - 1)->out[0] == h && half_cast(z, ins(z, g->first + m + 1), false) &&
@@ -1142,8 +1146,8 @@ static void replace(fz *z, const group *g, const ptc_instr *old, int kernel_no)
     char name[96], ops[64];
     const ptc_instr *first = &old[g->first];
     if (g->kind == G_CE) {
-        /* (over bf16 logits: the ends are the widening of the logits and the rounding of the
-         * gradient; the kernel reads and writes bf16) */
+        /* (over 16-bit logits: the ends are the widening of the logits and the rounding of the
+         * gradient; the kernel reads and writes 16 bits) */
         bool b16 = g->inner != 0;
         const ptc_instr *ce = &old[g->first + b16], *gr = &old[g->first + g->n - 1 - b16];
         int L = b16 ? old[g->first].in[0] : ce->in[0];
