@@ -9,7 +9,10 @@
  *   - an elementwise op, an activation gradient or an optimizer update writes over an operand
  *     whose bytes are free after it (in place);
  *   - an op over bf16/f16 storage reads f32 copies and writes an f32 result that is rounded into
- *     the 16-bit buffer (the kernels compute in f32: what the reference semantics say);
+ *     the 16-bit buffer (the kernels compute in f32: what the reference semantics say); a 16-bit
+ *     matmul is a GEMM over the 16-bit operands (gemm.ab) into an f32 result rounded after it,
+ *     in blocks of rows when that result is large (gemm_block_bytes); the fusion pass then folds
+ *     most of these casts into its kernels;
  *   - a state update that could not run in place becomes a copy at the end of the step.
  * Then every buffer gets its region and the static memory planner its offset (memplan.c).
  */
