@@ -455,6 +455,19 @@ static int gemm_operand(lw *L, const item *it, int v)
     return lw_operand(L, it, L->fold[v] >= 0 ? L->fold[v] : v);
 }
 
+/* buffer `to` (2-D: rows of the last dim) placed as `from` is: a split of the last dim splits the
+ * columns, a split of any other the rows */
+static void place_2d(lw *L, int from, int to)
+{
+    const ptc_buffer *f = &L->pg->bufs[from];
+    ptc_buffer *t = &L->pg->bufs[to];
+    for (int a = 0; a < PTC_MAX_MESH_AXES; a++) {
+        t->place[a] = f->place[a];
+        if (f->place[a].kind == PTC_PLACE_SHARD)
+            t->place[a].dim = (int8_t)(f->place[a].dim == f->type.rank - 1 ? 1 : 0);
+    }
+}
+
 /* A view of `rows` rows of `cols` elements of buffer b, from row r0 (b: a plain buffer or a view at
  * a fixed offset). */
 static int row_view(lw *L, int b, int64_t r0, int64_t rows, int64_t cols)
@@ -465,7 +478,7 @@ static int row_view(lw *L, int b, int64_t r0, int64_t rows, int64_t cols)
     int v = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
     ptc_buffer *bv = &L->pg->bufs[v];
     src = &L->pg->bufs[b];
-    memcpy(bv->place, src->place, sizeof bv->place);
+    place_2d(L, b, v);
     bv->view = root;
     bv->region = L->pg->bufs[root].region;
     bv->view_offset = (src->view >= 0 ? src->view_offset : 0) +
@@ -492,7 +505,7 @@ static bool gemm_in_row_blocks(lw *L, const item *it, const ptc_gemm *gm, const 
         return false;
     ptc_type st = {.dtype = PTC_F32, .rank = 2, .dims = {rows, n}};
     int scratch = lw_new_buffer(L, &st, NULL, PTC_BUF_TEMP);
-    memcpy(L->pg->bufs[scratch].place, c->place, sizeof L->pg->bufs[scratch].place);
+    place_2d(L, y, scratch);
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t h = m - r0 < rows ? m - r0 : rows;
         ptc_gemm g = *gm;
