@@ -49,18 +49,9 @@ static int b1(mx *m, ptc_op op, const int *in, int nin, const ptc_attrs *at)
     return out[0];
 }
 
-static int ty_dtype(mx *m, int v)
-{
-    return v < 0 ? PTC_F32 : m->out->values[v].type.dtype;
-}
-
 static int cast_to(mx *m, int v, ptc_dtype dt)
 {
-    if (m->failed || ty_dtype(m, v) == (int)dt)
-        return v;
-    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
-    at.dtype = dt;
-    return b1(m, PTC_OP_CAST, &v, 1, &at);
+    return ptc_pass_cast(m->out, "the moe pass", v, dt, m->loc, &m->failed, m->err, m->errn);
 }
 
 /* aux = E * sum(frac * P), P[e] the mean of p[:, e] over all tokens */
@@ -126,22 +117,13 @@ static void expand(mx *m, const ptc_node *n)
 
 static void copy_node(mx *m, const ptc_node *n)
 {
-    int in[PTC_MAX_RESULTS * 4], out[PTC_MAX_RESULTS];
+    int in[PTC_MAX_RESULTS * 4];
     PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
     for (int k = 0; k < n->nin; k++)
         in[k] = m->vmap[n->in[k]];
     m->loc = n->loc;
-    build(m, n->op, in, n->nin, &n->attrs, out);
-    if (m->failed)
-        return;
-    ptc_node *c = &m->out->nodes[m->out->nnodes - 1];
-    c->stage = n->stage;
-    c->recompute = n->recompute;
-    for (int k = 0; k < n->nout; k++) {
-        m->vmap[n->out[k]] = out[k];
-        memcpy(m->out->values[out[k]].place, m->g->values[n->out[k]].place,
-               sizeof m->out->values[out[k]].place);
-    }
+    ptc_pass_copy_node(m->out, m->g, "the moe pass", n, in, &n->attrs, m->vmap, &m->failed,
+                       m->err, m->errn);
 }
 
 int ptc_pass_moe(ptc_pass_ctx *ctx)

@@ -59,11 +59,7 @@ static int state(opt_ctx *o, const char *prefix, const char *pname, const ptc_ty
 
 static int cast_to(opt_ctx *o, int v, ptc_dtype to)
 {
-    if (o->failed || o->g->values[v].type.dtype == to)
-        return v;
-    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
-    at.dtype = to;
-    return b1(o, PTC_OP_CAST, &v, 1, &at);
+    return ptc_pass_cast(o->g, "the optimizer pass", v, to, o->loc, &o->failed, o->err, o->errn);
 }
 
 /* The fp32 master weight of a 16-bit parameter: optimizer state initialised exactly as the

@@ -58,6 +58,36 @@ void ptc_pass_build(ptc_graph *g, const char *pass, ptc_op op, const int *in, in
     }
 }
 
+int ptc_pass_cast(ptc_graph *g, const char *pass, int v, ptc_dtype dt, ptc_loc loc, bool *failed,
+                  char *err, size_t errn)
+{
+    if (*failed || g->values[v].type.dtype == dt)
+        return v;
+    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
+    at.dtype = dt;
+    int out[PTC_MAX_RESULTS];
+    ptc_pass_build(g, pass, PTC_OP_CAST, &v, 1, &at, loc, out, failed, err, errn);
+    return out[0];
+}
+
+void ptc_pass_copy_node(ptc_graph *out, const ptc_graph *g, const char *pass, const ptc_node *n,
+                        const int *in, const ptc_attrs *at, int *vmap, bool *failed, char *err,
+                        size_t errn)
+{
+    int res[PTC_MAX_RESULTS];
+    ptc_pass_build(out, pass, n->op, in, n->nin, at, n->loc, res, failed, err, errn);
+    if (*failed)
+        return;
+    ptc_node *c = &out->nodes[out->nnodes - 1];
+    c->stage = n->stage;
+    c->recompute = n->recompute;
+    for (int k = 0; k < n->nout; k++) {
+        vmap[n->out[k]] = res[k];
+        memcpy(out->values[res[k]].place, g->values[n->out[k]].place,
+               sizeof out->values[res[k]].place);
+    }
+}
+
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx)
 {
     free(ctx->grads);

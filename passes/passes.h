@@ -109,6 +109,16 @@ void ptc_pass_build(ptc_graph *g, const char *pass, ptc_op op, const int *in, in
                     const ptc_attrs *at, ptc_loc loc, int *out, bool *failed, char *err,
                     size_t errn);
 
+/* v cast to dt with ptc_pass_build (v itself when it has that dtype already). */
+int ptc_pass_cast(ptc_graph *g, const char *pass, int v, ptc_dtype dt, ptc_loc loc, bool *failed,
+                  char *err, size_t errn);
+/* A pass that rebuilds the graph: node n of g built again in `out` over operands `in` (values of
+ * out) with attributes `at`, keeping n's stage, recompute mark and result placements; vmap[old
+ * result] is set to the new one. */
+void ptc_pass_copy_node(ptc_graph *out, const ptc_graph *g, const char *pass, const ptc_node *n,
+                        const int *in, const ptc_attrs *at, int *vmap, bool *failed, char *err,
+                        size_t errn);
+
 /* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
 int ptc_run_passes(ptc_pass_ctx *ctx);
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx);

@@ -46,12 +46,7 @@ typedef struct pr {
     bool failed;
 } pr;
 
-static int b1(pr *p, ptc_op op, const int *in, int nin, const ptc_attrs *at, int *out)
-{
-    ptc_pass_build(p->out, "the precision pass", op, in, nin, at, p->loc, out, &p->failed, p->err,
-                   p->errn);
-    return out[0];
-}
+#define PASS "the precision pass"
 
 static bool is_float(ptc_dtype t)
 {
@@ -65,24 +60,22 @@ static ptc_dtype dt(const pr *p, int v)
 
 static int cast_to(pr *p, int v, ptc_dtype to)
 {
-    if (p->failed || dt(p, v) == to)
-        return v;
-    ptc_attrs at = ptc_attrs_default(PTC_OP_CAST);
-    at.dtype = to;
-    int out[PTC_MAX_RESULTS];
-    return b1(p, PTC_OP_CAST, &v, 1, &at, out);
+    return ptc_pass_cast(p->out, PASS, v, to, p->loc, &p->failed, p->err, p->errn);
 }
 
 static void copy_node(pr *p, const ptc_node *n)
 {
-    int in[PTC_MAX_RESULTS * 4], out[PTC_MAX_RESULTS];
+    int in[PTC_MAX_RESULTS * 4];
     PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
     p->loc = n->loc;
     bool mixed = false;
+    ptc_dtype first = PTC_NDTYPES; /* the first float operand's dtype */
     for (int k = 0; k < n->nin; k++) {
         in[k] = p->vmap[n->in[k]];
         ptc_dtype d = dt(p, in[k]);
-        mixed |= is_float(d) && d != dt(p, in[0]) && is_float(dt(p, in[0]));
+        if (is_float(d) && first == PTC_NDTYPES)
+            first = d;
+        mixed |= is_float(d) && d != first;
     }
     if (mixed && n->op != PTC_OP_CAST) {
         bool scalars = true, upcast = false;
@@ -96,23 +89,13 @@ static void copy_node(pr *p, const ptc_node *n)
         bool loss = n->op == PTC_OP_MSE || n->op == PTC_OP_CROSS_ENTROPY;
         ptc_dtype to = scalars || upcast || loss ? PTC_F32 : p->low;
         for (int k = 0; k < n->nin; k++)
-            if (is_float(dt(p, in[k])) && dt(p, in[k]) != to)
+            if (is_float(dt(p, in[k])))
                 in[k] = cast_to(p, in[k], to);
     }
     ptc_attrs at = n->attrs;
     if (n->op == PTC_OP_PARAM)
         at.dtype = p->low;
-    b1(p, n->op, in, n->nin, &at, out);
-    if (p->failed)
-        return;
-    ptc_node *c = &p->out->nodes[p->out->nnodes - 1];
-    c->stage = n->stage;
-    c->recompute = n->recompute;
-    for (int k = 0; k < n->nout; k++) {
-        p->vmap[n->out[k]] = out[k];
-        memcpy(p->out->values[out[k]].place, p->g->values[n->out[k]].place,
-               sizeof p->out->values[out[k]].place);
-    }
+    ptc_pass_copy_node(p->out, p->g, PASS, n, in, &at, p->vmap, &p->failed, p->err, p->errn);
 }
 
 int ptc_pass_precision(ptc_pass_ctx *ctx)

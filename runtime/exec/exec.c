@@ -267,9 +267,8 @@ static void store_floats(ptrt_exec *x, int b, int64_t at, const float *v, int64_
         memcpy((float *)x->ptr[b] + at, v, sizeof(float) * (size_t)n);
         return;
     }
-    uint16_t *o = (uint16_t *)x->ptr[b] + at;
     for (int64_t k = 0; k < n; k++)
-        o[k] = dt == PTC_BF16 ? ptc_bf16_bits(v[k]) : ptc_f16_bits(v[k]);
+        ptrt_exec_set(x, b, at + k, v[k]);
 }
 
 #define CHUNK 4096
