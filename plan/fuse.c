@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "kir.h"
+#include "kir_ops.h"
 #include "planner.h"
 
 #define MAX_MEMBERS 32
@@ -100,26 +101,7 @@ static bool same_task(const ptc_instr *a, const ptc_instr *b)
 
 static bool pointwise(ptc_op op)
 {
-    switch (op) {
-    case PTC_OP_ADD:
-    case PTC_OP_SUB:
-    case PTC_OP_MUL:
-    case PTC_OP_DIV:
-    case PTC_OP_NEG:
-    case PTC_OP_EXP:
-    case PTC_OP_LOG:
-    case PTC_OP_SQRT:
-    case PTC_OP_RSQRT:
-    case PTC_OP_TANH:
-    case PTC_OP_SIGMOID:
-    case PTC_OP_RELU:
-    case PTC_OP_GELU:
-    case PTC_OP_SILU:
-    case PTC_OP_RELU_GRAD:
-    case PTC_OP_GELU_GRAD:
-    case PTC_OP_SILU_GRAD: return true;
-    default: return false;
-    }
+    return ptc_kx_op_pointwise(op);
 }
 
 static bool row_consumer(const fz *z, const ptc_instr *in)
@@ -604,56 +586,10 @@ static int un(kb *b, ptc_kx_kind kind, int x)
     return ptc_kx_un(b->k, kind, x);
 }
 
-static int sigmoid(kb *b, int x)
-{
-    return bin(b, PTC_KX_DIV, f(b, 1.0), bin(b, PTC_KX_ADD, f(b, 1.0), un(b, PTC_KX_EXP, un(b, PTC_KX_NEG, x))));
-}
-
-/* GPT-2's tanh GELU and its derivative (as the reference kernels compute them) */
-#define GELU_C 0.7978845608028654 /* sqrt(2 / pi) */
-static int gelu_t(kb *b, int x)
-{
-    int x3 = bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, x, x), x);
-    return un(b, PTC_KX_TANH, bin(b, PTC_KX_MUL, f(b, GELU_C), bin(b, PTC_KX_ADD, x, bin(b, PTC_KX_MUL, f(b, 0.044715), x3))));
-}
-
-/* the value of op over operand values v */
+/* the value of op over operand values v (kir_ops.c: one formula for fused and single ops) */
 static int op_value(kb *b, ptc_op op, const int *v)
 {
-    switch (op) {
-    case PTC_OP_ADD: return bin(b, PTC_KX_ADD, v[0], v[1]);
-    case PTC_OP_SUB: return bin(b, PTC_KX_SUB, v[0], v[1]);
-    case PTC_OP_MUL: return bin(b, PTC_KX_MUL, v[0], v[1]);
-    case PTC_OP_DIV: return bin(b, PTC_KX_DIV, v[0], v[1]);
-    case PTC_OP_NEG: return un(b, PTC_KX_NEG, v[0]);
-    case PTC_OP_EXP: return un(b, PTC_KX_EXP, v[0]);
-    case PTC_OP_LOG: return un(b, PTC_KX_LOG, v[0]);
-    case PTC_OP_SQRT: return un(b, PTC_KX_SQRT, v[0]);
-    case PTC_OP_RSQRT: return bin(b, PTC_KX_DIV, f(b, 1.0), un(b, PTC_KX_SQRT, v[0]));
-    case PTC_OP_TANH: return un(b, PTC_KX_TANH, v[0]);
-    case PTC_OP_SIGMOID: return sigmoid(b, v[0]);
-    case PTC_OP_RELU: /* x < 0 ? 0 : x (NaN passes) */
-        return ptc_kx_select(b->k, bin(b, PTC_KX_LT, v[0], f(b, 0.0)), f(b, 0.0), v[0]);
-    case PTC_OP_GELU:
-        return bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, f(b, 0.5), v[0]), bin(b, PTC_KX_ADD, f(b, 1.0), gelu_t(b, v[0])));
-    case PTC_OP_SILU: return bin(b, PTC_KX_MUL, v[0], sigmoid(b, v[0]));
-    case PTC_OP_RELU_GRAD:
-        return ptc_kx_select(b->k, bin(b, PTC_KX_LT, f(b, 0.0), v[0]), v[1], f(b, 0.0));
-    case PTC_OP_GELU_GRAD: {
-        int x = v[0], t = gelu_t(b, x);
-        int a = bin(b, PTC_KX_MUL, f(b, 0.5), bin(b, PTC_KX_ADD, f(b, 1.0), t));
-        int d = bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, bin(b, PTC_KX_MUL, f(b, 0.5), x),
-                                       bin(b, PTC_KX_SUB, f(b, 1.0), bin(b, PTC_KX_MUL, t, t))),
-                    bin(b, PTC_KX_MUL, f(b, GELU_C),
-                        bin(b, PTC_KX_ADD, f(b, 1.0), bin(b, PTC_KX_MUL, f(b, 3 * 0.044715), bin(b, PTC_KX_MUL, x, x)))));
-        return bin(b, PTC_KX_MUL, bin(b, PTC_KX_ADD, a, d), v[1]);
-    }
-    default: { /* silu_grad: s (1 + x (1 - s)) dy */
-        int s = sigmoid(b, v[0]);
-        int g = bin(b, PTC_KX_MUL, s, bin(b, PTC_KX_ADD, f(b, 1.0), bin(b, PTC_KX_MUL, v[0], bin(b, PTC_KX_SUB, f(b, 1.0), s))));
-        return bin(b, PTC_KX_MUL, g, v[1]);
-    }
-    }
+    return ptc_kx_op(b->k, op, v);
 }
 
 /* Whether member m of the run [first, first + n) has its result stored: it is observable or

@@ -84,7 +84,7 @@ static int load_input(ptrt_exec *x, const char *spec, bool *given)
         free(data);
         return 2;
     }
-    memcpy(ptrt_exec_data(x, b), data, len);
+    ptrt_exec_write(x, b, 0, data, (int64_t)len);
     given[b] = true;
     free(data);
     return 0;
@@ -123,7 +123,9 @@ static int run_forward(const ptc_graph *g, const ptc_options *o, int64_t logical
         fprintf(stderr, "ptc: error: %s\n", err);
         rc = 1;
     } else if (!rc) {
-        printf("loss %.9g\n", *(float *)ptrt_exec_data(x, pg->loss));
+        float loss;
+        ptrt_exec_read(x, pg->loss, 0, &loss, 4);
+        printf("loss %.9g\n", loss);
     }
     free(given);
     ptrt_exec_free(x);

@@ -6,9 +6,10 @@
  * against), cpu (OpenBLAS GEMMs and fast float kernels, the reference for what it does not
  * cover) and jit (the cpu backend's kernels, with the plan's fused kernels compiled through LLVM
  * when an executor starts: backend/jit/). ref and cpu run fused kernels by interpreting their
- * kernel IR (ptc_kir_run). All keep their arenas in host memory; a device backend (cuda) will keep
- * them on the device, compile the plan's kernels in its prepare hook and move bytes with
- * upload/download.
+ * kernel IR (ptc_kir_run). These keep their arenas in host memory. A device backend (cuda,
+ * backend/cuda/) keeps them in device memory (host false): the executor never reads or writes
+ * them itself but moves bytes through upload, download, move and zero, and learns of the
+ * device's errors (asynchronous, as a GPU reports them) from sync at the end of every run.
  */
 #ifndef PTRT_BACKEND_H
 #define PTRT_BACKEND_H
@@ -38,6 +39,15 @@ typedef struct ptrt_backend {
     /* Kernel k of the plan's kernel table over args (one pointer per kernel parameter). */
     int (*fused)(void *state, const ptc_plan *p, int k, void *const *args, char *err,
                  size_t errn);
+    /* Device backends only (NULL on host backends, where the executor uses memcpy): n bytes from
+     * host memory into an arena, from an arena to host memory (complete on return), within
+     * arenas (overlap allowed), zeros; and sync: waits for the work queued so far and returns 0,
+     * or -1 with the first error the device reported since the last sync. */
+    void (*upload)(void *dev, const void *host, size_t n);
+    void (*download)(void *host, const void *dev, size_t n);
+    void (*move)(void *dst, const void *src, size_t n);
+    void (*zero)(void *dst, size_t n);
+    int (*sync)(char *err, size_t errn);
 } ptrt_backend;
 
 extern const ptrt_backend ptrt_backend_ref;

@@ -81,6 +81,9 @@ typedef struct ptrt_comm {
     const ptrt_comm_ops *ops;
     void *impl;
     int nranks;
+    /* whether its calls take a device backend's memory (NCCL, a device communicator); the host
+     * communicators (in-process, MPI) read and write host memory only */
+    bool device;
 } ptrt_comm;
 
 /* (outer, chunk) for a buffer of shape[ndim] viewed as `parts` parts along dim: outer = product of

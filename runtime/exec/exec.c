@@ -67,25 +67,100 @@ int ptrt_exec_rank(const ptrt_exec *x)
 
 void *ptrt_exec_data(ptrt_exec *x, int b)
 {
-    return x->ptr[b];
+    return x->be->host ? x->ptr[b] : NULL;
+}
+
+/* ---- moving bytes: memcpy on a host backend, the backend's copies on a device ---- */
+
+static void to_arena(const ptrt_exec *x, void *dst, const void *src, size_t n)
+{
+    if (!n)
+        return;
+    if (x->be->host)
+        memcpy(dst, src, n);
+    else
+        x->be->upload(dst, src, n);
+}
+
+static void from_arena(const ptrt_exec *x, void *dst, const void *src, size_t n)
+{
+    if (!n)
+        return;
+    if (x->be->host)
+        memcpy(dst, src, n);
+    else
+        x->be->download(dst, src, n);
+}
+
+static void move_in_arena(const ptrt_exec *x, void *dst, const void *src, size_t n)
+{
+    if (!n || dst == src)
+        return;
+    if (x->be->host)
+        memmove(dst, src, n);
+    else
+        x->be->move(dst, src, n);
+}
+
+static void zero_in_arena(const ptrt_exec *x, void *dst, size_t n)
+{
+    if (!n)
+        return;
+    if (x->be->host)
+        memset(dst, 0, n);
+    else
+        x->be->zero(dst, n);
+}
+
+void ptrt_exec_read(ptrt_exec *x, int b, int64_t off, void *dst, int64_t n)
+{
+    from_arena(x, dst, (const char *)x->ptr[b] + off, (size_t)n);
+}
+
+void ptrt_exec_write(ptrt_exec *x, int b, int64_t off, const void *src, int64_t n)
+{
+    to_arena(x, (char *)x->ptr[b] + off, src, (size_t)n);
 }
 
 float ptrt_exec_get(ptrt_exec *x, int b, int64_t i)
 {
-    switch (x->pg->bufs[b].type.dtype) {
-    case PTC_BF16: return ptc_bf16_value(((const uint16_t *)x->ptr[b])[i]);
-    case PTC_F16: return ptc_f16_value(((const uint16_t *)x->ptr[b])[i]);
-    default: return ((const float *)x->ptr[b])[i];
-    }
+    ptc_dtype dt = x->pg->bufs[b].type.dtype;
+    int64_t es = ptc_dtype_size(dt);
+    unsigned char v[4];
+    ptrt_exec_read(x, b, i * es, v, es);
+    uint16_t h;
+    float f;
+    memcpy(&h, v, 2);
+    memcpy(&f, v, 4);
+    return dt == PTC_BF16 ? ptc_bf16_value(h) : dt == PTC_F16 ? ptc_f16_value(h) : f;
 }
 
 void ptrt_exec_set(ptrt_exec *x, int b, int64_t i, float v)
 {
-    switch (x->pg->bufs[b].type.dtype) {
-    case PTC_BF16: ((uint16_t *)x->ptr[b])[i] = ptc_bf16_bits(v); break;
-    case PTC_F16: ((uint16_t *)x->ptr[b])[i] = ptc_f16_bits(v); break;
-    default: ((float *)x->ptr[b])[i] = v;
+    ptc_dtype dt = x->pg->bufs[b].type.dtype;
+    uint16_t h = dt == PTC_BF16 ? ptc_bf16_bits(v) : dt == PTC_F16 ? ptc_f16_bits(v) : 0;
+    if (dt == PTC_BF16 || dt == PTC_F16)
+        ptrt_exec_write(x, b, 2 * i, &h, 2);
+    else
+        ptrt_exec_write(x, b, 4 * i, &v, 4);
+}
+
+float *ptrt_exec_floats(ptrt_exec *x, int b)
+{
+    ptc_dtype dt = x->pg->bufs[b].type.dtype;
+    int64_t n = ptc_type_numel(&x->pg->bufs[b].type);
+    float *f = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (dt == PTC_F32) {
+        ptrt_exec_read(x, b, 0, f, 4 * n);
+        return f;
     }
+    /* 16 bits: into the upper half of f, then widened from the front (element k's 2 bytes at
+     * 2n + 2k are read before element k is written at 4k <= 2n + 2k) */
+    uint16_t *h = (uint16_t *)f + n;
+    ptrt_exec_read(x, b, 0, h, 2 * n);
+    for (int64_t k = 0; k < n; k++)
+        f[k] = dt == PTC_BF16 ? ptc_bf16_value(h[k]) : ptc_f16_value(h[k]);
+    return f;
 }
 
 int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name)
@@ -138,9 +213,12 @@ static int alloc_arenas(ptrt_exec *x, char *err, size_t errn)
         }
         x->arena_bytes[r] = (size_t)n;
         if (x->canary) {
-            uint16_t *u = (uint16_t *)x->arena[r];
-            for (int64_t k = 0; k < n / 2; k++)
+            uint16_t u[4096];
+            for (int k = 0; k < 4096; k++)
                 u[k] = CANARY;
+            for (int64_t k = 0; k < n; k += (int64_t)sizeof u)
+                to_arena(x, x->arena[r] + k, u,
+                         (size_t)(n - k < (int64_t)sizeof u ? n - k : (int64_t)sizeof u));
         }
     }
     return 0;
@@ -197,6 +275,15 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     x->comm = o ? o->comm : NULL;
     x->canary = o && o->canary;
     x->drop = o ? o->drop : -1;
+    if (!x->be->host && x->comm && !x->comm->device && plan->nranks > 1) {
+        ptc_fmt(err, errn,
+                "rank %d: the %s backend keeps tensors in device memory, which the %s "
+                "communicator cannot reach: a plan of %d ranks on it needs NCCL or the device "
+                "communicator, not in this version",
+                rank, x->be->name, x->comm->ops->name, plan->nranks);
+        free(x);
+        return NULL;
+    }
     if (plan->mesh.naxes)
         ptc_mesh_coords(&plan->mesh, rank, x->coords);
     if (alloc_arenas(x, err, errn) < 0) {
@@ -259,19 +346,29 @@ void ptrt_exec_free(ptrt_exec *x)
 
 /* ---- filling buffers ---- */
 
-/* Stores float values v[0..n) at elements [at, at + n) of buffer b, converting to its dtype. */
+#define CHUNK 4096
+
+/* Stores float values v[0..n) (n <= CHUNK) at elements [at, at + n) of buffer b, converting to
+ * its dtype. */
 static void store_floats(ptrt_exec *x, int b, int64_t at, const float *v, int64_t n)
 {
     ptc_dtype dt = x->pg->bufs[b].type.dtype;
     if (dt == PTC_F32) {
-        memcpy((float *)x->ptr[b] + at, v, sizeof(float) * (size_t)n);
+        ptrt_exec_write(x, b, 4 * at, v, 4 * n);
         return;
     }
+    uint16_t h[CHUNK];
     for (int64_t k = 0; k < n; k++)
-        ptrt_exec_set(x, b, at + k, v[k]);
+        h[k] = dt == PTC_BF16 ? ptc_bf16_bits(v[k]) : ptc_f16_bits(v[k]);
+    ptrt_exec_write(x, b, 2 * at, h, 2 * n);
 }
 
-#define CHUNK 4096
+void ptrt_exec_store(ptrt_exec *x, int b, const float *v)
+{
+    int64_t n = ptc_type_numel(&x->pg->bufs[b].type);
+    for (int64_t i = 0; i < n; i += CHUNK)
+        store_floats(x, b, i, v + i, n - i < CHUNK ? n - i : CHUNK);
+}
 
 void ptrt_exec_fill(ptrt_exec *x, int b, const ptc_init *init, const char *name, uint64_t seed)
 {
@@ -313,7 +410,7 @@ int ptrt_exec_random_input(ptrt_exec *x, int b, const char *key, uint64_t seed, 
         return -1;
     }
     int64_t n = ptc_type_numel(&bf->type);
-    int32_t *ids = x->ptr[b];
+    int32_t ids[CHUNK];
     ptc_init init = {.kind = PTC_INIT_UNIFORM, .a = 0.0, .b = 1.0};
     float u[CHUNK];
     for (int64_t i = 0; i < n;) {
@@ -323,8 +420,9 @@ int ptrt_exec_random_input(ptrt_exec *x, int b, const char *key, uint64_t seed, 
         ptrt_init_param(&init, key, seed, u, g0, len);
         for (int64_t k = 0; k < len; k++) {
             int64_t id = (int64_t)(u[k] * (double)bf->bound);
-            ids[i + k] = (int32_t)(id < bf->bound ? id : bf->bound - 1);
+            ids[k] = (int32_t)(id < bf->bound ? id : bf->bound - 1);
         }
+        ptrt_exec_write(x, b, 4 * i, ids, 4 * len);
         i += len;
     }
     return 0;
@@ -341,16 +439,16 @@ static double seconds(void)
 
 /* A collective over a group of one rank, or one the drop hook leaves out: out takes in's bytes
  * (or zeros when the sizes differ). */
-static void local_collective(const ptc_program *pg, const ptc_instr *in, const prepared *p,
+static void local_collective(const ptrt_exec *x, const ptc_instr *in, const prepared *p,
                              bool same_size_only)
 {
-    int64_t x = pg->bufs[in->in[0]].bytes, y = pg->bufs[in->out[0]].bytes;
-    if (x == y)
-        memmove(p->out[0], p->in[0], (size_t)y);
+    int64_t a = x->pg->bufs[in->in[0]].bytes, b = x->pg->bufs[in->out[0]].bytes;
+    if (a == b)
+        move_in_arena(x, p->out[0], p->in[0], (size_t)b);
     else if (same_size_only)
-        memset(p->out[0], 0, (size_t)y);
+        zero_in_arena(x, p->out[0], (size_t)b);
     else
-        memmove(p->out[0], p->in[0], (size_t)(x < y ? x : y));
+        move_in_arena(x, p->out[0], p->in[0], (size_t)(a < b ? a : b));
 }
 
 /* all_to_all_v of expert parallelism (program.h): the rows go by the members' kept choices per
@@ -365,7 +463,8 @@ static int run_uneven(ptrt_exec *x, const ptc_instr *in, const prepared *p, ptrt
     while (me < n && p->members[me] != x->rank)
         me++;
     int64_t E = c->count, el = E / n, row = c->chunk, got = 0;
-    const int32_t *counts = p->in[1];
+    int32_t *counts = ptc_xmalloc(sizeof(int32_t) * (size_t)(E * n));
+    from_arena(x, counts, p->in[1], sizeof(int32_t) * (size_t)(E * n));
     int64_t *v = ptc_xcalloc((size_t)(4 * n), sizeof(int64_t));
     int64_t *sc = v, *so = v + n, *rc = v + 2 * n, *ro = v + 3 * n;
     for (int q = 0; q < n; q++) {
@@ -387,8 +486,9 @@ static int run_uneven(ptrt_exec *x, const ptc_instr *in, const prepared *p, ptrt
                                          in_len, p->out[0], rc, ro, out_len, dt, d, err, errn);
     if (rc0 == 0 && got < out_len) {
         size_t es = (size_t)ptc_dtype_size(dt);
-        memset((char *)p->out[0] + (size_t)got * es, 0, (size_t)(out_len - got) * es);
+        zero_in_arena(x, (char *)p->out[0] + (size_t)got * es, (size_t)(out_len - got) * es);
     }
+    free(counts);
     free(v);
     return rc0;
 }
@@ -399,7 +499,7 @@ static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, 
     const ptc_coll *c = &in->coll;
     ptrt_coll_desc d = {.group_name = p->group, .step = x->step, .index = x->coll_index++};
     if (d.index == x->drop || p->nmembers == 1) {
-        local_collective(x->pg, in, p, d.index == x->drop);
+        local_collective(x, in, p, d.index == x->drop);
         return 0;
     }
     if (!x->comm) {
@@ -449,10 +549,7 @@ static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
     case PTC_INSTR_KERNEL: return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
     case PTC_INSTR_GEMM: x->be->gemm(&in->gemm, p->in[0], p->in[1], p->out[0]); return 0;
     case PTC_INSTR_COLL: return run_collective(x, in, p, err, errn);
-    case PTC_INSTR_COPY:
-        if (p->out[0] != p->in[0])
-            memmove(p->out[0], p->in[0], (size_t)in->bytes);
-        return 0;
+    case PTC_INSTR_COPY: move_in_arena(x, p->out[0], p->in[0], (size_t)in->bytes); return 0;
     case PTC_INSTR_FUSED:
         if (!x->be->fused) {
             ptc_fmt(err, errn, "backend %s cannot run generated kernels", x->be->name);
@@ -505,9 +602,14 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
                 ptc_fmt(err, errn, "%s: %s", what, msg);
             return -1;
         }
-        if (i == x->norm_at && e == PTRT_ENTRY_STEP)
-            x->skipped_update = !isfinite(*(const float *)ptrt_exec_data(x, pg->grad_norm));
+        if (i == x->norm_at && e == PTRT_ENTRY_STEP) {
+            float norm;
+            ptrt_exec_read(x, pg->grad_norm, 0, &norm, 4); /* (a device waits for it here) */
+            x->skipped_update = !isfinite(norm);
+        }
     }
+    if (x->be->sync && x->be->sync(err, errn) < 0)
+        return -1;
     return 0;
 }
 
@@ -520,11 +622,18 @@ int64_t ptrt_exec_high_water(const ptrt_exec *x, int region)
 {
     if (!x->canary)
         return -1;
-    const uint16_t *u = (const uint16_t *)x->arena[region];
+    /* from the end, a block at a time, to the last unit that is not the pattern */
+    uint16_t u[4096];
     int64_t n = (int64_t)x->arena_bytes[region] / 2;
-    while (n > 0 && u[n - 1] == CANARY)
-        n--;
-    return 2 * n;
+    while (n > 0) {
+        int64_t k = n < 4096 ? n : 4096;
+        from_arena(x, u, x->arena[region] + 2 * (n - k), (size_t)(2 * k));
+        for (int64_t j = k - 1; j >= 0; j--)
+            if (u[j] != CANARY)
+                return 2 * (n - k + j + 1);
+        n -= k;
+    }
+    return 0;
 }
 
 /* ---- trace ---- */

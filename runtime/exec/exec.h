@@ -43,12 +43,22 @@ int ptrt_exec_rank(const ptrt_exec *x);
 
 /* The buffer of kind (ptc_buf_kind) named name, or -1. */
 int ptrt_exec_find(const ptrt_exec *x, int kind, const char *name);
-/* The host address of buffer b's data (host backends). */
+/* The host address of buffer b's data on a host backend; NULL on a device backend, whose
+ * buffers are reached through the calls below. */
 void *ptrt_exec_data(ptrt_exec *x, int b);
+/* Bytes [off, off + n) of buffer b's local part to dst, and from src (any backend; a device's
+ * copy is complete on return). */
+void ptrt_exec_read(ptrt_exec *x, int b, int64_t off, void *dst, int64_t n);
+void ptrt_exec_write(ptrt_exec *x, int b, int64_t off, const void *src, int64_t n);
 /* Element i of float buffer b as a float, whatever its dtype (f32, bf16, f16), and element i
- * set to v (rounded to the buffer's dtype, as a cast rounds). */
+ * set to v (rounded to the buffer's dtype, as a cast rounds). One element a call: for a whole
+ * buffer, ptrt_exec_floats and ptrt_exec_store. */
 float ptrt_exec_get(ptrt_exec *x, int b, int64_t i);
 void ptrt_exec_set(ptrt_exec *x, int b, int64_t i, float v);
+/* Float buffer b's local part as floats (malloc'd; the caller frees it), and set from v (its
+ * numel floats, rounded to the buffer's dtype). */
+float *ptrt_exec_floats(ptrt_exec *x, int b);
+void ptrt_exec_store(ptrt_exec *x, int b, const float *v);
 /* Index in the full (logical) tensor of element i of buffer b's local part. */
 int64_t ptrt_exec_global_index(const ptrt_exec *x, int b, int64_t i);
 

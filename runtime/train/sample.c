@@ -83,19 +83,29 @@ static int load_weights(ptrt_exec *x, const ptrt_ckpt_param *w, int nw, char *er
                     bf->name);
             return -1;
         }
-        memcpy(ptrt_exec_data(x, b), w[i].value, sizeof(float) * (size_t)n);
+        ptrt_exec_write(x, b, 0, w[i].value, (int64_t)sizeof(float) * n);
     }
     return 0;
 }
 
 /* A sampling plan made ready to run: its executor with the weights loaded, its token input of
- * [batch, T] and its logits of vocabulary V. */
+ * [batch, T] (buffer tok; ids, the host copy filled each step) and its logits of vocabulary V
+ * (buffer out; logits, the host copy of one row). */
 typedef struct window {
     ptrt_exec *x;
     int64_t B, T, V, bound;
+    int tok, out;
     int32_t *ids;
-    const float *logits;
+    float *logits;
 } window;
+
+static void close_window(window *w)
+{
+    ptrt_exec_free(w->x);
+    free(w->ids);
+    free(w->logits);
+    memset(w, 0, sizeof *w);
+}
 
 static int open_window(window *w, const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw,
                        const ptrt_train_opts *o, char *err, size_t errn)
@@ -124,8 +134,10 @@ static int open_window(window *w, const ptc_plan *sp, const ptrt_ckpt_param *wt,
     w->B = tb->type.dims[0];
     w->T = tb->type.dims[1];
     w->bound = tb->bound;
-    w->ids = ptrt_exec_data(w->x, tok);
-    w->logits = ptrt_exec_data(w->x, pg->outputs[0]);
+    w->tok = tok;
+    w->out = pg->outputs[0];
+    w->ids = ptc_xmalloc(sizeof(int32_t) * (size_t)(w->B * w->T));
+    w->logits = ptc_xmalloc(sizeof(float) * (size_t)w->V);
     return 0;
 }
 
@@ -140,7 +152,7 @@ int ptrt_sample(const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw, const ptr
     window w;
     int cur = 0;
     if (open_window(&w, chain[0], wt, nw, o, err, errn) < 0) {
-        ptrt_exec_free(w.x);
+        close_window(&w);
         return 1;
     }
     int64_t Tmax = w.T;
@@ -156,7 +168,7 @@ int ptrt_sample(const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw, const ptr
                     "--prompt: byte %zu is %u, but the model's vocabulary holds the bytes 0 to "
                     "%lld only",
                     i, (unsigned)(unsigned char)prompt[i], (long long)k - 1);
-            ptrt_exec_free(w.x);
+            close_window(&w);
             return 2;
         }
     size_t cap = np + (size_t)o->sample;
@@ -178,7 +190,7 @@ int ptrt_sample(const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw, const ptr
         while (want + 1 < nchain && ptc_plan_sample_window(chain[want + 1]) >= (int64_t)n)
             want++;
         if (want != cur) {
-            ptrt_exec_free(w.x);
+            close_window(&w);
             cur = want;
             if (open_window(&w, chain[cur], wt, nw, o, err, errn) < 0) {
                 rc = 1;
@@ -188,17 +200,20 @@ int ptrt_sample(const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw, const ptr
         for (int64_t b = 0; b < w.B; b++)
             for (int64_t i = 0; i < w.T; i++)
                 w.ids[b * w.T + i] = ctx[start + ((size_t)i < n ? (size_t)i : n - 1)];
+        ptrt_exec_write(w.x, w.tok, 0, w.ids, 4 * w.B * w.T);
         if (ptrt_exec_run(w.x, PTRT_ENTRY_STEP, t + 1, err, errn) < 0) {
             rc = 1;
             break;
         }
-        int next = pick(w.logits + ((int64_t)n - 1) * w.V, (int)k, o->temperature, o->top_k, &rng);
+        /* row 0's logits at position n - 1 */
+        ptrt_exec_read(w.x, w.out, 4 * ((int64_t)n - 1) * w.V, w.logits, 4 * w.V);
+        int next = pick(w.logits, (int)k, o->temperature, o->top_k, &rng);
         ctx[len++] = (unsigned char)next;
         fputc(next, out);
         fflush(out);
     }
     fputc('\n', out);
     free(ctx);
-    ptrt_exec_free(w.x);
+    close_window(&w);
     return rc;
 }

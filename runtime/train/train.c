@@ -339,14 +339,16 @@ static int gather_full(shared *sh, int first, int count, int to)
                 continue;
             ptrt_exec *x = sh->runs[r].x;
             int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
+            float *vals = ptrt_exec_floats(x, b);
             for (int64_t k = 0; k < n; k++) {
                 int64_t g = ptrt_exec_global_index(x, b, k);
-                float v = ptrt_exec_get(x, b, k);
+                float v = vals[k];
                 if (sum)
                     sum[g] += v, cnt[g] += 1;
                 else
                     sh->full[i].value[g] = v;
             }
+            free(vals);
         }
         if (sum) {
             char err[512];
@@ -375,8 +377,11 @@ static void scatter_full(run *r, int first, int count)
             if (b < 0)
                 continue;
             int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
+            float *v = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
             for (int64_t k = 0; k < n; k++)
-                ptrt_exec_set(r->x, b, k, sh->full[i].value[ptrt_exec_global_index(r->x, b, k)]);
+                v[k] = sh->full[i].value[ptrt_exec_global_index(r->x, b, k)];
+            ptrt_exec_store(r->x, b, v);
+            free(v);
         }
     }
 }
@@ -404,10 +409,12 @@ static void feed(run *r, int b, const int32_t *global)
 {
     if (b < 0)
         return;
-    int32_t *loc = ptrt_exec_data(r->x, b);
     int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
+    int32_t *loc = ptc_xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     for (int64_t k = 0; k < n; k++)
         loc[k] = global[ptrt_exec_global_index(r->x, b, k)];
+    ptrt_exec_write(r->x, b, 0, loc, 4 * n);
+    free(loc);
 }
 
 /* Random ids (or normal floats) for every input the data does not feed, fixed by (seed, step)
@@ -443,7 +450,8 @@ static void set_scalar(run *r, int b, double x)
 {
     if (b < 0)
         return;
-    *(float *)ptrt_exec_data(r->x, b) = (float)x;
+    float v = (float)x;
+    ptrt_exec_write(r->x, b, 0, &v, 4);
 }
 
 static int run_step_graph(run *r, int64_t t, ptrt_entry e)
@@ -463,7 +471,9 @@ static int run_step_graph(run *r, int64_t t, ptrt_entry e)
 
 static float loss_of(run *r)
 {
-    return *(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->loss);
+    float v;
+    ptrt_exec_read(r->x, ptrt_exec_program(r->x)->loss, 0, &v, 4);
+    return v;
 }
 
 static double evaluate(run *r, int64_t t)
@@ -667,7 +677,8 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
         return;
     double worst = 0, dropped = 0, all = 0;
     for (int l = 0; l < pg->nstats; l++) {
-        const float *s = ptrt_exec_data(r->x, pg->stats[l]);
+        float s[3];
+        ptrt_exec_read(r->x, pg->stats[l], 0, s, sizeof s);
         worst = s[2] > 0 && s[0] / s[2] > worst ? s[0] / s[2] : worst;
         dropped += s[1];
         all += s[2];
@@ -794,17 +805,16 @@ static int dump_grads(run *r, int64_t t)
     float **wide = ptc_xcalloc((size_t)(sh->nparams ? sh->nparams : 1), sizeof(float *));
     for (int i = 0; i < sh->nparams && i < pg->noutputs; i++) {
         int b = pg->outputs[i];
-        const void *data = ptrt_exec_data(r->x, b);
         /* a 16-bit gradient (--precision) widened; with fp16 loss scaling, the true gradient */
-        if (pg->bufs[b].type.dtype != PTC_F32 || sh->scaling) {
+        wide[i] = ptrt_exec_floats(r->x, b);
+        if (sh->scaling) {
             int64_t n = ptc_type_numel(&pg->bufs[b].type);
-            double inv = sh->scaling ? 1.0 / r->step_scale : 1.0;
-            wide[i] = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+            double inv = 1.0 / r->step_scale;
             for (int64_t k = 0; k < n; k++)
-                wide[i][k] = (float)(ptrt_exec_get(r->x, b, k) * inv);
-            data = wide[i];
+                wide[i][k] = (float)(wide[i][k] * inv);
         }
-        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape, data);
+        ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
+                    wide[i]);
     }
     int rc = ptrt_st_save(w, path, err, sizeof err);
     ptrt_st_writer_free(w);
@@ -832,7 +842,9 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
     if (run_step_graph(r, t, PTRT_ENTRY_STEP) < 0)
         return -1;
     *loss = loss_of(r);
-    *norm = sqrt(*(float *)ptrt_exec_data(r->x, ptrt_exec_program(r->x)->grad_norm));
+    float sumsq;
+    ptrt_exec_read(r->x, ptrt_exec_program(r->x)->grad_norm, 0, &sumsq, 4);
+    *norm = sqrt(sumsq);
     r->overflow = false;
     if (sh->scaling && isfinite(*loss) && ptrt_exec_skipped_update(r->x)) {
         /* the scaled gradients overflowed fp16: the executor skipped the update (weights and

@@ -1,0 +1,598 @@
+/* kir_ops.c - single ops as kernels of the kernel IR (see kir_ops.h). */
+#include "kir_ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util.h"
+
+/* ---- expressions ---- */
+
+static int F(ptc_kir *k, double v)
+{
+    return ptc_kx_f(k, v);
+}
+static int I(ptc_kir *k, int64_t v)
+{
+    return ptc_kx_i(k, v);
+}
+static int B(ptc_kir *k, ptc_kx_kind kind, int x, int y)
+{
+    return ptc_kx_bin(k, kind, x, y);
+}
+static int U(ptc_kir *k, ptc_kx_kind kind, int x)
+{
+    return ptc_kx_un(k, kind, x);
+}
+/* x * m + y on i64 */
+static int MA(ptc_kir *k, int x, int64_t m, int y)
+{
+    return B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, x, I(k, m)), y);
+}
+
+static int sigmoid(ptc_kir *k, int x)
+{
+    return B(k, PTC_KX_DIV, F(k, 1.0), B(k, PTC_KX_ADD, F(k, 1.0), U(k, PTC_KX_EXP, U(k, PTC_KX_NEG, x))));
+}
+
+/* GPT-2's tanh GELU and its derivative (as the reference kernels compute them) */
+#define GELU_C 0.7978845608028654 /* sqrt(2 / pi) */
+static int gelu_t(ptc_kir *k, int x)
+{
+    int x3 = B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, x, x), x);
+    return U(k, PTC_KX_TANH, B(k, PTC_KX_MUL, F(k, GELU_C), B(k, PTC_KX_ADD, x, B(k, PTC_KX_MUL, F(k, 0.044715), x3))));
+}
+
+bool ptc_kx_op_pointwise(ptc_op op)
+{
+    switch (op) {
+    case PTC_OP_ADD:
+    case PTC_OP_SUB:
+    case PTC_OP_MUL:
+    case PTC_OP_DIV:
+    case PTC_OP_NEG:
+    case PTC_OP_EXP:
+    case PTC_OP_LOG:
+    case PTC_OP_SQRT:
+    case PTC_OP_RSQRT:
+    case PTC_OP_TANH:
+    case PTC_OP_SIGMOID:
+    case PTC_OP_RELU:
+    case PTC_OP_GELU:
+    case PTC_OP_SILU:
+    case PTC_OP_RELU_GRAD:
+    case PTC_OP_GELU_GRAD:
+    case PTC_OP_SILU_GRAD: return true;
+    default: return false;
+    }
+}
+
+int ptc_kx_op(ptc_kir *k, ptc_op op, const int *v)
+{
+    switch (op) {
+    case PTC_OP_ADD: return B(k, PTC_KX_ADD, v[0], v[1]);
+    case PTC_OP_SUB: return B(k, PTC_KX_SUB, v[0], v[1]);
+    case PTC_OP_MUL: return B(k, PTC_KX_MUL, v[0], v[1]);
+    case PTC_OP_DIV: return B(k, PTC_KX_DIV, v[0], v[1]);
+    case PTC_OP_NEG: return U(k, PTC_KX_NEG, v[0]);
+    case PTC_OP_EXP: return U(k, PTC_KX_EXP, v[0]);
+    case PTC_OP_LOG: return U(k, PTC_KX_LOG, v[0]);
+    case PTC_OP_SQRT: return U(k, PTC_KX_SQRT, v[0]);
+    case PTC_OP_RSQRT: return B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, v[0]));
+    case PTC_OP_TANH: return U(k, PTC_KX_TANH, v[0]);
+    case PTC_OP_SIGMOID: return sigmoid(k, v[0]);
+    case PTC_OP_RELU: /* x < 0 ? 0 : x (NaN passes) */
+        return ptc_kx_select(k, B(k, PTC_KX_LT, v[0], F(k, 0.0)), F(k, 0.0), v[0]);
+    case PTC_OP_GELU:
+        return B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, F(k, 0.5), v[0]), B(k, PTC_KX_ADD, F(k, 1.0), gelu_t(k, v[0])));
+    case PTC_OP_SILU: return B(k, PTC_KX_MUL, v[0], sigmoid(k, v[0]));
+    case PTC_OP_RELU_GRAD:
+        return ptc_kx_select(k, B(k, PTC_KX_LT, F(k, 0.0), v[0]), v[1], F(k, 0.0));
+    case PTC_OP_GELU_GRAD: {
+        int x = v[0], t = gelu_t(k, x);
+        int a = B(k, PTC_KX_MUL, F(k, 0.5), B(k, PTC_KX_ADD, F(k, 1.0), t));
+        int d = B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, F(k, 0.5), x),
+                                   B(k, PTC_KX_SUB, F(k, 1.0), B(k, PTC_KX_MUL, t, t))),
+                  B(k, PTC_KX_MUL, F(k, GELU_C),
+                    B(k, PTC_KX_ADD, F(k, 1.0), B(k, PTC_KX_MUL, F(k, 3 * 0.044715), B(k, PTC_KX_MUL, x, x)))));
+        return B(k, PTC_KX_MUL, B(k, PTC_KX_ADD, a, d), v[1]);
+    }
+    case PTC_OP_SILU_GRAD: { /* s (1 + x (1 - s)) dy */
+        int s = sigmoid(k, v[0]);
+        int g = B(k, PTC_KX_MUL, s, B(k, PTC_KX_ADD, F(k, 1.0), B(k, PTC_KX_MUL, v[0], B(k, PTC_KX_SUB, F(k, 1.0), s))));
+        return B(k, PTC_KX_MUL, g, v[1]);
+    }
+    default: PTC_UNREACHABLE("not an elementwise op");
+    }
+}
+
+int ptc_kx_bcast_index(ptc_kir *k, int i, const ptc_type *t, const ptc_type *o)
+{
+    int64_t n = ptc_type_numel(t);
+    if (n == ptc_type_numel(o))
+        return i;
+    if (n == 1)
+        return I(k, 0);
+    int idx = -1;
+    int64_t stride = 1, inner = 1;
+    for (int d = o->rank - 1; d >= 0; d--) {
+        int td = d - (o->rank - t->rank);
+        if (td >= 0 && t->dims[td] != 1) {
+            int c = B(k, PTC_KX_REM, inner > 1 ? B(k, PTC_KX_DIV, i, I(k, inner)) : i, I(k, o->dims[d]));
+            int term = stride > 1 ? B(k, PTC_KX_MUL, c, I(k, stride)) : c;
+            idx = idx < 0 ? term : B(k, PTC_KX_ADD, idx, term);
+        }
+        if (td >= 0)
+            stride *= t->dims[td];
+        inner *= o->dims[d];
+    }
+    return idx < 0 ? I(k, 0) : idx;
+}
+
+/* ---- building ---- */
+
+typedef struct ob {
+    ptc_op_kernels *ok;
+    const char *name;
+    ptc_kir *k; /* the kernel being built */
+    int q;      /* its number */
+    int np;
+} ob;
+
+static void begin(ob *b)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s_%d", b->name, b->ok->n);
+    b->q = b->ok->n++;
+    b->k = b->ok->k[b->q] = ptc_kir_new(nm);
+    b->np = 0;
+}
+
+/* a parameter bound to what (PTC_OPK_IN + i, ...) */
+static int param(ob *b, int what, const char *nm, ptc_dtype dt, int64_t numel, bool out)
+{
+    PTC_ASSERT(b->np < PTC_OPK_MAX_ARGS);
+    b->ok->arg[b->q][b->np++] = what;
+    return ptc_kir_param(b->k, nm, dt, numel, out, -1);
+}
+
+static int in(ob *b, int i, const ptc_type *t)
+{
+    char nm[16];
+    snprintf(nm, sizeof nm, "x%d", i);
+    return param(b, PTC_OPK_IN + i, nm, t->dtype, ptc_type_numel(t), false);
+}
+
+static int out(ob *b, int j, const ptc_type *t)
+{
+    char nm[16];
+    snprintf(nm, sizeof nm, "y%d", j);
+    return param(b, PTC_OPK_OUT + j, nm, t->dtype, ptc_type_numel(t), true);
+}
+
+static int L(ob *b, int p, int idx)
+{
+    return ptc_kx_load(b->k, p, idx);
+}
+
+/* for v < n parallel: returns the index expression */
+static int par(ob *b, const char *v, int64_t n)
+{
+    return ptc_kir_for(b->k, v, ptc_kx_i(b->k, n), true);
+}
+
+static int sum(ob *b, const char *v, int64_t n, int (*body)(ob *, int, void *), void *ctx)
+{
+    int var = ptc_kir_var(b->k, v, PTC_KT_I64);
+    int e = body(b, ptc_kx_v(b->k, var), ctx);
+    return ptc_kx_reduce(b->k, PTC_KX_SUM, var, ptc_kx_i(b->k, n), e);
+}
+
+static void axis_view(const ptc_type *t, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *inner = 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= t->dims[i];
+    for (int i = axis + 1; i < t->rank; i++)
+        *inner *= t->dims[i];
+    *n = t->dims[axis];
+}
+
+/* ---- the ops ---- */
+
+static void build_pointwise(ob *b, ptc_op op, int nin, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int p[4];
+    for (int i = 0; i < nin; i++)
+        p[i] = in(b, i, &it[i]);
+    int y = out(b, 0, ot);
+    int i = par(b, "i", ptc_type_numel(ot));
+    int v[4];
+    for (int q = 0; q < nin; q++)
+        v[q] = L(b, p[q], ptc_kx_bcast_index(b->k, i, &it[q], ot));
+    ptc_kir_store(b->k, y, i, ptc_kx_op(b->k, op, v));
+    ptc_kir_end(b->k);
+}
+
+static void build_const(ob *b, double value, const ptc_type *ot)
+{
+    begin(b);
+    int y = out(b, 0, ot);
+    int i = par(b, "i", ptc_type_numel(ot));
+    ptc_kir_store(b->k, y, i, F(b->k, (float)value));
+    ptc_kir_end(b->k);
+}
+
+typedef struct sq {
+    int x;
+} sq;
+static int sq_body(ob *b, int j, void *c)
+{
+    int v = L(b, ((sq *)c)->x, j);
+    return B(b->k, PTC_KX_MUL, v, v);
+}
+
+/* sum of squares: one block's reduction (a row loop of one row) */
+static void build_sumsq(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    sq c = {in(b, 0, it)};
+    int y = out(b, 0, ot);
+    par(b, "r", 1);
+    ptc_kir_store(b->k, y, I(b->k, 0), sum(b, "j", ptc_type_numel(it), sq_body, &c));
+    ptc_kir_end(b->k);
+}
+
+typedef struct ax {
+    int x;
+    int64_t n, inner;
+    int a, c; /* outer and inner index expressions */
+} ax;
+static int ax_body(ob *b, int i, void *c)
+{
+    ax *a = c;
+    /* x[(a * n + i) * inner + c] */
+    return L(b, a->x, MA(b->k, MA(b->k, a->a, a->n, i), a->inner, a->c));
+}
+
+/* sum or mean along an axis */
+static void build_reduce(ob *b, bool mean, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    ax c = {.x = in(b, 0, it)};
+    int y = out(b, 0, ot);
+    int64_t outer;
+    axis_view(it, axis, &outer, &c.n, &c.inner);
+    int o = par(b, "o", outer * c.inner);
+    c.a = B(b->k, PTC_KX_DIV, o, I(b->k, c.inner));
+    c.c = B(b->k, PTC_KX_REM, o, I(b->k, c.inner));
+    int s = sum(b, "i", c.n, ax_body, &c);
+    ptc_kir_store(b->k, y, o, mean ? B(b->k, PTC_KX_DIV, s, F(b->k, (double)c.n)) : s);
+    ptc_kir_end(b->k);
+}
+
+/* sum_to: out[j] = the sum of the elements of x that broadcast_to copies from j. The dims of x
+ * split into kept ones (where out's right-aligned dim is x's, not 1) and summed ones. */
+typedef struct st {
+    int x;
+    const ptc_type *tx;
+    bool kept[PTC_MAX_RANK];
+    int j; /* out's index */
+} st;
+static int st_body(ob *b, int q, void *c)
+{
+    st *s = c;
+    ptc_kir *k = b->k;
+    int idx = -1, jr = s->j, qr = q;
+    int64_t stride = 1;
+    for (int d = s->tx->rank - 1; d >= 0; d--) {
+        int64_t n = s->tx->dims[d];
+        int *rest = s->kept[d] ? &jr : &qr;
+        int coord = B(k, PTC_KX_REM, *rest, I(k, n));
+        *rest = B(k, PTC_KX_DIV, *rest, I(k, n));
+        int term = B(k, PTC_KX_MUL, coord, I(k, stride));
+        idx = idx < 0 ? term : B(k, PTC_KX_ADD, idx, term);
+        stride *= n;
+    }
+    return L(b, s->x, idx < 0 ? I(k, 0) : idx);
+}
+
+static int build_sum_to(ob *b, const ptc_type *it, const ptc_type *ot, char *why, size_t whyn)
+{
+    st c = {.tx = it};
+    int64_t kept = 1, summed = 1;
+    for (int d = 0; d < it->rank; d++) {
+        int od = d - (it->rank - ot->rank);
+        c.kept[d] = od >= 0 && ot->dims[od] != 1;
+        if (c.kept[d] && ot->dims[od] != it->dims[d]) {
+            ptc_fmt(why, whyn, "sum_to of a dim of %lld into %lld", (long long)it->dims[d],
+                    (long long)ot->dims[od]);
+            return -1;
+        }
+        if (c.kept[d])
+            kept *= it->dims[d];
+        else
+            summed *= it->dims[d];
+    }
+    begin(b);
+    c.x = in(b, 0, it);
+    int y = out(b, 0, ot);
+    c.j = par(b, "j", kept);
+    ptc_kir_store(b->k, y, c.j, sum(b, "q", summed, st_body, &c));
+    ptc_kir_end(b->k);
+    return 0;
+}
+
+/* slice, pad and concat: every result element from one place of one operand (or zero) */
+static void build_slice(ob *b, int axis, int64_t start, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    int64_t outer, n, inner, len = ot->dims[axis];
+    axis_view(it, axis, &outer, &n, &inner);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", ptc_type_numel(ot));
+    /* i = (a * len + s) * inner + c  ->  x[(a * n + start + s) * inner + c] */
+    int a = B(k, PTC_KX_DIV, i, I(k, len * inner)), r = B(k, PTC_KX_REM, i, I(k, len * inner));
+    int src = B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, a, I(k, n * inner)), B(k, PTC_KX_ADD, r, I(k, start * inner)));
+    ptc_kir_store(k, y, i, L(b, x, src));
+    ptc_kir_end(k);
+}
+
+static void build_pad(ob *b, int axis, int64_t start, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    int64_t outer, n, inner, len = ot->dims[axis];
+    axis_view(it, axis, &outer, &n, &inner);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", ptc_type_numel(ot));
+    int a = B(k, PTC_KX_DIV, i, I(k, len * inner)), r = B(k, PTC_KX_REM, i, I(k, len * inner));
+    int s = B(k, PTC_KX_SUB, r, I(k, start * inner)); /* (position - start) * inner + c */
+    int inside = ptc_kx_select(k, B(k, PTC_KX_LE, I(k, 0), s), B(k, PTC_KX_LT, s, I(k, n * inner)),
+                               B(k, PTC_KX_LT, I(k, 1), I(k, 0)));
+    int src = ptc_kx_select(k, inside, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, a, I(k, n * inner)), s), I(k, 0));
+    ptc_kir_store(k, y, i, ptc_kx_select(k, inside, L(b, x, src), F(k, 0.0)));
+    ptc_kir_end(k);
+}
+
+static void build_concat(ob *b, int nin, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int p[PTC_OPK_MAX_ARGS - 1];
+    for (int q = 0; q < nin; q++)
+        p[q] = in(b, q, &it[q]);
+    int y = out(b, 0, ot);
+    int64_t outer, total, inner;
+    axis_view(ot, axis, &outer, &total, &inner);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", ptc_type_numel(ot));
+    int a = B(k, PTC_KX_DIV, i, I(k, total * inner)), r = B(k, PTC_KX_REM, i, I(k, total * inner));
+    /* the last operand's value, then each earlier one where r falls in it */
+    int64_t at = 0, starts[PTC_OPK_MAX_ARGS];
+    for (int q = 0; q < nin; q++) {
+        starts[q] = at;
+        at += it[q].dims[axis];
+    }
+    int v = -1;
+    for (int q = nin - 1; q >= 0; q--) {
+        int64_t nq = it[q].dims[axis];
+        int s = B(k, PTC_KX_SUB, r, I(k, starts[q] * inner));
+        /* a clamped index keeps the load in bounds where r is not in operand q */
+        int in_q = B(k, PTC_KX_LT, s, I(k, nq * inner));
+        int ok = ptc_kx_select(k, B(k, PTC_KX_LE, I(k, 0), s), in_q, B(k, PTC_KX_LT, I(k, 1), I(k, 0)));
+        int src = ptc_kx_select(k, ok, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, a, I(k, nq * inner)), s), I(k, 0));
+        int load = L(b, p[q], src);
+        v = v < 0 ? load : ptc_kx_select(k, ok, load, v);
+    }
+    ptc_kir_store(k, y, i, v);
+    ptc_kir_end(k);
+}
+
+/* embedding: out[i, j] = table[ids[i], j]; NaN for an id out of range */
+static void build_embedding(ob *b, const ptc_type *tt, const ptc_type *ti, const ptc_type *ot)
+{
+    begin(b);
+    int t = in(b, 0, tt), ids = in(b, 1, ti), y = out(b, 0, ot);
+    int64_t rows = tt->dims[0], d = tt->dims[1];
+    ptc_kir *k = b->k;
+    int e = par(b, "e", ptc_type_numel(ot));
+    int id = L(b, ids, B(k, PTC_KX_DIV, e, I(k, d)));
+    int ok = ptc_kx_select(k, B(k, PTC_KX_LE, I(k, 0), id), B(k, PTC_KX_LT, id, I(k, rows)),
+                           B(k, PTC_KX_LT, I(k, 1), I(k, 0)));
+    int src = ptc_kx_select(k, ok, MA(k, id, d, B(k, PTC_KX_REM, e, I(k, d))), I(k, 0));
+    ptc_kir_store(k, y, e, ptc_kx_select(k, ok, L(b, t, src), F(k, NAN)));
+    ptc_kir_end(k);
+}
+
+/* embedding_grad: zeros, then each column adds its tokens' rows in token order (a column is one
+ * loop's iteration: no two write one element) */
+static void build_embedding_grad(ob *b, const ptc_type *ti, const ptc_type *tdy, const ptc_type *ot)
+{
+    int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti);
+    build_const(b, 0.0, ot);
+    begin(b);
+    int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int j = par(b, "j", d);
+    int i = ptc_kir_for(k, "i", I(k, n), false);
+    int id = ptc_kir_bind(k, L(b, ids, i));
+    int ok = ptc_kx_select(k, B(k, PTC_KX_LE, I(k, 0), id), B(k, PTC_KX_LT, id, I(k, rows)),
+                           B(k, PTC_KX_LT, I(k, 1), I(k, 0)));
+    int at = ptc_kir_bind(k, ptc_kx_select(k, ok, MA(k, id, d, j), j));
+    int add = ptc_kx_select(k, ok, L(b, dy, MA(k, i, d, j)), F(k, NAN));
+    ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, L(b, y, at), add));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+/* clip_coef: min(1, max_norm / (sqrt(sumsq) + 1e-6)), NaN passing */
+static void build_clip_coef(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int s = in(b, 0, &it[0]), m = in(b, 1, &it[1]), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", 1);
+    int c = ptc_kir_bind(k, B(k, PTC_KX_DIV, L(b, m, I(k, 0)),
+                              B(k, PTC_KX_ADD, U(k, PTC_KX_SQRT, L(b, s, I(k, 0))), F(k, 1e-6))));
+    ptc_kir_store(k, y, i, ptc_kx_select(k, B(k, PTC_KX_LT, F(k, 1.0), c), F(k, 1.0), c));
+    ptc_kir_end(k);
+}
+
+/* layernorm_grad (x, g, dy) -> (dx, dg, db): a kernel over rows (dx, and each row's mean and
+ * 1/std into scratch), then one over columns (dg, db) */
+typedef struct ln {
+    int x, g, dy, s;
+    int64_t d, rows;
+    int r, mean, inv, j;
+} ln;
+static int ln_x(ob *b, int j, void *c)
+{
+    ln *l = c;
+    return L(b, l->x, MA(b->k, l->r, l->d, j));
+}
+static int ln_var(ob *b, int j, void *c)
+{
+    ln *l = c;
+    int v = B(b->k, PTC_KX_SUB, ln_x(b, j, c), l->mean);
+    return B(b->k, PTC_KX_MUL, v, v);
+}
+static int ln_e(ob *b, int j, void *c) /* dy g */
+{
+    ln *l = c;
+    return B(b->k, PTC_KX_MUL, L(b, l->dy, MA(b->k, l->r, l->d, j)), L(b, l->g, j));
+}
+static int ln_xh(ob *b, int j, void *c)
+{
+    ln *l = c;
+    return B(b->k, PTC_KX_MUL, B(b->k, PTC_KX_SUB, ln_x(b, j, c), l->mean), l->inv);
+}
+static int ln_exh(ob *b, int j, void *c)
+{
+    return B(b->k, PTC_KX_MUL, ln_e(b, j, c), ln_xh(b, j, c));
+}
+static int ln_dg(ob *b, int r, void *c) /* over rows r, column l->j */
+{
+    ln *l = c;
+    ptc_kir *k = b->k;
+    int at = MA(k, r, l->d, l->j);
+    int mean = L(b, l->s, B(k, PTC_KX_MUL, r, I(k, 2)));
+    int inv = L(b, l->s, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, r, I(k, 2)), I(k, 1)));
+    return B(k, PTC_KX_MUL, L(b, l->dy, at), B(k, PTC_KX_MUL, B(k, PTC_KX_SUB, L(b, l->x, at), mean), inv));
+}
+static int ln_db(ob *b, int r, void *c)
+{
+    ln *l = c;
+    return L(b, l->dy, MA(b->k, r, l->d, l->j));
+}
+
+static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const ptc_type *ot)
+{
+    ln l = {.d = it[0].dims[it[0].rank - 1]};
+    l.rows = ptc_type_numel(&it[0]) / l.d;
+    b->ok->scratch = 2 * l.rows;
+    begin(b);
+    l.x = in(b, 0, &it[0]);
+    l.g = in(b, 1, &it[1]);
+    l.dy = in(b, 2, &it[2]);
+    int dx = out(b, 0, &ot[0]);
+    l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, 2 * l.rows, true);
+    ptc_kir *k = b->k;
+    l.r = par(b, "r", l.rows);
+    double inv_d = 1.0 / (double)l.d;
+    l.mean = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j0", l.d, ln_x, &l), F(k, inv_d)));
+    int var = B(k, PTC_KX_MUL, sum(b, "j1", l.d, ln_var, &l), F(k, inv_d));
+    l.inv = ptc_kir_bind(k, B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, B(k, PTC_KX_ADD, var, F(k, eps)))));
+    ptc_kir_store(k, l.s, B(k, PTC_KX_MUL, l.r, I(k, 2)), l.mean);
+    ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, l.r, I(k, 2)), I(k, 1)), l.inv);
+    int me = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j2", l.d, ln_e, &l), F(k, inv_d)));
+    int mexh = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j3", l.d, ln_exh, &l), F(k, inv_d)));
+    int j = ptc_kir_for(k, "j", I(k, l.d), false);
+    int v = B(k, PTC_KX_MUL, l.inv,
+              B(k, PTC_KX_SUB, B(k, PTC_KX_SUB, ln_e(b, j, &l), me), B(k, PTC_KX_MUL, ln_xh(b, j, &l), mexh)));
+    ptc_kir_store(k, dx, MA(k, l.r, l.d, j), v);
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+
+    begin(b);
+    l.x = in(b, 0, &it[0]);
+    l.dy = in(b, 2, &it[2]);
+    l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, 2 * l.rows, false);
+    int dg = out(b, 1, &ot[1]), db = out(b, 2, &ot[2]);
+    k = b->k;
+    l.j = par(b, "j", l.d);
+    ptc_kir_store(k, dg, l.j, sum(b, "r0", l.rows, ln_dg, &l));
+    ptc_kir_store(k, db, l.j, sum(b, "r1", l.rows, ln_db, &l));
+    ptc_kir_end(k);
+}
+
+/* ---- the table ---- */
+
+static bool all_f32(int n, const ptc_type *t, int except)
+{
+    for (int i = 0; i < n; i++)
+        if (i != except && t[i].dtype != PTC_F32)
+            return false;
+    return true;
+}
+
+int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int nin,
+                         const ptc_type *it, int nout, const ptc_type *ot, ptc_op_kernels *ok,
+                         char *why, size_t whyn)
+{
+    memset(ok, 0, sizeof *ok);
+    ob b = {.ok = ok, .name = name};
+    int ids = op == PTC_OP_EMBEDDING ? 1 : op == PTC_OP_EMBEDDING_GRAD ? 0 : -1;
+    if (!all_f32(nin, it, ids) || !all_f32(nout, ot, -1) ||
+        (ids >= 0 && it[ids].dtype != PTC_I32)) {
+        ptc_fmt(why, whyn, "op %s over non-f32 operands has no generated kernel yet",
+                ptc_ops[op].name);
+        return -1;
+    }
+    if (nin > PTC_OPK_MAX_ARGS - 2 || nout > 3) {
+        ptc_fmt(why, whyn, "op %s with %d operands has no generated kernel", ptc_ops[op].name, nin);
+        return -1;
+    }
+    int rc = 0;
+    if (ptc_kx_op_pointwise(op)) {
+        build_pointwise(&b, op, nin, it, &ot[0]);
+    } else {
+        switch (op) {
+        case PTC_OP_CONST:
+        case PTC_OP_FILL: build_const(&b, at->value, &ot[0]); break;
+        case PTC_OP_SUMSQ: build_sumsq(&b, &it[0], &ot[0]); break;
+        case PTC_OP_SUM:
+        case PTC_OP_MEAN: build_reduce(&b, op == PTC_OP_MEAN, (int)at->axis, &it[0], &ot[0]); break;
+        case PTC_OP_SUM_TO: rc = build_sum_to(&b, &it[0], &ot[0], why, whyn); break;
+        case PTC_OP_SLICE: build_slice(&b, (int)at->axis, at->start, &it[0], &ot[0]); break;
+        case PTC_OP_PAD: build_pad(&b, (int)at->axis, at->start, &it[0], &ot[0]); break;
+        case PTC_OP_CONCAT: build_concat(&b, nin, (int)at->axis, it, &ot[0]); break;
+        case PTC_OP_RESHAPE: {
+            ptc_type flat = {.dtype = PTC_F32, .rank = 1, .dims = {ptc_type_numel(&it[0])}};
+            build_slice(&b, 0, 0, &flat, &flat);
+            break;
+        }
+        case PTC_OP_EMBEDDING: build_embedding(&b, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_EMBEDDING_GRAD: build_embedding_grad(&b, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_CLIP_COEF: build_clip_coef(&b, it, &ot[0]); break;
+        case PTC_OP_LAYERNORM_GRAD: build_layernorm_grad(&b, at->eps, it, ot); break;
+        default:
+            ptc_fmt(why, whyn, "op %s has no generated kernel yet", ptc_ops[op].name);
+            rc = -1;
+        }
+    }
+    for (int q = 0; q < ok->n && rc == 0; q++)
+        rc = ptc_kir_verify(ok->k[q], why, whyn);
+    if (rc < 0)
+        ptc_op_kernels_free(ok);
+    return rc;
+}
+
+void ptc_op_kernels_free(ptc_op_kernels *ok)
+{
+    for (int q = 0; q < ok->n; q++)
+        ptc_kir_free(ok->k[q]);
+    memset(ok, 0, sizeof *ok);
+}
