@@ -85,10 +85,11 @@ const char ptrt_runner_usage_backend[] =
     "                         in $XDG_CACHE_HOME/ptc/kernels), cpu (oneDNN/OpenBLAS GEMMs, fast\n"
     "                         kernels; fused kernels interpreted, slowly) or ref (plain\n"
     "                         reference kernels, fused kernels interpreted)\n"
-    "  --device KIND          cpu (default) or cuda: NVIDIA GPUs. The CUDA libraries are\n"
-    "                         opened when asked for, so a machine without them runs the\n"
-    "                         CPU; the CUDA executor itself is not in this version, so\n"
-    "                         --device cuda stops at start with what it found\n"
+    "  --device KIND          cpu (default), cuda (GPU 0; the CUDA driver, NVRTC and cuBLASLt\n"
+    "                         are opened when asked for, so a machine without them runs the\n"
+    "                         CPU; one rank, f32, no moe yet) or cuda-emulated (the CUDA\n"
+    "                         backend on a host emulation of the GPU: the generated CUDA C\n"
+    "                         compiled by cc; slow; for testing without a GPU)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
     "  --ranks-per-process K  under mpirun or srun (one process per MPI rank), run K ranks of\n"
@@ -430,8 +431,10 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
             o->device = PTRT_DEVICE_CPU;
         else if (strcmp(v, "cuda") == 0)
             o->device = PTRT_DEVICE_CUDA;
+        else if (strcmp(v, "cuda-emulated") == 0)
+            o->device = PTRT_DEVICE_CUDA_EMULATED;
         else
-            return bad(errf, prog, "--device expects cpu or cuda, got '%s'", v);
+            return bad(errf, prog, "--device expects cpu, cuda or cuda-emulated, got '%s'", v);
     } else { /* --debug-drop-collective */
         char tail;
         if (sscanf(v, "%d:%d%c", &o->drop_rank, &o->drop_index, &tail) != 2 || o->drop_rank < 0 ||

@@ -546,7 +546,11 @@ static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
     const ptc_instr *in = &x->pg->instrs[i];
     const prepared *p = &x->prep[i];
     switch (in->kind) {
-    case PTC_INSTR_KERNEL: return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
+    case PTC_INSTR_KERNEL:
+        if (x->be->instr)
+            return x->be->instr(x->be_state, x->plan, x->plan->rank_program[x->rank], i, p->in,
+                                p->out, err, errn);
+        return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
     case PTC_INSTR_GEMM: x->be->gemm(&in->gemm, p->in[0], p->in[1], p->out[0]); return 0;
     case PTC_INSTR_COLL: return run_collective(x, in, p, err, errn);
     case PTC_INSTR_COPY: move_in_arena(x, p->out[0], p->in[0], (size_t)in->bytes); return 0;

@@ -110,7 +110,7 @@ static void close_window(window *w)
 static int open_window(window *w, const ptc_plan *sp, const ptrt_ckpt_param *wt, int nw,
                        const ptrt_train_opts *o, char *err, size_t errn)
 {
-    ptrt_exec_opts xo = {.backend = ptrt_backend_of(o->backend), .drop = -1};
+    ptrt_exec_opts xo = {.backend = ptrt_train_backend(o), .drop = -1};
     memset(w, 0, sizeof *w);
     if (!(w->x = ptrt_exec_new(sp, 0, &xo, err, errn)))
         return -1;

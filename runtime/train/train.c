@@ -8,6 +8,7 @@
  * with one rank.
  */
 #include "train.h"
+#include "cuda.h"
 #include "cudalib.h"
 
 #include <errno.h>
@@ -58,6 +59,13 @@ const ptrt_backend *ptrt_backend_of(ptrt_backend_kind k)
     return k == PTRT_BACKEND_JIT ? ptrt_backend_jit
            : k == PTRT_BACKEND_CPU ? &ptrt_backend_cpu
                                    : &ptrt_backend_ref;
+}
+
+const ptrt_backend *ptrt_train_backend(const ptrt_train_opts *o)
+{
+    return o->device == PTRT_DEVICE_CUDA            ? &ptrt_backend_cuda
+           : o->device == PTRT_DEVICE_CUDA_EMULATED ? &ptrt_backend_cuda_emulated
+                                                    : ptrt_backend_of(o->backend);
 }
 
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
@@ -1109,9 +1117,7 @@ static int write_trace(shared *sh, char *err, size_t errn)
     }
     char title[256];
     ptc_fmt(title, sizeof title, "measured steps of '%s' (%d ranks, backend %s)", sh->plan->model,
-            sh->nranks, sh->o->backend == PTRT_BACKEND_CPU   ? "cpu"
-            : sh->o->backend == PTRT_BACKEND_JIT ? "jit"
-                                                 : "ref");
+            sh->nranks, ptrt_train_backend(sh->o)->name);
     FILE *f = fopen(sh->o->trace, "w");
     int rc = 0;
     if (!f) {
@@ -1164,7 +1170,7 @@ static int setup(shared *sh, char *err, size_t errn)
                          ? measure_peak(o->threads)
                          : 0;
     sh->first = 1;
-    ptrt_exec_opts xo = {.backend = ptrt_backend_of(o->backend),
+    ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
                          .comm = sh->comm,
                          .canary = o->check_memory};
     for (int k = 0; k < sh->nranks; k++) {

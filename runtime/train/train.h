@@ -20,7 +20,7 @@ typedef enum { PTRT_SCHED_CONSTANT, PTRT_SCHED_COSINE } ptrt_schedule;
 typedef enum { PTRT_BACKEND_REF, PTRT_BACKEND_CPU, PTRT_BACKEND_JIT } ptrt_backend_kind;
 /* where the ranks run: the CPU, or NVIDIA GPUs (the CUDA executor is not there yet: a run asked
  * for it fails at start, naming what the machine lacks or that the executor is missing) */
-typedef enum { PTRT_DEVICE_CPU, PTRT_DEVICE_CUDA } ptrt_device_kind;
+typedef enum { PTRT_DEVICE_CPU, PTRT_DEVICE_CUDA, PTRT_DEVICE_CUDA_EMULATED } ptrt_device_kind;
 
 typedef struct ptrt_train_opts {
     int64_t steps;
@@ -76,6 +76,8 @@ void ptrt_train_opts_default(ptrt_train_opts *o);
 
 /* The backend of a kind (the jit one is NULL in a build without LLVM). */
 const struct ptrt_backend *ptrt_backend_of(ptrt_backend_kind k);
+/* The backend a run uses: the device's (cuda, cuda-emulated), else the kind's. */
+const struct ptrt_backend *ptrt_train_backend(const ptrt_train_opts *o);
 
 /* Learning rate for step t (1-based) of a run of `steps` steps. */
 double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t);

@@ -44,6 +44,6 @@ else
   [ ! -s out.txt ] && [ ! -e w.safetensors ] && ok "--device cuda fails before any step" "" \
     || bad "--device cuda fails before any step" "$(head -c 200 out.txt)"
 fi
-check "--device with a wrong value" 2 "--device expects cpu or cuda, got 'gpu'" ./g --device gpu
+check "--device with a wrong value" 2 "--device expects cpu, cuda or cuda-emulated, got 'gpu'" ./g --device gpu
 check "--device cpu trains" 0 "" ./g --device cpu --steps 1 --threads 1
 finish

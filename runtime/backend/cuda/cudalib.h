@@ -15,6 +15,7 @@
 #define PTRT_CUDALIB_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum {
     PTRT_CUDA_DRIVER,
@@ -24,6 +25,8 @@ typedef enum {
     PTRT_CUDA_NLIBS
 } ptrt_cuda_lib;
 
+typedef unsigned long long ptrt_cudev; /* CUdeviceptr */
+
 typedef struct ptrt_cuda_driver {
     int (*cuInit)(unsigned flags);
     int (*cuDriverGetVersion)(int *version);
@@ -32,7 +35,61 @@ typedef struct ptrt_cuda_driver {
     int (*cuDeviceGetName)(char *name, int len, int device);
     int (*cuDeviceGetAttribute)(int *value, int attribute, int device);
     int (*cuGetErrorString)(int result, const char **str);
+    /* the executor's (backend/cuda/cuda.c) */
+    int (*cuDevicePrimaryCtxRetain)(void **ctx, int device);
+    int (*cuCtxSetCurrent)(void *ctx);
+    int (*cuMemAlloc)(ptrt_cudev *p, size_t n);    /* cuMemAlloc_v2 */
+    int (*cuMemFree)(ptrt_cudev p);                /* cuMemFree_v2 */
+    int (*cuMemcpyHtoD)(ptrt_cudev dst, const void *src, size_t n);
+    int (*cuMemcpyDtoH)(void *dst, ptrt_cudev src, size_t n);
+    int (*cuMemcpyDtoD)(ptrt_cudev dst, ptrt_cudev src, size_t n);
+    int (*cuMemsetD8)(ptrt_cudev dst, unsigned char v, size_t n);
+    int (*cuModuleLoadData)(void **module, const void *image);
+    int (*cuModuleGetFunction)(void **fn, void *module, const char *name);
+    int (*cuModuleUnload)(void *module);
+    int (*cuLaunchKernel)(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                          unsigned by, unsigned bz, unsigned smem, void *stream, void **params,
+                          void **extra);
+    int (*cuCtxSynchronize)(void);
 } ptrt_cuda_driver;
+
+/* the driver's attribute numbers ptc asks for */
+enum {
+    PTRT_CU_ATTR_SMS = 16,      /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+    PTRT_CU_ATTR_CC_MAJOR = 75, /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+    PTRT_CU_ATTR_CC_MINOR = 76
+};
+
+/* cuBLASLt, the calls of one GEMM (handles as pointers, enums as int, as in cublasLt.h) */
+typedef struct ptrt_cublaslt {
+    size_t (*cublasLtGetVersion)(void);
+    int (*cublasLtCreate)(void **handle);
+    int (*cublasLtMatmulDescCreate)(void **desc, int compute_type, int scale_type);
+    int (*cublasLtMatmulDescDestroy)(void *desc);
+    int (*cublasLtMatmulDescSetAttribute)(void *desc, int attr, const void *buf, size_t n);
+    int (*cublasLtMatrixLayoutCreate)(void **layout, int type, uint64_t rows, uint64_t cols,
+                                      int64_t ld);
+    int (*cublasLtMatrixLayoutDestroy)(void *layout);
+    int (*cublasLtMatrixLayoutSetAttribute)(void *layout, int attr, const void *buf, size_t n);
+    int (*cublasLtMatmul)(void *handle, void *desc, const void *alpha, const void *a,
+                          void *adesc, const void *b, void *bdesc, const void *beta,
+                          const void *c, void *cdesc, void *d, void *ddesc, const void *algo,
+                          void *workspace, size_t workspace_bytes, void *stream);
+} ptrt_cublaslt;
+
+/* cublasLt.h's numbers */
+enum {
+    PTRT_CUBLAS_OP_N = 0,
+    PTRT_CUBLAS_OP_T = 1,
+    PTRT_CUBLAS_COMPUTE_32F = 68,
+    PTRT_CUDA_R_32F = 0,
+    PTRT_CUDA_R_16F = 2,
+    PTRT_CUDA_R_16BF = 14,
+    PTRT_CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    PTRT_CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    PTRT_CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+    PTRT_CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6
+};
 
 typedef struct ptrt_nvrtc {
     int (*nvrtcVersion)(int *major, int *minor);
@@ -57,14 +114,14 @@ int ptrt_cuda_open(ptrt_cuda_lib lib, char *err, size_t errn);
 /* The resolved functions; valid after ptrt_cuda_open of their library returned 0. */
 const ptrt_cuda_driver *ptrt_cuda_driver_api(void);
 const ptrt_nvrtc *ptrt_cuda_nvrtc_api(void);
+const ptrt_cublaslt *ptrt_cuda_cublaslt_api(void);
 
 /* The version the library reports ("NVRTC 13.0", "cuBLASLt 130000", "NCCL 2.27.3", "driver
  * 13.0"), after a successful open. */
 void ptrt_cuda_lib_version(ptrt_cuda_lib lib, char *buf, size_t n);
 
 /* What --device cuda finds: -1 with a message naming the first missing piece (the driver, a
- * device, NVRTC, cuBLASLt, NCCL) or, when all are there, naming the devices and versions and
- * saying that the CUDA executor is not in this version. Never 0 yet. */
+ * device, NVRTC, cuBLASLt, NCCL), or 0 with the devices and versions found in err. */
 int ptrt_cuda_probe(char *err, size_t errn);
 
 /* For tests: look for the libraries other than the driver only in dirs (colon-separated; ""

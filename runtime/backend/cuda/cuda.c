@@ -1,0 +1,648 @@
+/* cuda.c - the CUDA backend (see cuda.h). */
+#include "cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_emit.h"
+#include "cuda_internal.h"
+#include "cudalib.h"
+#include "kir_ops.h"
+#include "util.h"
+
+/* ---- the process's device ---- */
+
+static struct {
+    pthread_mutex_t lock;
+    int state; /* 0 not started, 1 running, -1 failed (msg) */
+    char msg[1024];
+    const ptrt_cuda_impl *impl;
+    const ptrt_cuda_driver *d;
+    void *ctx;
+    int sm; /* the device's compute capability, 80 for 8.0 */
+    ptc_cuda_arch arch;
+    char name[256];
+    void *lt;         /* cuBLASLt handle */
+    ptrt_cudev ws;    /* its workspace */
+    size_t ws_bytes;
+    int64_t scratch_bytes;
+    /* the first error since the last sync */
+    int err_rc;
+    char err_call[160];
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local bool ctx_current; /* the context is current on this thread */
+
+static void latch(int rc, const char *call)
+{
+    if (rc == 0)
+        return;
+    pthread_mutex_lock(&G.lock);
+    if (!G.err_rc) {
+        G.err_rc = rc;
+        ptc_fmt(G.err_call, sizeof G.err_call, "%s", call);
+    }
+    pthread_mutex_unlock(&G.lock);
+}
+
+static const char *errstr(int rc)
+{
+    const char *s = NULL;
+    if (G.d && G.d->cuGetErrorString(rc, &s) != 0)
+        s = NULL;
+    return s ? s : "unknown error";
+}
+
+#define WS_BYTES ((size_t)32 << 20) /* cuBLASLt's workspace: what it asks for on Hopper */
+
+static int start_locked(const ptrt_cuda_impl *impl)
+{
+    char e[768];
+    const ptrt_cuda_driver *d = NULL;
+    if (impl->open(&d, e, sizeof e) < 0) {
+        ptc_fmt(G.msg, sizeof G.msg, "%s", e);
+        return -1;
+    }
+    G.d = d;
+    int rc, dev = 0, count = 0, major = 0, minor = 0, sms = 0;
+    if ((rc = d->cuInit(0)) || (rc = d->cuDeviceGetCount(&count)) || count < 1 ||
+        (rc = d->cuDeviceGet(&dev, 0))) {
+        ptc_fmt(G.msg, sizeof G.msg, "the CUDA driver found no usable GPU: %s",
+                rc ? errstr(rc) : "no device");
+        return -1;
+    }
+    char nm[200] = "?";
+    d->cuDeviceGetName(nm, (int)sizeof nm, dev);
+    d->cuDeviceGetAttribute(&major, PTRT_CU_ATTR_CC_MAJOR, dev);
+    d->cuDeviceGetAttribute(&minor, PTRT_CU_ATTR_CC_MINOR, dev);
+    d->cuDeviceGetAttribute(&sms, PTRT_CU_ATTR_SMS, dev);
+    G.sm = major * 10 + minor;
+    if (G.sm < 80) {
+        ptc_fmt(G.msg, sizeof G.msg,
+                "GPU 0 (%s) is sm_%d; the generated kernels need sm_80 (Ampere) or newer", nm,
+                G.sm);
+        return -1;
+    }
+    /* PTX of the newest architecture ptc tunes for that the device runs (the driver compiles
+     * it for the device's own) */
+    G.arch = ptc_cuda_archs[0];
+    for (int i = 0; i < ptc_cuda_narchs; i++)
+        if (ptc_cuda_archs[i].sm <= G.sm)
+            G.arch = ptc_cuda_archs[i];
+    if (sms > 0)
+        G.arch.sms = sms;
+    ptc_fmt(G.name, sizeof G.name, "%s (sm_%d, %d SMs%s)", nm, G.sm, sms,
+            impl->emulated ? ", emulated on the host" : "");
+    if ((rc = d->cuDevicePrimaryCtxRetain(&G.ctx, dev)) || (rc = d->cuCtxSetCurrent(G.ctx))) {
+        ptc_fmt(G.msg, sizeof G.msg, "cannot make a context on GPU 0 (%s): %s", nm, errstr(rc));
+        return -1;
+    }
+    if (impl->gemm_start(&G.lt, e, sizeof e) < 0) {
+        ptc_fmt(G.msg, sizeof G.msg, "%s", e);
+        return -1;
+    }
+    if ((rc = d->cuMemAlloc(&G.ws, WS_BYTES))) {
+        ptc_fmt(G.msg, sizeof G.msg, "cannot allocate cuBLASLt's workspace of %zu bytes: %s",
+                WS_BYTES, errstr(rc));
+        return -1;
+    }
+    G.ws_bytes = WS_BYTES;
+    return 0;
+}
+
+/* Starts the device once per process (on impl); makes its context current on this thread.
+ * 0, or -1 with why. */
+static int start(const ptrt_cuda_impl *impl, char *err, size_t errn)
+{
+    pthread_mutex_lock(&G.lock);
+    if (G.state == 0) {
+        G.impl = impl;
+        G.state = start_locked(impl) == 0 ? 1 : -1;
+    }
+    int rc = G.state > 0 && G.impl == impl ? 0 : -1;
+    if (G.state < 0)
+        ptc_fmt(err, errn, "%s", G.msg);
+    else if (rc)
+        ptc_fmt(err, errn, "this process already runs the %s; it cannot also run the %s",
+                G.impl->what, impl->what);
+    pthread_mutex_unlock(&G.lock);
+    if (rc == 0 && !ctx_current) {
+        latch(G.d->cuCtxSetCurrent(G.ctx), "cuCtxSetCurrent");
+        ctx_current = true;
+    }
+    return rc;
+}
+
+/* the hooks that take no message: the device is started by then (alloc comes first) */
+static void current(void)
+{
+    if (!ctx_current && G.state > 0) {
+        latch(G.d->cuCtxSetCurrent(G.ctx), "cuCtxSetCurrent");
+        ctx_current = true;
+    }
+}
+
+const char *ptrt_cuda_device_name(void)
+{
+    return G.state > 0 ? G.name : "(not started)";
+}
+
+int64_t ptrt_cuda_scratch_bytes(void)
+{
+    return G.scratch_bytes;
+}
+
+/* ---- memory ---- */
+
+static ptrt_cudev dev_of(const void *p)
+{
+    return (ptrt_cudev)(uintptr_t)p;
+}
+
+static void *alloc_on(const ptrt_cuda_impl *impl, size_t n)
+{
+    char e[1024];
+    if (start(impl, e, sizeof e) < 0) {
+        fprintf(stderr, "ptc: --device %s: %s\n", impl->device, e);
+        return NULL;
+    }
+    ptrt_cudev p = 0;
+    return G.d->cuMemAlloc(&p, n) == 0 ? (void *)(uintptr_t)p : NULL;
+}
+
+static void *alloc_real(size_t n)
+{
+    return alloc_on(&ptrt_cuda_real, n);
+}
+
+static void *alloc_emulated(size_t n)
+{
+    return alloc_on(&ptrt_cuda_emulation, n);
+}
+
+static void dev_free(void *p, size_t n)
+{
+    (void)n;
+    if (p && G.state > 0) {
+        current();
+        latch(G.d->cuMemFree(dev_of(p)), "cuMemFree");
+    }
+}
+
+static void upload(void *dev, const void *host, size_t n)
+{
+    current();
+    latch(G.d->cuMemcpyHtoD(dev_of(dev), host, n), "cuMemcpyHtoD");
+}
+
+static void download(void *host, const void *dev, size_t n)
+{
+    current();
+    int rc = G.d->cuMemcpyDtoH(host, dev_of(dev), n);
+    latch(rc, "cuMemcpyDtoH");
+    if (rc) /* what the caller reads is then not the device's: NaN, loudly */
+        memset(host, 0xff, n);
+}
+
+static void move(void *dst, const void *src, size_t n)
+{
+    current();
+    latch(G.d->cuMemcpyDtoD(dev_of(dst), dev_of(src), n), "cuMemcpyDtoD");
+}
+
+static void zero(void *dst, size_t n)
+{
+    current();
+    latch(G.d->cuMemsetD8(dev_of(dst), 0, n), "cuMemsetD8");
+}
+
+static int dev_sync(char *err, size_t errn)
+{
+    current();
+    latch(G.d->cuCtxSynchronize(), "cuCtxSynchronize");
+    pthread_mutex_lock(&G.lock);
+    int rc = G.err_rc;
+    if (rc)
+        ptc_fmt(err, errn, "the GPU reported %s (%d) at %s", errstr(rc), rc, G.err_call);
+    G.err_rc = 0;
+    pthread_mutex_unlock(&G.lock);
+    return rc ? -1 : 0;
+}
+
+/* ---- GEMMs ---- */
+
+ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b, void *c)
+{
+    ptrt_cuda_gemm q = {
+        .transa = g->tb ? PTRT_CUBLAS_OP_T : PTRT_CUBLAS_OP_N,
+        .transb = g->ta ? PTRT_CUBLAS_OP_T : PTRT_CUBLAS_OP_N,
+        .m = g->n,
+        .n = g->m,
+        .k = g->k,
+        .ldx = g->ldb,
+        .ldy = g->lda,
+        .ldd = g->ldc,
+        .batch = g->batch,
+        .sx = g->sb,
+        .sy = g->sa,
+        .sd = g->sc,
+        .x = b,
+        .y = a,
+        .d = c,
+        .ab = g->ab ? g->ab : PTC_F32,
+        .alpha = (float)g->alpha,
+        .beta = (float)g->beta,
+    };
+    /* the stored shapes, column-major: op(X) is m x k, op(Y) k x n */
+    q.x_rows = g->tb ? q.k : q.m;
+    q.x_cols = g->tb ? q.m : q.k;
+    q.y_rows = g->ta ? q.n : q.k;
+    q.y_cols = g->ta ? q.k : q.n;
+    return q;
+}
+
+static void gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
+{
+    current();
+    ptrt_cuda_gemm q = ptrt_cuda_gemm_of(g, a, b, c);
+    char call[160];
+    int rc = G.impl->gemm(G.lt, &q, G.ws, G.ws_bytes, call, sizeof call);
+    latch(rc, call);
+}
+
+/* ---- the plan's kernels ---- */
+
+typedef struct opk {
+    int fn[PTC_OPK_MAX]; /* functions (indices into st->fns) */
+    int n;
+    int arg[PTC_OPK_MAX][PTC_OPK_MAX_ARGS];
+    int nargs[PTC_OPK_MAX];
+    int grid[PTC_OPK_MAX], block[PTC_OPK_MAX];
+} opk;
+
+typedef struct ikern { /* a kernel instruction */
+    int attn;          /* attention shape, or -1 */
+    ptc_cuda_attn shape;
+    opk ops;
+} ikern;
+
+typedef struct cstate {
+    void *module;
+    void **fns;
+    int nfns;
+    int *fused_fn, *fused_grid, *fused_block; /* by plan kernel */
+    int attn_fn[16][PTC_CUDA_ATTN_NKERNELS], attn_grid[16][PTC_CUDA_ATTN_NKERNELS],
+        attn_block[16][PTC_CUDA_ATTN_NKERNELS];
+    ptc_cuda_attn at[16];
+    int nat;
+    ikern **prog; /* [program][instruction], NULL for other kinds */
+    int nprog;
+    ptrt_cudev scratch;
+} cstate;
+
+static void release(void *state)
+{
+    cstate *s = state;
+    if (!s)
+        return;
+    current();
+    for (int q = 0; q < s->nprog; q++)
+        free(s->prog[q]);
+    free(s->prog);
+    free(s->fns);
+    free(s->fused_fn);
+    free(s->fused_grid);
+    free(s->fused_block);
+    if (s->scratch)
+        latch(G.d->cuMemFree(s->scratch), "cuMemFree");
+    if (s->module)
+        latch(G.d->cuModuleUnload(s->module), "cuModuleUnload");
+    free(s);
+}
+
+/* the kernel names of the unit in emission order, resolved after loading */
+typedef struct names {
+    char **v;
+    int n, cap;
+} names;
+
+static int add_name(names *nm, const char *fmt, const char *a, const char *b)
+{
+    PTC_GROW(nm->v, nm->cap, nm->n);
+    char buf[300];
+    ptc_fmt(buf, sizeof buf, fmt, a, b);
+    nm->v[nm->n] = ptc_xstrdup(buf);
+    return nm->n++;
+}
+
+static int attention_id(cstate *s, const ptc_program *pg, const ptc_instr *in)
+{
+    const ptc_type *q = &pg->bufs[in->in[0]].type, *k = &pg->bufs[in->in[1]].type;
+    int64_t heads = in->attrs.heads, kv = in->attrs.kv_heads ? in->attrs.kv_heads : heads;
+    ptc_cuda_attn a = {q->dims[0], q->dims[1], k->dims[1], heads, kv, q->dims[2] / heads,
+                       in->attrs.causal};
+    for (int i = 0; i < s->nat; i++)
+        if (!memcmp(&s->at[i], &a, offsetof(ptc_cuda_attn, causal)) && s->at[i].causal == a.causal)
+            return i;
+    return -1;
+}
+
+/* the op kernels of kernel instruction i, emitted into f (deduplicated by their text's hash) */
+static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int i, ikern *ik,
+                       FILE *f, names *nm, uint64_t **hashes, int *nh, int *caph, char *err,
+                       size_t errn)
+{
+    const ptc_instr *in = &pg->instrs[i];
+    ptc_type *it = ptc_xcalloc((size_t)in->nin + 1, sizeof *it), ot[PTC_MAX_RESULTS + 1];
+    for (int k = 0; k < in->nin; k++)
+        it[k] = pg->bufs[in->in[k]].type;
+    for (int k = 0; k < in->nout; k++)
+        ot[k] = pg->bufs[in->out[k]].type;
+    char nmb[64], why[512];
+    ptc_fmt(nmb, sizeof nmb, "op%d", *nh);
+    ptc_op_kernels ok;
+    int brc = ptc_op_kernels_build(nmb, in->op, &in->attrs, in->nin, it, in->nout, ot, &ok, why,
+                                   sizeof why);
+    free(it);
+    if (brc < 0) {
+        if (in->loc.line)
+            ptc_fmt(err, errn, "%s:%d:%d: %s: the CUDA backend cannot run it: %s",
+                    in->loc.file ? in->loc.file : "?", in->loc.line, in->loc.col,
+                    ptc_ops[in->op].name, why);
+        else
+            ptc_fmt(err, errn, "%s: the CUDA backend cannot run it: %s", ptc_ops[in->op].name,
+                    why);
+        return -1;
+    }
+    (void)p;
+    ik->ops.n = ok.n;
+    for (int q = 0; q < ok.n; q++) {
+        ptc_kir *k = ok.k[q];
+        uint64_t h = ptc_kir_hash(k);
+        /* the same text under another name: reuse its function (names are op<N>_<q>) */
+        int found = -1;
+        for (int j = 0; j < *nh && found < 0; j++)
+            if ((*hashes)[2 * j] == h)
+                found = (int)(*hashes)[2 * j + 1];
+        if (found < 0) {
+            /* the kernel renamed to the function's own name, then emitted */
+            found = add_name(nm, "k_%s%s", k->name, "");
+            ptc_cuda_emit_kernel(k, f);
+            if (*nh + 1 > *caph) {
+                *caph = *caph ? 2 * *caph : 64;
+                *hashes = ptc_xrealloc(*hashes, sizeof(uint64_t) * 2 * (size_t)*caph);
+            }
+            (*hashes)[2 * *nh] = h;
+            (*hashes)[2 * *nh + 1] = (uint64_t)found;
+            (*nh)++;
+        }
+        ik->ops.fn[q] = found;
+        ik->ops.nargs[q] = k->nparams;
+        memcpy(ik->ops.arg[q], ok.arg[q], sizeof ok.arg[q]);
+        ptc_cuda_launch(k, &G.arch, &ik->ops.grid[q], &ik->ops.block[q]);
+    }
+    int64_t sb = ok.scratch * 4;
+    if (sb > G.scratch_bytes)
+        G.scratch_bytes = sb;
+    ptc_op_kernels_free(&ok);
+    (void)s;
+    return 0;
+}
+
+static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **state, char *err,
+                      size_t errn)
+{
+    if (start(impl, err, errn) < 0)
+        return -1;
+    cstate *s = ptc_xcalloc(1, sizeof *s);
+    char *unit = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&unit, &len);
+    names nm = {0};
+    /* the plan's fused kernels and attention kernels */
+    ptc_cuda_emit_plan(p, f);
+    s->fused_fn = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
+    s->fused_grid = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
+    s->fused_block = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
+    for (int k = 0; k < p->nkernels; k++) {
+        s->fused_fn[k] = add_name(&nm, "k_%s%s", p->kernels[k]->name, "");
+        ptc_cuda_launch(p->kernels[k], &G.arch, &s->fused_grid[k], &s->fused_block[k]);
+    }
+    s->nat = ptc_cuda_plan_attentions(p, s->at, 16);
+    int64_t attn_scratch = 0;
+    for (int a = 0; a < s->nat && a < 16; a++) {
+        char id[16];
+        ptc_fmt(id, sizeof id, "%d", a);
+        for (int w = 0; w < PTC_CUDA_ATTN_NKERNELS; w++) {
+            s->attn_fn[a][w] = add_name(&nm, "k_attn%s_%s", id, ptc_cuda_attn_names[w]);
+            ptc_cuda_attention_launch(&s->at[a], (ptc_cuda_attn_kernel)w, &G.arch,
+                                      &s->attn_grid[a][w], &s->attn_block[a][w]);
+        }
+        int64_t stats = 2 * 4 * s->at[a].batch * s->at[a].heads * s->at[a].seq;
+        attn_scratch = stats > attn_scratch ? stats : attn_scratch;
+    }
+    int rc = s->nat > 16 ? -1 : 0;
+    if (rc)
+        ptc_fmt(err, errn, "the plan has %d attention shapes; the CUDA backend takes 16", s->nat);
+    if (attn_scratch > G.scratch_bytes)
+        G.scratch_bytes = attn_scratch;
+    /* every other kernel instruction of every program */
+    uint64_t *hashes = NULL;
+    int nh = 0, caph = 0;
+    s->nprog = p->nprograms;
+    s->prog = ptc_xcalloc((size_t)(p->nprograms + 1), sizeof(ikern *));
+    for (int q = 0; q < p->nprograms && rc == 0; q++) {
+        const ptc_program *pg = &p->programs[q];
+        s->prog[q] = ptc_xcalloc((size_t)(pg->ninstrs + 1), sizeof(ikern));
+        for (int i = 0; i < pg->ninstrs && rc == 0; i++) {
+            const ptc_instr *in = &pg->instrs[i];
+            ikern *ik = &s->prog[q][i];
+            ik->attn = -1;
+            if (in->kind != PTC_INSTR_KERNEL)
+                continue;
+            if (in->op == PTC_OP_ATTENTION || in->op == PTC_OP_ATTENTION_GRAD) {
+                ik->attn = attention_id(s, pg, in);
+                if (ik->attn < 0) {
+                    ptc_fmt(err, errn, "internal error: an attention with no CUDA kernels");
+                    rc = -1;
+                }
+                continue;
+            }
+            rc = prepare_ops(s, p, pg, i, ik, f, &nm, &hashes, &nh, &caph, err, errn);
+        }
+    }
+    fclose(f);
+    free(hashes);
+    if (rc == 0 && G.scratch_bytes > 0 &&
+        (rc = G.d->cuMemAlloc(&s->scratch, (size_t)G.scratch_bytes)) != 0) {
+        ptc_fmt(err, errn, "cannot allocate the kernels' scratch of %lld bytes: %s",
+                (long long)G.scratch_bytes, errstr(rc));
+        rc = -1;
+    }
+    if (rc == 0) {
+        char e[4096];
+        char *image = impl->compile(unit, p->model ? p->model : "plan", G.arch.sm, e, sizeof e);
+        int lrc = image ? G.d->cuModuleLoadData(&s->module, image) : -1;
+        if (!image)
+            ptc_fmt(err, errn, "%s", e);
+        else if (lrc)
+            ptc_fmt(err, errn, "cuModuleLoadData of the plan's kernels (sm_%d): %s", G.arch.sm,
+                    errstr(lrc));
+        rc = image && !lrc ? 0 : -1;
+        free(image);
+    }
+    if (rc == 0) {
+        s->fns = ptc_xcalloc((size_t)(nm.n + 1), sizeof(void *));
+        s->nfns = nm.n;
+        for (int k = 0; k < nm.n && rc == 0; k++) {
+            int frc = G.d->cuModuleGetFunction(&s->fns[k], s->module, nm.v[k]);
+            if (frc) {
+                ptc_fmt(err, errn, "cuModuleGetFunction(%s): %s", nm.v[k], errstr(frc));
+                rc = -1;
+            }
+        }
+    }
+    for (int k = 0; k < nm.n; k++)
+        free(nm.v[k]);
+    free(nm.v);
+    free(unit);
+    if (rc < 0) {
+        release(s);
+        return -1;
+    }
+    *state = s;
+    return 0;
+}
+
+static int prepare_real(const ptc_plan *p, void **state, char *err, size_t errn)
+{
+    return prepare_on(&ptrt_cuda_real, p, state, err, errn);
+}
+
+static int prepare_emulated(const ptc_plan *p, void **state, char *err, size_t errn)
+{
+    return prepare_on(&ptrt_cuda_emulation, p, state, err, errn);
+}
+
+/* one launch: params point at device addresses, a NULL after the last (the emulation counts
+ * them by it; the driver reads as many as the kernel has) */
+static int launch(void *fn, int grid, int block, void *const *ptrs, int n, char *err, size_t errn)
+{
+    ptrt_cudev vs[64], *v = n <= 64 ? vs : ptc_xmalloc(sizeof(ptrt_cudev) * (size_t)n);
+    void *ps[65], **params = n <= 64 ? ps : ptc_xmalloc(sizeof(void *) * (size_t)(n + 1));
+    for (int k = 0; k < n; k++) {
+        v[k] = dev_of(ptrs[k]);
+        params[k] = &v[k];
+    }
+    params[n] = NULL;
+    int rc = G.d->cuLaunchKernel(fn, (unsigned)grid, 1, 1, (unsigned)block, 1, 1, 0, NULL, params,
+                                 NULL);
+    if (v != vs) {
+        free(v);
+        free(params);
+    }
+    if (rc)
+        ptc_fmt(err, errn, "cuLaunchKernel: %s (%d)", errstr(rc), rc);
+    return rc ? -1 : 0;
+}
+
+static int fused(void *state, const ptc_plan *p, int k, void *const *args, char *err, size_t errn)
+{
+    cstate *s = state;
+    current();
+    return launch(s->fns[s->fused_fn[k]], s->fused_grid[k], s->fused_block[k], args,
+                  p->kernels[k]->nparams, err, errn);
+}
+
+static int attn(cstate *s, int a, ptc_cuda_attn_kernel w, void *const *args, int n, char *err,
+                size_t errn)
+{
+    return launch(s->fns[s->attn_fn[a][w]], s->attn_grid[a][w], s->attn_block[a][w], args, n,
+                  err, errn);
+}
+
+static int instr(void *state, const ptc_plan *p, int prog, int i, void *const *in,
+                 void *const *out, char *err, size_t errn)
+{
+    cstate *s = state;
+    current();
+    const ptc_instr *ins = &p->programs[prog].instrs[i];
+    const ikern *ik = &s->prog[prog][i];
+    void *scratch = (void *)(uintptr_t)s->scratch;
+    if (ik->attn >= 0) {
+        const ptc_cuda_attn *a = &s->at[ik->attn];
+        if (ins->op == PTC_OP_ATTENTION)
+            return attn(s, ik->attn, PTC_CUDA_ATTN_FWD, (void *[]){in[0], in[1], in[2], out[0]}, 4,
+                        err, errn);
+        size_t ns = (size_t)(a->batch * a->heads * a->seq) * 4;
+        void *lse = scratch, *ds = (char *)scratch + ns;
+        int rc = attn(s, ik->attn, PTC_CUDA_ATTN_STATS,
+                      (void *[]){in[0], in[1], in[2], in[3], lse, ds}, 6, err, errn);
+        if (rc == 0)
+            rc = attn(s, ik->attn, PTC_CUDA_ATTN_BWD_KV,
+                      (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[1], out[2]}, 8, err,
+                      errn);
+        if (rc == 0)
+            rc = attn(s, ik->attn, PTC_CUDA_ATTN_BWD_Q,
+                      (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
+        return rc;
+    }
+    for (int q = 0; q < ik->ops.n; q++) {
+        void *args[PTC_OPK_MAX_ARGS];
+        for (int k = 0; k < ik->ops.nargs[q]; k++) {
+            int a = ik->ops.arg[q][k];
+            args[k] = a >= PTC_OPK_SCRATCH ? scratch
+                      : a >= PTC_OPK_OUT   ? out[a - PTC_OPK_OUT]
+                                           : in[a - PTC_OPK_IN];
+        }
+        if (launch(s->fns[ik->ops.fn[q]], ik->ops.grid[q], ik->ops.block[q], args,
+                   ik->ops.nargs[q], err, errn) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int no_kernel(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                     void *const *out, char *err, size_t errn)
+{
+    ptc_fmt(err, errn, "internal error: the CUDA backend runs kernel instructions through instr");
+    return -1;
+}
+
+const ptrt_backend ptrt_backend_cuda = {
+    .name = "cuda",
+    .kernel = no_kernel,
+    .gemm = gemm,
+    .alloc = alloc_real,
+    .free = dev_free,
+    .host = false,
+    .prepare = prepare_real,
+    .release = release,
+    .fused = fused,
+    .instr = instr,
+    .upload = upload,
+    .download = download,
+    .move = move,
+    .zero = zero,
+    .sync = dev_sync,
+};
+
+const ptrt_backend ptrt_backend_cuda_emulated = {
+    .name = "cuda-emulated",
+    .kernel = no_kernel,
+    .gemm = gemm,
+    .alloc = alloc_emulated,
+    .free = dev_free,
+    .host = false,
+    .prepare = prepare_emulated,
+    .release = release,
+    .fused = fused,
+    .instr = instr,
+    .upload = upload,
+    .download = download,
+    .move = move,
+    .zero = zero,
+    .sync = dev_sync,
+};

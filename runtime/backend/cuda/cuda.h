@@ -1,0 +1,61 @@
+/* cuda.h - the CUDA backend: a rank's program on an NVIDIA GPU.
+ *
+ *   memory     one cuMemAlloc arena per region of the static memory plan (the executor's alloc
+ *              hook), and one scratch allocation made when the plan's kernels are prepared (the
+ *              row statistics of layernorm's backward, attention's softmax statistics: sized
+ *              for the largest, reported by ptrt_cuda_scratch_bytes); nothing per tensor;
+ *   kernels    one translation unit per plan, compiled by NVRTC for the device's architecture
+ *              (PTX cached on disk, cudalib.h) and loaded with cuModuleLoadData: the plan's fused
+ *              kernels, the flash-style attention kernels of each attention shape, and every
+ *              other kernel instruction as a kernel-IR kernel of its own (codegen/kir_ops.h);
+ *              an instruction with none (an op or dtype not covered yet) fails the start,
+ *              naming the op and where it comes from in the model;
+ *   GEMMs      cuBLASLt (fp32 compute, f32 or bf16/f16 operands), the row-major GEMM of the
+ *              plan given to it as the column-major product C^T = op(B)^T op(A)^T;
+ *   order      every launch and copy on the default stream, in program order; errors are the
+ *              device's, reported when the executor syncs at the end of a run (the first one,
+ *              naming the call).
+ *
+ * The backend calls the driver through a function table: the real libraries (dlopen,
+ * cudalib.h), or the host emulation (ptrt_backend_cuda_emulated: the driver's calls over host
+ * memory with device addresses that the host cannot dereference, the CUDA C compiled by the
+ * host C compiler through cuda_emu.h, GEMMs computed from the same column-major description
+ * cuBLASLt gets), so that everything but the libraries themselves runs in CI without a GPU.
+ * One process uses one of the two.
+ *
+ * Not yet: several ranks (NCCL, the device communicator), separate streams for communication,
+ * 16-bit op kernels, moe ops.
+ */
+#ifndef PTRT_CUDA_H
+#define PTRT_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "program.h"
+
+extern const ptrt_backend ptrt_backend_cuda;
+extern const ptrt_backend ptrt_backend_cuda_emulated;
+
+/* The device the backend runs on ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)"), once started. */
+const char *ptrt_cuda_device_name(void);
+/* Bytes of the scratch allocation of the plans prepared so far (the largest). */
+int64_t ptrt_cuda_scratch_bytes(void);
+
+/* A row-major GEMM of the plan (C = alpha op(A) op(B) + beta C, batched) as the column-major
+ * product cuBLASLt computes: D^T = alpha op'(X) op'(Y) + beta D^T, X and Y being B and A. */
+typedef struct ptrt_cuda_gemm {
+    int transa, transb; /* of X and Y: PTRT_CUBLAS_OP_N or _T */
+    int64_t m, n, k;    /* of the column-major product: m = n of the plan, n = m */
+    int64_t x_rows, x_cols, ldx, y_rows, y_cols, ldy, ldd; /* the layouts as stored */
+    int64_t batch, sx, sy, sd;
+    const void *x, *y;
+    void *d;
+    int ab; /* operand dtype (ptc_dtype): f32, bf16 or f16 */
+    float alpha, beta;
+} ptrt_cuda_gemm;
+
+ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b, void *c);
+
+#endif

@@ -1,0 +1,383 @@
+/* cuda_emulated.c - the CUDA backend's host emulation (--device cuda-emulated): the driver calls
+ * the backend makes, implemented over host memory, so that the backend itself (arenas, the
+ * plan's unit, every launch with its parameters, the GEMMs' column-major description, copies,
+ * syncs) runs and is compared with the CPU on a machine without a GPU.
+ *
+ *   memory    device addresses are host addresses plus a tag (bit 56) that makes them
+ *             non-canonical: host code that dereferences a device address faults at once, as it
+ *             would with a GPU's memory. New allocations hold NaN bytes (0xff), as a GPU's hold
+ *             whatever was there: a kernel that reads before it writes shows.
+ *   kernels   the unit is compiled by the host C compiler ($CC, else cc) with cuda_emu.h (built
+ *             into this library) into a shared object; the "image" cuModuleLoadData takes names
+ *             it. A launch runs the kernel's __emu entry with blocks one after another and each
+ *             block's threads as threads (cuda_emu.h), at most 4 blocks of at most 32 threads
+ *             (one warp): every generated kernel strides over its grid and its block, so fewer
+ *             compute the same (and test the striding); test_cuda runs them at full size;
+ *             one launch at a time.
+ *   GEMMs     computed from the column-major description cuBLASLt would get (ptrt_cuda_gemm),
+ *             in double, so the row-major to column-major mapping is what is tested.
+ */
+#define _GNU_SOURCE /* mkdtemp */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_internal.h"
+#include "file.h"
+#include "half.h"
+#include "util.h"
+
+extern const char ptrt_cuda_emu_header[]; /* cuda_emu.h (generated at build time) */
+
+#define TAG ((uint64_t)1 << 56)
+#define IMAGE_PREFIX "ptc-emulated-module:"
+#define MAX_BLOCKS 4
+#define MAX_THREADS 32
+
+enum { E_OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_IMAGE = 200,
+       E_NOT_FOUND = 500, E_LAUNCH_FAILED = 719 };
+
+void *ptrt_cuda_emu_host(ptrt_cudev p)
+{
+    return p >= TAG ? (void *)(uintptr_t)(p - TAG) : NULL;
+}
+
+static int e_init(unsigned flags)
+{
+    (void)flags;
+    return E_OK;
+}
+
+static int e_version(int *v)
+{
+    *v = 13000;
+    return E_OK;
+}
+
+static int e_count(int *c)
+{
+    *c = 1;
+    return E_OK;
+}
+
+static int e_get(int *d, int ordinal)
+{
+    *d = 0;
+    return ordinal == 0 ? E_OK : E_INVALID_VALUE;
+}
+
+static int e_name(char *name, int len, int dev)
+{
+    (void)dev;
+    snprintf(name, (size_t)len, "host emulation of an sm_90 GPU");
+    return E_OK;
+}
+
+static int e_attr(int *v, int attr, int dev)
+{
+    (void)dev;
+    *v = attr == PTRT_CU_ATTR_SMS ? 132 : attr == PTRT_CU_ATTR_CC_MAJOR ? 9 : 0;
+    return E_OK;
+}
+
+static int e_errstr(int rc, const char **s)
+{
+    *s = rc == E_INVALID_VALUE    ? "invalid argument"
+         : rc == E_OUT_OF_MEMORY  ? "out of memory"
+         : rc == E_INVALID_IMAGE  ? "device kernel image is invalid"
+         : rc == E_NOT_FOUND      ? "named symbol not found"
+         : rc == E_LAUNCH_FAILED  ? "unspecified launch failure"
+                                  : "unknown error";
+    return E_OK;
+}
+
+static int e_retain(void **ctx, int dev)
+{
+    (void)dev;
+    static int the_context;
+    *ctx = &the_context;
+    return E_OK;
+}
+
+static int e_set_current(void *ctx)
+{
+    return ctx ? E_OK : E_INVALID_VALUE;
+}
+
+static int e_alloc(ptrt_cudev *p, size_t n)
+{
+    size_t m = (n + 255) & ~(size_t)255;
+    void *h = aligned_alloc(256, m ? m : 256);
+    if (!h)
+        return E_OUT_OF_MEMORY;
+    memset(h, 0xff, m);
+    *p = (ptrt_cudev)(uintptr_t)h + TAG;
+    return E_OK;
+}
+
+static int e_free(ptrt_cudev p)
+{
+    if (p && p < TAG)
+        return E_INVALID_VALUE;
+    free(ptrt_cuda_emu_host(p));
+    return E_OK;
+}
+
+static int e_h2d(ptrt_cudev dst, const void *src, size_t n)
+{
+    if (dst < TAG)
+        return E_INVALID_VALUE;
+    memcpy(ptrt_cuda_emu_host(dst), src, n);
+    return E_OK;
+}
+
+static int e_d2h(void *dst, ptrt_cudev src, size_t n)
+{
+    if (src < TAG)
+        return E_INVALID_VALUE;
+    memcpy(dst, ptrt_cuda_emu_host(src), n);
+    return E_OK;
+}
+
+static int e_d2d(ptrt_cudev dst, ptrt_cudev src, size_t n)
+{
+    if (dst < TAG || src < TAG)
+        return E_INVALID_VALUE;
+    memmove(ptrt_cuda_emu_host(dst), ptrt_cuda_emu_host(src), n);
+    return E_OK;
+}
+
+static int e_memset(ptrt_cudev dst, unsigned char v, size_t n)
+{
+    if (dst < TAG)
+        return E_INVALID_VALUE;
+    memset(ptrt_cuda_emu_host(dst), v, n);
+    return E_OK;
+}
+
+typedef int (*launch_fn)(void (*)(void *const *), void *const *, unsigned, unsigned);
+
+typedef struct efn {
+    void (*fn)(void *const *);
+    launch_fn launch;
+} efn;
+
+typedef struct emodule {
+    void *so;
+    efn **fns;
+    int n, cap;
+} emodule;
+
+static int e_load(void **module, const void *image)
+{
+    const char *s = image;
+    if (strncmp(s, IMAGE_PREFIX, strlen(IMAGE_PREFIX)) != 0)
+        return E_INVALID_IMAGE;
+    void *so = dlopen(s + strlen(IMAGE_PREFIX), RTLD_NOW | RTLD_LOCAL);
+    if (!so)
+        return E_INVALID_IMAGE;
+    emodule *m = ptc_xcalloc(1, sizeof *m);
+    m->so = so;
+    *module = m;
+    return E_OK;
+}
+
+static int e_function(void **fn, void *module, const char *name)
+{
+    emodule *m = module;
+    char sym[512];
+    snprintf(sym, sizeof sym, "%s__emu", name);
+    void *p = dlsym(m->so, sym), *l = dlsym(m->so, "ptc_cuda_emu_launch");
+    if (!p || !l)
+        return E_NOT_FOUND;
+    efn *f = ptc_xmalloc(sizeof *f);
+    memcpy(&f->fn, &p, sizeof p);
+    memcpy(&f->launch, &l, sizeof l);
+    PTC_GROW(m->fns, m->cap, m->n);
+    m->fns[m->n++] = f;
+    *fn = f;
+    return E_OK;
+}
+
+static int e_unload(void *module)
+{
+    emodule *m = module;
+    for (int i = 0; i < m->n; i++)
+        free(m->fns[i]);
+    free(m->fns);
+    dlclose(m->so);
+    free(m);
+    return E_OK;
+}
+
+static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int e_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                    unsigned bz, unsigned smem, void *stream, void **params, void **extra)
+{
+    (void)smem, (void)stream, (void)extra;
+    if (!fn || gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0)
+        return E_INVALID_VALUE;
+    int n = 0;
+    while (params[n])
+        n++;
+    void **args = ptc_xmalloc(sizeof(void *) * (size_t)(n + 1));
+    for (int k = 0; k < n; k++) {
+        ptrt_cudev p;
+        memcpy(&p, params[k], sizeof p);
+        if (p < TAG) { /* every parameter of a generated kernel is a device address */
+            free(args);
+            return E_INVALID_VALUE;
+        }
+        args[k] = ptrt_cuda_emu_host(p);
+    }
+    efn *f = fn;
+    pthread_mutex_lock(&launch_lock);
+    int rc = f->launch(f->fn, args, gx < MAX_BLOCKS ? gx : MAX_BLOCKS,
+                       bx < MAX_THREADS ? bx : MAX_THREADS);
+    pthread_mutex_unlock(&launch_lock);
+    free(args);
+    return rc ? E_LAUNCH_FAILED : E_OK;
+}
+
+static int e_sync(void)
+{
+    return E_OK;
+}
+
+static const ptrt_cuda_driver emulated_driver = {
+    .cuInit = e_init,
+    .cuDriverGetVersion = e_version,
+    .cuDeviceGetCount = e_count,
+    .cuDeviceGet = e_get,
+    .cuDeviceGetName = e_name,
+    .cuDeviceGetAttribute = e_attr,
+    .cuGetErrorString = e_errstr,
+    .cuDevicePrimaryCtxRetain = e_retain,
+    .cuCtxSetCurrent = e_set_current,
+    .cuMemAlloc = e_alloc,
+    .cuMemFree = e_free,
+    .cuMemcpyHtoD = e_h2d,
+    .cuMemcpyDtoH = e_d2h,
+    .cuMemcpyDtoD = e_d2d,
+    .cuMemsetD8 = e_memset,
+    .cuModuleLoadData = e_load,
+    .cuModuleGetFunction = e_function,
+    .cuModuleUnload = e_unload,
+    .cuLaunchKernel = e_launch,
+    .cuCtxSynchronize = e_sync,
+};
+
+static int emu_open(const ptrt_cuda_driver **d, char *err, size_t errn)
+{
+    (void)err, (void)errn;
+    *d = &emulated_driver;
+    return 0;
+}
+
+/* the unit and cuda_emu.h into a temporary directory, cc into a shared object there */
+static char *emu_compile(const char *src, const char *name, int sm, char *err, size_t errn)
+{
+    (void)name, (void)sm;
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    ptc_fmt(dir, sizeof dir, "%s/ptc-cuda-emulated-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        ptc_fmt(err, errn, "cannot make a directory for the emulation build in %s",
+                tmp && *tmp ? tmp : "/tmp");
+        return NULL;
+    }
+    char hdr[4200], c[4200], so[4200], log[4200], werr[256];
+    ptc_fmt(hdr, sizeof hdr, "%s/cuda_emu.h", dir);
+    ptc_fmt(c, sizeof c, "%s/unit.c", dir);
+    ptc_fmt(so, sizeof so, "%s/unit.so", dir);
+    ptc_fmt(log, sizeof log, "%s/cc.log", dir);
+    if (ptc_file_write_file(hdr, ptrt_cuda_emu_header, strlen(ptrt_cuda_emu_header), werr,
+                            sizeof werr) < 0 ||
+        ptc_file_write_file(c, src, strlen(src), werr, sizeof werr) < 0) {
+        ptc_fmt(err, errn, "the emulation build: %s", werr);
+        return NULL;
+    }
+    const char *cc = getenv("CC");
+    char cmd[16384];
+    ptc_fmt(cmd, sizeof cmd,
+            "'%s' -std=c11 -O1 -fPIC -shared -w -include '%s' -o '%s' '%s' -lm -lpthread "
+            ">'%s' 2>&1",
+            cc && *cc ? cc : "cc", hdr, so, c, log);
+    int rc = system(cmd);
+    if (rc != 0) {
+        size_t len = 0;
+        char rerr[128];
+        char *text = ptc_file_read_all(log, 2000, &len, rerr, sizeof rerr);
+        ptc_fmt(err, errn,
+                "--device cuda-emulated needs a C compiler to build the kernels for the host "
+                "(cc, or $CC): %s failed: %s",
+                cc && *cc ? cc : "cc", text && len ? text : "(no output)");
+        free(text);
+        return NULL;
+    }
+    unlink(hdr);
+    unlink(c);
+    unlink(log);
+    /* the object stays until the process ends (the module dlopen's it by name) */
+    size_t n = strlen(IMAGE_PREFIX) + strlen(so) + 1;
+    char *image = ptc_xmalloc(n);
+    snprintf(image, n, "%s%s", IMAGE_PREFIX, so);
+    return image;
+}
+
+static int emu_gemm_start(void **handle, char *err, size_t errn)
+{
+    (void)err, (void)errn;
+    *handle = NULL;
+    return 0;
+}
+
+static double at(const void *p, int ab, int64_t i)
+{
+    return ab == PTC_BF16  ? ptc_bf16_value(((const uint16_t *)p)[i])
+           : ab == PTC_F16 ? ptc_f16_value(((const uint16_t *)p)[i])
+                           : ((const float *)p)[i];
+}
+
+/* D = alpha op(X) op(Y) + beta D, column-major, as cuBLASLt reads the description */
+static int emu_gemm(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_t ws_bytes,
+                    char *call, size_t calln)
+{
+    (void)handle, (void)ws, (void)ws_bytes;
+    const void *x = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->x);
+    const void *y = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->y);
+    float *d = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->d);
+    if (!x || !y || !d || g->x_rows > g->ldx || g->y_rows > g->ldy || g->m > g->ldd) {
+        ptc_fmt(call, calln, "cublasLtMatmul (emulated): an operand that is not device memory "
+                             "or a leading dimension below its rows");
+        return E_INVALID_VALUE;
+    }
+    for (int64_t b = 0; b < g->batch; b++)
+        for (int64_t j = 0; j < g->n; j++)
+            for (int64_t i = 0; i < g->m; i++) {
+                double s = 0;
+                for (int64_t p = 0; p < g->k; p++) {
+                    int64_t xi = g->transa == PTRT_CUBLAS_OP_N ? i + p * g->ldx : p + i * g->ldx;
+                    int64_t yi = g->transb == PTRT_CUBLAS_OP_N ? p + j * g->ldy : j + p * g->ldy;
+                    s += at(x, g->ab, b * g->sx + xi) * at(y, g->ab, b * g->sy + yi);
+                }
+                float *o = &d[b * g->sd + i + j * g->ldd];
+                *o = (float)(g->alpha * s + (g->beta != 0 ? g->beta * (double)*o : 0.0));
+            }
+    return E_OK;
+}
+
+const ptrt_cuda_impl ptrt_cuda_emulation = {
+    .what = "CUDA backend's host emulation",
+    .device = "cuda-emulated",
+    .emulated = true,
+    .open = emu_open,
+    .compile = emu_compile,
+    .gemm_start = emu_gemm_start,
+    .gemm = emu_gemm,
+};
