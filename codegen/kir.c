@@ -11,7 +11,8 @@
 const char *const ptc_kx_names[PTC_NKX] = {
     [PTC_KX_MIN] = "min",   [PTC_KX_MAX] = "max",   [PTC_KX_SELECT] = "select",
     [PTC_KX_EXP] = "exp",   [PTC_KX_LOG] = "log",   [PTC_KX_SQRT] = "sqrt",
-    [PTC_KX_TANH] = "tanh", [PTC_KX_FLOAT] = "float", [PTC_KX_SUM] = "sum",
+    [PTC_KX_TANH] = "tanh", [PTC_KX_SIN] = "sin",   [PTC_KX_COS] = "cos",
+    [PTC_KX_FLOAT] = "float", [PTC_KX_SUM] = "sum",
     [PTC_KX_RBF16] = "round_bf16", [PTC_KX_RF16] = "round_f16",
     [PTC_KX_RMAX] = "maxr", [PTC_KX_NEG] = "neg",
 };
@@ -300,6 +301,8 @@ static int check_x(vk *v, int e)
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
+    case PTC_KX_SIN:
+    case PTC_KX_COS:
     case PTC_KX_RBF16:
     case PTC_KX_RF16:
         if (want(v, x->a, PTC_KT_F32, ptc_kx_names[x->kind]) < 0)
@@ -480,6 +483,8 @@ static kval eval(interp *in, int e)
         case PTC_KX_LOG: r.f = log(a.f); return r;
         case PTC_KX_SQRT: r.f = sqrt(a.f); return r;
         case PTC_KX_TANH: r.f = tanh(a.f); return r;
+        case PTC_KX_SIN: r.f = sin(a.f); return r;
+        case PTC_KX_COS: r.f = cos(a.f); return r;
         case PTC_KX_RBF16: r.f = ptc_round_bf16((float)a.f); return r; /* (as f32, then bf16) */
         case PTC_KX_RF16: r.f = ptc_round_f16((float)a.f); return r;
         default: r.f = (double)a.i; return r; /* float */

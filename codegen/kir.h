@@ -17,7 +17,7 @@
  *               EXTENT [parallel] { ... }` (a loop nest over an index space).
  *   expressions float (f32) and integer (i64) constants, names, loads `P[INDEX]` (i32 elements
  *               load as i64), + - * / % (the last on i64), min max, comparisons < <= == != (to
- *               bool), select(c, a, b), neg exp log sqrt tanh, float(i64), and reductions
+ *               bool), select(c, a, b), neg exp log sqrt tanh sin cos, float(i64), and reductions
  *               `sum(j < N: EXPR)` and `maxr(j < N: EXPR)` over an index.
  *   parameters  f32, bf16 or f16 (2-byte storage: a load gives its f32 value, a store rounds to
  *               nearest even, as common/half.c) or i32; in or out; an out parameter written over an in parameter names it (`= x`): they
@@ -69,6 +69,8 @@ typedef enum {
     PTC_KX_LOG,
     PTC_KX_SQRT,
     PTC_KX_TANH,
+    PTC_KX_SIN,
+    PTC_KX_COS,
     PTC_KX_FLOAT,
     PTC_KX_RBF16, /* a (f32) rounded to the nearest bf16, as a store to bf16 rounds */
     PTC_KX_RF16,  /* a (f32) rounded to the nearest f16 (IEEE half), as a store to f16 rounds */

@@ -92,6 +92,8 @@ static void put_x(FILE *f, const ptc_kir *k, int e, int min_prec)
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
+    case PTC_KX_SIN:
+    case PTC_KX_COS:
     case PTC_KX_FLOAT:
     case PTC_KX_RBF16:
     case PTC_KX_RF16:

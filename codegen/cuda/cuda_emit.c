@@ -286,7 +286,7 @@ static void put_x(em *e, int x)
     };
     static const char *const fn[PTC_NKX] = {
         [PTC_KX_EXP] = "expf", [PTC_KX_LOG] = "logf", [PTC_KX_SQRT] = "sqrtf",
-        [PTC_KX_TANH] = "tanhf",
+        [PTC_KX_TANH] = "tanhf", [PTC_KX_SIN] = "sinf", [PTC_KX_COS] = "cosf",
     };
     switch ((ptc_kx_kind)p->kind) {
     case PTC_KX_FCONST:
@@ -347,6 +347,8 @@ static void put_x(em *e, int x)
     case PTC_KX_LOG:
     case PTC_KX_SQRT:
     case PTC_KX_TANH:
+    case PTC_KX_SIN:
+    case PTC_KX_COS:
         fprintf(f, "%s(", fn[p->kind]);
         put_x(e, p->a);
         fputc(')', f);

@@ -299,6 +299,8 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_TANH: return emit_tanh(e, emit_x(e, x->a));
     case PTC_KX_LOG: return intrinsic1(e, "llvm.log.f32", emit_x(e, x->a));
     case PTC_KX_SQRT: return intrinsic1(e, "llvm.sqrt.f32", emit_x(e, x->a));
+    case PTC_KX_SIN: return intrinsic1(e, "llvm.sin.f32", emit_x(e, x->a));
+    case PTC_KX_COS: return intrinsic1(e, "llvm.cos.f32", emit_x(e, x->a));
     case PTC_KX_FLOAT: return LLVMBuildSIToFP(B, emit_x(e, x->a), e->f32, "");
     case PTC_KX_RBF16: return bf16_value(e, round_bits(e, emit_x(e, x->a)));
     case PTC_KX_RF16: return f16_value(e, f16_bits(e, emit_x(e, x->a)));

@@ -30,6 +30,7 @@
 #include "exec.h"
 #include "half.h"
 #include "inproc.h"
+#include "staged.h"
 #include "plan.h"
 #include "trace.h"
 
@@ -117,6 +118,7 @@ struct shared {
     int nranks;
     run *runs;
     ptrt_inproc *inproc;
+    ptrt_staged *staged; /* the executors' communicator on a device backend */
     ptrt_mpi *mpi; /* ranks in several processes (mpirun, srun); NULL: all ranks are threads */
     ptrt_comm *comm;
     int first_local, nlocal; /* this process runs ranks [first_local, first_local + nlocal) */
@@ -1173,6 +1175,10 @@ static int setup(shared *sh, char *err, size_t errn)
     ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
                          .comm = sh->comm,
                          .canary = o->check_memory};
+    if (sh->comm && !xo.backend->host) { /* tensors in device memory: collectives staged */
+        sh->staged = ptrt_staged_new(sh->comm, xo.backend, sh->nranks);
+        xo.comm = ptrt_staged_comm(sh->staged);
+    }
     for (int k = 0; k < sh->nranks; k++) {
         run *r = &sh->runs[k];
         sh->all[k] = k;
@@ -1248,6 +1254,7 @@ static void teardown(shared *sh)
     free(sh->all);
     free(sh->ents);
     ptrt_inproc_free(sh->inproc);
+    ptrt_staged_free(sh->staged);
     ptrt_mpi_free(sh->mpi);
     if (sh->log)
         fclose(sh->log);

@@ -9,7 +9,7 @@ static const char kir_every_kind[] =
     "    let c = float(13 % 5) / 3.0\n"
     "    for r < 13 parallel {\n"
     "        let s = sum(j < 7: exp(x[r * 7 + j] * 0.5) - log(1.5 + x[r * 7 + j] * x[r * 7 + j]))\n"
-    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2]))\n"
+    "        let m = maxr(j2 < 7: tanh(x[r * 7 + j2])) + sin(x[r * 7]) * cos(x[r * 7 + 1])\n"
     "        let id = ids[r]\n"
     "        z[r] = select(id < 3, s * c, m) + sqrt(min(max(s, 0.25), 9.0))\n"
     "        for j < 7 {\n"
