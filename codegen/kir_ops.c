@@ -528,6 +528,552 @@ static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const pt
     ptc_kir_end(k);
 }
 
+
+/* ---- more helpers ---- */
+
+static int NOT_(ptc_kir *k)
+{
+    return B(k, PTC_KX_LT, I(k, 1), I(k, 0)); /* false */
+}
+/* a && b (bools) */
+static int AND(ptc_kir *k, int a, int b)
+{
+    return ptc_kx_select(k, a, b, NOT_(k));
+}
+/* lo <= v < hi (i64) */
+static int IN(ptc_kir *k, int v, int64_t lo, int64_t hi)
+{
+    return AND(k, B(k, PTC_KX_LE, I(k, lo), v), B(k, PTC_KX_LT, v, I(k, hi)));
+}
+static int LOADF(ob *b, int p, int64_t i)
+{
+    return L(b, p, I(b->k, i));
+}
+
+/* a reduction of body(b, index, ctx) over n, by kind (PTC_KX_SUM or PTC_KX_RMAX) */
+static int reduce(ob *b, ptc_kx_kind kind, const char *v, int64_t n, int (*body)(ob *, int, void *),
+                  void *ctx)
+{
+    int var = ptc_kir_var(b->k, v, PTC_KT_I64);
+    int e = body(b, ptc_kx_v(b->k, var), ctx);
+    return ptc_kx_reduce(b->k, kind, var, ptc_kx_i(b->k, n), e);
+}
+
+/* ---- rank-dependent ops (c: the rank's coordinate on the op's mesh axis) ---- */
+
+static void build_partialize(ob *b, int c, const ptc_type *it, const ptc_type *ot)
+{
+    if (c != 0) {
+        build_const(b, 0.0, ot);
+        return;
+    }
+    ptc_type flat = {.dtype = PTC_F32, .rank = 1, .dims = {ptc_type_numel(it)}};
+    build_slice(b, 0, 0, &flat, &flat);
+}
+
+static void build_shard_slice(ob *b, const ptc_attrs *at, int c, const ptc_type *it,
+                              const ptc_type *ot)
+{
+    int d = (int)at->axis;
+    int64_t groups = at->n > 1 ? at->n : 1, T = at->group, outer, D, inner;
+    axis_view(it, d, &outer, &D, &inner);
+    int64_t per = D / groups / T, blk = groups * per * inner;
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", ptc_type_numel(ot));
+    int o = B(k, PTC_KX_DIV, i, I(k, blk)), r = B(k, PTC_KX_REM, i, I(k, blk));
+    int g = B(k, PTC_KX_DIV, r, I(k, per * inner)), q = B(k, PTC_KX_REM, r, I(k, per * inner));
+    /* (o D + g D/groups + c per) inner + q */
+    int src = B(k, PTC_KX_ADD,
+                B(k, PTC_KX_MUL, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, o, I(k, D)),
+                                   B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, g, I(k, D / groups)), I(k, c * per))),
+                  I(k, inner)),
+                q);
+    ptc_kir_store(k, y, i, L(b, x, src));
+    ptc_kir_end(k);
+}
+
+/* embedding over this rank's rows [c rows, (c + 1) rows) of a table of rows x group: zero for an
+ * id another rank holds, NaN for one outside the whole table */
+static void build_embedding_shard(ob *b, int64_t group, int c, const ptc_type *tt,
+                                  const ptc_type *ti, const ptc_type *ot)
+{
+    begin(b);
+    int t = in(b, 0, tt), ids = in(b, 1, ti), y = out(b, 0, ot);
+    int64_t rows = tt->dims[0], d = tt->dims[1], V = rows * group;
+    ptc_kir *k = b->k;
+    int e = par(b, "e", ptc_type_numel(ot));
+    int id = ptc_kir_bind(k, L(b, ids, B(k, PTC_KX_DIV, e, I(k, d))));
+    int r = ptc_kir_bind(k, B(k, PTC_KX_SUB, id, I(k, c * rows)));
+    int mine = IN(k, r, 0, rows);
+    int src = ptc_kx_select(k, mine, MA(k, r, d, B(k, PTC_KX_REM, e, I(k, d))), I(k, 0));
+    int v = ptc_kx_select(k, mine, L(b, t, src), F(k, 0.0));
+    ptc_kir_store(k, y, e, ptc_kx_select(k, IN(k, id, 0, V), v, F(k, NAN)));
+    ptc_kir_end(k);
+}
+
+static void build_embedding_grad_shard(ob *b, int64_t group, int c, const ptc_type *ti,
+                                       const ptc_type *tdy, const ptc_type *ot)
+{
+    int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti), V = rows * group;
+    build_const(b, 0.0, ot);
+    begin(b);
+    int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int j = par(b, "j", d);
+    int i = ptc_kir_for(k, "i", I(k, n), false);
+    int id = ptc_kir_bind(k, L(b, ids, i));
+    int r = ptc_kir_bind(k, B(k, PTC_KX_SUB, id, I(k, c * rows)));
+    int mine = ptc_kir_bind(k, IN(k, r, 0, rows));
+    int at = ptc_kir_bind(k, ptc_kx_select(k, mine, MA(k, r, d, j), j));
+    int add = ptc_kx_select(k, mine, L(b, dy, MA(k, i, d, j)), F(k, 0.0));
+    add = ptc_kx_select(k, IN(k, id, 0, V), add, F(k, NAN));
+    ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, L(b, y, at), add));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+/* the vocabulary-parallel cross-entropy pieces: logits [R, V] are this rank's classes
+ * [c V, (c + 1) V) of V x group */
+typedef struct row {
+    int x, m; /* the rows' array, a per-row value (max) */
+    int64_t n; /* row length */
+    int r;
+} row;
+static int row_expm(ob *b, int j, void *cx)
+{
+    row *w = cx;
+    return U(b->k, PTC_KX_EXP, B(b->k, PTC_KX_SUB, L(b, w->x, MA(b->k, w->r, w->n, j)), w->m));
+}
+static int row_x(ob *b, int j, void *cx)
+{
+    row *w = cx;
+    return L(b, w->x, MA(b->k, w->r, w->n, j));
+}
+
+static void build_ce_sumexp(ob *b, const ptc_type *tl, const ptc_type *tm, const ptc_type *ot)
+{
+    row w = {.n = tl->dims[tl->rank - 1]};
+    int64_t R = ptc_type_numel(tl) / w.n;
+    begin(b);
+    w.x = in(b, 0, tl);
+    int m = in(b, 1, tm), y = out(b, 0, ot);
+    w.r = par(b, "r", R);
+    w.m = ptc_kir_bind(b->k, L(b, m, w.r));
+    ptc_kir_store(b->k, y, w.r, reduce(b, PTC_KX_SUM, "j", w.n, row_expm, &w));
+    ptc_kir_end(b->k);
+}
+
+static void build_ce_pick(ob *b, int64_t group, int c, const ptc_type *tl, const ptc_type *tt,
+                          const ptc_type *ot)
+{
+    int64_t V = tl->dims[tl->rank - 1], R = ptc_type_numel(tl) / V;
+    begin(b);
+    int l = in(b, 0, tl), t = in(b, 1, tt), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int r = par(b, "r", R);
+    int tv = ptc_kir_bind(k, L(b, t, r));
+    int j = ptc_kir_bind(k, B(k, PTC_KX_SUB, tv, I(k, c * V)));
+    int mine = IN(k, j, 0, V);
+    int v = ptc_kx_select(k, mine, L(b, l, ptc_kx_select(k, mine, MA(k, r, V, j), I(k, 0))), F(k, 0.0));
+    ptc_kir_store(k, y, r, ptc_kx_select(k, IN(k, tv, 0, V * group), v, F(k, NAN)));
+    ptc_kir_end(k);
+}
+
+typedef struct cel {
+    int M, S, T;
+} cel;
+static int cel_body(ob *b, int r, void *cx)
+{
+    cel *c = cx;
+    ptc_kir *k = b->k;
+    return B(k, PTC_KX_SUB, B(k, PTC_KX_ADD, U(k, PTC_KX_LOG, L(b, c->S, r)), L(b, c->M, r)), L(b, c->T, r));
+}
+
+static void build_ce_loss(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    int64_t R = ptc_type_numel(&it[0]);
+    begin(b);
+    cel c = {in(b, 0, &it[0]), in(b, 1, &it[1]), in(b, 2, &it[2])};
+    int y = out(b, 0, ot);
+    par(b, "o", 1);
+    ptc_kir_store(b->k, y, I(b->k, 0),
+                  B(b->k, PTC_KX_DIV, reduce(b, PTC_KX_SUM, "r", R, cel_body, &c), F(b->k, (double)R)));
+    ptc_kir_end(b->k);
+}
+
+static void build_ce_grad_shard(ob *b, int64_t group, int c, const ptc_type *it, const ptc_type *ot)
+{
+    int64_t V = it[0].dims[it[0].rank - 1], R = ptc_type_numel(&it[0]) / V;
+    begin(b);
+    int l = in(b, 0, &it[0]), t = in(b, 1, &it[1]), M = in(b, 2, &it[2]), S = in(b, 3, &it[3]);
+    int sc = in(b, 4, &it[4]), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int e = par(b, "e", R * V);
+    int r = ptc_kir_bind(k, B(k, PTC_KX_DIV, e, I(k, V))), j = B(k, PTC_KX_REM, e, I(k, V));
+    int tv = ptc_kir_bind(k, L(b, t, r));
+    int p = B(k, PTC_KX_DIV, U(k, PTC_KX_EXP, B(k, PTC_KX_SUB, L(b, l, e), L(b, M, r))), L(b, S, r));
+    int hit = ptc_kx_select(k, B(k, PTC_KX_EQ, tv, B(k, PTC_KX_ADD, j, I(k, c * V))), F(k, 1.0), F(k, 0.0));
+    int g = B(k, PTC_KX_MUL, B(k, PTC_KX_SUB, p, hit), B(k, PTC_KX_DIV, LOADF(b, sc, 0), F(k, (double)R)));
+    ptc_kir_store(k, y, e, ptc_kx_select(k, IN(k, tv, 0, V * group), g, F(k, NAN)));
+    ptc_kir_end(k);
+}
+
+/* ---- optimizers (torch.optim, as the reference kernels and the fused AdamW) ---- */
+
+static void build_adamw(ob *b, const ptc_attrs *at, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int p = in(b, 0, &it[0]), g = in(b, 1, &it[1]), m = in(b, 2, &it[2]), v = in(b, 3, &it[3]);
+    int lrp = in(b, 4, &it[4]), stp = in(b, 5, &it[5]);
+    int po = out(b, 0, &ot[0]), mo = out(b, 1, &ot[1]), vo = out(b, 2, &ot[2]);
+    ptc_kir *k = b->k;
+    int lr = ptc_kir_bind(k, LOADF(b, lrp, 0)), step = ptc_kir_bind(k, LOADF(b, stp, 0));
+    /* beta^step = exp(step log beta) */
+    int bc1 = ptc_kir_bind(k, B(k, PTC_KX_SUB, F(k, 1.0), U(k, PTC_KX_EXP, B(k, PTC_KX_MUL, step, F(k, log(at->beta1))))));
+    int bc2 = ptc_kir_bind(k, B(k, PTC_KX_SUB, F(k, 1.0), U(k, PTC_KX_EXP, B(k, PTC_KX_MUL, step, F(k, log(at->beta2))))));
+    int step_size = ptc_kir_bind(k, B(k, PTC_KX_DIV, lr, bc1));
+    int bc2_sqrt = ptc_kir_bind(k, U(k, PTC_KX_SQRT, bc2));
+    int i = par(b, "i", ptc_type_numel(&it[0]));
+    int gi = ptc_kir_bind(k, L(b, g, i));
+    int mm = ptc_kir_bind(k, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, F(k, at->beta1), L(b, m, i)), B(k, PTC_KX_MUL, F(k, 1 - at->beta1), gi)));
+    int vv = ptc_kir_bind(k, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, F(k, at->beta2), L(b, v, i)),
+                              B(k, PTC_KX_MUL, F(k, 1 - at->beta2), B(k, PTC_KX_MUL, gi, gi))));
+    int denom = B(k, PTC_KX_ADD, B(k, PTC_KX_DIV, U(k, PTC_KX_SQRT, vv), bc2_sqrt), F(k, at->eps));
+    int pd = B(k, PTC_KX_MUL, L(b, p, i), B(k, PTC_KX_SUB, F(k, 1.0), B(k, PTC_KX_MUL, lr, F(k, at->wd))));
+    ptc_kir_store(k, po, i, B(k, PTC_KX_SUB, pd, B(k, PTC_KX_DIV, B(k, PTC_KX_MUL, step_size, mm), denom)));
+    ptc_kir_store(k, mo, i, mm);
+    ptc_kir_store(k, vo, i, vv);
+    ptc_kir_end(k);
+}
+
+static void build_sgd(ob *b, const ptc_attrs *at, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int p = in(b, 0, &it[0]), g = in(b, 1, &it[1]), buf = in(b, 2, &it[2]), lrp = in(b, 3, &it[3]);
+    int po = out(b, 0, &ot[0]), bo = out(b, 1, &ot[1]);
+    ptc_kir *k = b->k;
+    int lr = ptc_kir_bind(k, LOADF(b, lrp, 0));
+    int i = par(b, "i", ptc_type_numel(&it[0]));
+    int pi = ptc_kir_bind(k, L(b, p, i));
+    int d = ptc_kir_bind(k, B(k, PTC_KX_ADD, L(b, g, i), B(k, PTC_KX_MUL, F(k, at->wd), pi)));
+    if (at->momentum != 0) {
+        d = ptc_kir_bind(k, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, F(k, at->momentum), L(b, buf, i)), d));
+        ptc_kir_store(k, bo, i, d);
+    } else {
+        ptc_kir_store(k, bo, i, L(b, buf, i));
+    }
+    ptc_kir_store(k, po, i, B(k, PTC_KX_SUB, pi, B(k, PTC_KX_MUL, lr, d)));
+    ptc_kir_end(k);
+}
+
+/* ---- along an axis: line (a, c) of an [outer, n, inner] view, element i at
+ * a n inner + i inner + c ---- */
+
+typedef struct line {
+    int x, y;      /* two arrays read along the line (y may be -1) */
+    int64_t n, inner;
+    int base;      /* a n inner + c */
+    int mx, s;     /* per-line values */
+    int logy;
+} line;
+static int at_(ob *b, line *l, int i)
+{
+    return B(b->k, PTC_KX_ADD, l->base, l->inner > 1 ? B(b->k, PTC_KX_MUL, i, I(b->k, l->inner)) : i);
+}
+static int line_x(ob *b, int i, void *cx)
+{
+    line *l = cx;
+    return L(b, l->x, at_(b, l, i));
+}
+static int line_nan(ob *b, int i, void *cx)
+{
+    int v = line_x(b, i, cx);
+    return ptc_kx_select(b->k, B(b->k, PTC_KX_NE, v, v), F(b->k, 1.0), F(b->k, 0.0));
+}
+static int line_expm(ob *b, int i, void *cx)
+{
+    line *l = cx;
+    return U(b->k, PTC_KX_EXP, B(b->k, PTC_KX_SUB, line_x(b, i, cx), l->mx));
+}
+static int line_dyy(ob *b, int i, void *cx) /* softmax: dy y; log_softmax: dy */
+{
+    line *l = cx;
+    int dy = L(b, l->y, at_(b, l, i));
+    return l->logy ? dy : B(b->k, PTC_KX_MUL, dy, line_x(b, i, cx));
+}
+
+/* a line loop over the [outer, n, inner] view of t: opens the parallel loop, sets l->base;
+ * returns the line's index (a inner + c) */
+static int open_lines(ob *b, line *l, const ptc_type *t, int axis)
+{
+    int64_t outer;
+    axis_view(t, axis, &outer, &l->n, &l->inner);
+    int o = par(b, "o", outer * l->inner);
+    ptc_kir *k = b->k;
+    l->base = ptc_kir_bind(k, l->inner > 1 ? B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, B(k, PTC_KX_DIV, o, I(k, l->inner)), I(k, l->n * l->inner)),
+                                               B(k, PTC_KX_REM, o, I(k, l->inner)))
+                                           : B(k, PTC_KX_MUL, o, I(k, l->n)));
+    return o;
+}
+
+/* max along an axis; NaN wins, as in the reference (maxr alone would pass over it) */
+static void build_max(ob *b, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    line l = {.x = in(b, 0, it), .y = -1};
+    int y = out(b, 0, ot);
+    int o = open_lines(b, &l, it, axis);
+    ptc_kir *k = b->k;
+    int m = reduce(b, PTC_KX_RMAX, "i", l.n, line_x, &l);
+    int nans = reduce(b, PTC_KX_SUM, "i2", l.n, line_nan, &l);
+    ptc_kir_store(k, y, o, ptc_kx_select(k, B(k, PTC_KX_LT, F(k, 0.0), nans), F(k, NAN), m));
+    ptc_kir_end(k);
+}
+
+static void build_softmax(ob *b, bool log_out, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    line l = {.x = in(b, 0, it), .y = -1};
+    int y = out(b, 0, ot);
+    open_lines(b, &l, it, axis);
+    ptc_kir *k = b->k;
+    l.mx = ptc_kir_bind(k, reduce(b, PTC_KX_RMAX, "i0", l.n, line_x, &l));
+    l.s = ptc_kir_bind(k, reduce(b, PTC_KX_SUM, "i1", l.n, line_expm, &l));
+    int lse = ptc_kir_bind(k, B(k, PTC_KX_ADD, U(k, PTC_KX_LOG, l.s), l.mx));
+    int i = ptc_kir_for(k, "i", I(k, l.n), false);
+    int v = line_x(b, i, &l);
+    ptc_kir_store(k, y, at_(b, &l, i), log_out ? B(k, PTC_KX_SUB, v, lse)
+                                                : B(k, PTC_KX_DIV, U(k, PTC_KX_EXP, B(k, PTC_KX_SUB, v, l.mx)), l.s));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+static void build_softmax_grad(ob *b, bool log_in, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    line l = {.x = in(b, 0, &it[0]), .y = in(b, 1, &it[1]), .logy = log_in};
+    int dx = out(b, 0, ot);
+    open_lines(b, &l, &it[0], axis);
+    ptc_kir *k = b->k;
+    int s = ptc_kir_bind(k, reduce(b, PTC_KX_SUM, "i0", l.n, line_dyy, &l));
+    int i = ptc_kir_for(k, "i", I(k, l.n), false);
+    int at = ptc_kir_bind(k, at_(b, &l, i));
+    int yv = L(b, l.x, at), dy = L(b, l.y, at);
+    ptc_kir_store(k, dx, at, log_in ? B(k, PTC_KX_SUB, dy, B(k, PTC_KX_MUL, U(k, PTC_KX_EXP, yv), s))
+                                    : B(k, PTC_KX_MUL, yv, B(k, PTC_KX_SUB, dy, s)));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+static void build_broadcast_to(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    int i = par(b, "i", ptc_type_numel(ot));
+    ptc_kir_store(b->k, y, i, L(b, x, ptc_kx_bcast_index(b->k, i, it, ot)));
+    ptc_kir_end(b->k);
+}
+
+/* ---- norms over the last axis ---- */
+
+typedef struct nrm {
+    int x, g, dy, s;
+    int64_t d, rows;
+    int r, mean, inv, j;
+} nrm;
+static int n_x(ob *b, int j, void *c)
+{
+    nrm *l = c;
+    return L(b, l->x, MA(b->k, l->r, l->d, j));
+}
+static int n_var(ob *b, int j, void *c)
+{
+    nrm *l = c;
+    int v = B(b->k, PTC_KX_SUB, n_x(b, j, c), l->mean);
+    return B(b->k, PTC_KX_MUL, v, v);
+}
+static int n_sq(ob *b, int j, void *c)
+{
+    int v = n_x(b, j, c);
+    return B(b->k, PTC_KX_MUL, v, v);
+}
+static int n_egx(ob *b, int j, void *c) /* dy g x */
+{
+    nrm *l = c;
+    ptc_kir *k = b->k;
+    return B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, L(b, l->dy, MA(k, l->r, l->d, j)), L(b, l->g, j)), n_x(b, j, c));
+}
+static int n_dgx(ob *b, int r, void *c) /* over rows: dy x inv */
+{
+    nrm *l = c;
+    ptc_kir *k = b->k;
+    int at = MA(k, r, l->d, l->j);
+    return B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, L(b, l->dy, at), L(b, l->x, at)), L(b, l->s, r));
+}
+
+/* layernorm (x, g, b) and rmsnorm (x, g) */
+static void build_norm(ob *b, bool rms, double eps, const ptc_type *it, const ptc_type *ot)
+{
+    nrm l = {.d = it[0].dims[it[0].rank - 1]};
+    l.rows = ptc_type_numel(&it[0]) / l.d;
+    begin(b);
+    l.x = in(b, 0, &it[0]);
+    l.g = in(b, 1, &it[1]);
+    int bb = rms ? -1 : in(b, 2, &it[2]);
+    int y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    l.r = par(b, "r", l.rows);
+    double inv_d = 1.0 / (double)l.d;
+    int inv;
+    if (rms) {
+        inv = ptc_kir_bind(k, B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, sum(b, "j0", l.d, n_sq, &l), F(k, inv_d)), F(k, eps)))));
+        l.mean = -1;
+    } else {
+        l.mean = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j0", l.d, n_x, &l), F(k, inv_d)));
+        int var = B(k, PTC_KX_MUL, sum(b, "j1", l.d, n_var, &l), F(k, inv_d));
+        inv = ptc_kir_bind(k, B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, B(k, PTC_KX_ADD, var, F(k, eps)))));
+    }
+    int j = ptc_kir_for(k, "j", I(k, l.d), false);
+    int xv = n_x(b, j, &l);
+    int v = B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, rms ? xv : B(k, PTC_KX_SUB, xv, l.mean), inv), L(b, l.g, j));
+    if (!rms)
+        v = B(k, PTC_KX_ADD, v, L(b, bb, j));
+    ptc_kir_store(k, y, MA(k, l.r, l.d, j), v);
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+/* rmsnorm_grad (x, g, dy) -> (dx, dg): dx = r e - x r^3 mean(e x) over rows (r into scratch),
+ * then dg = sum over rows of dy x r over columns */
+static void build_rmsnorm_grad(ob *b, double eps, const ptc_type *it, const ptc_type *ot)
+{
+    nrm l = {.d = it[0].dims[it[0].rank - 1]};
+    l.rows = ptc_type_numel(&it[0]) / l.d;
+    b->ok->scratch = l.rows;
+    begin(b);
+    l.x = in(b, 0, &it[0]);
+    l.g = in(b, 1, &it[1]);
+    l.dy = in(b, 2, &it[2]);
+    int dx = out(b, 0, &ot[0]);
+    l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, l.rows, true);
+    ptc_kir *k = b->k;
+    l.r = par(b, "r", l.rows);
+    double inv_d = 1.0 / (double)l.d;
+    int inv = ptc_kir_bind(k, B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, sum(b, "j0", l.d, n_sq, &l), F(k, inv_d)), F(k, eps)))));
+    ptc_kir_store(k, l.s, l.r, inv);
+    int mex = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j1", l.d, n_egx, &l), F(k, inv_d)));
+    int j = ptc_kir_for(k, "j", I(k, l.d), false);
+    int at = ptc_kir_bind(k, MA(k, l.r, l.d, j));
+    int e = B(k, PTC_KX_MUL, L(b, l.dy, at), L(b, l.g, j));
+    int v = B(k, PTC_KX_SUB, B(k, PTC_KX_MUL, inv, e),
+              B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, L(b, l.x, at), B(k, PTC_KX_MUL, B(k, PTC_KX_MUL, inv, inv), inv)), mex));
+    ptc_kir_store(k, dx, at, v);
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+
+    begin(b);
+    l.x = in(b, 0, &it[0]);
+    l.dy = in(b, 2, &it[2]);
+    l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, l.rows, false);
+    int dg = out(b, 1, &ot[1]);
+    k = b->k;
+    l.j = par(b, "j", l.d);
+    ptc_kir_store(k, dg, l.j, sum(b, "r0", l.rows, n_dgx, &l));
+    ptc_kir_end(k);
+}
+
+/* ---- losses ---- */
+
+/* cross_entropy (logits [.., C], targets) -> the mean over rows of logsumexp(row) - row[t]:
+ * each row's loss into scratch, then their mean */
+static void build_cross_entropy(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    row w = {.n = it[0].dims[it[0].rank - 1]};
+    int64_t R = ptc_type_numel(&it[0]) / w.n;
+    b->ok->scratch = R;
+    begin(b);
+    w.x = in(b, 0, &it[0]);
+    int t = in(b, 1, &it[1]);
+    int s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, R, true);
+    ptc_kir *k = b->k;
+    w.r = par(b, "r", R);
+    w.m = ptc_kir_bind(k, reduce(b, PTC_KX_RMAX, "j0", w.n, row_x, &w));
+    int se = ptc_kir_bind(k, reduce(b, PTC_KX_SUM, "j1", w.n, row_expm, &w));
+    int tv = ptc_kir_bind(k, L(b, t, w.r));
+    int ok = IN(k, tv, 0, w.n);
+    int pick = L(b, w.x, MA(k, w.r, w.n, ptc_kx_select(k, ok, tv, I(k, 0))));
+    int loss = B(k, PTC_KX_SUB, B(k, PTC_KX_ADD, U(k, PTC_KX_LOG, se), w.m), pick);
+    ptc_kir_store(k, s, w.r, ptc_kx_select(k, ok, loss, F(k, NAN)));
+    ptc_kir_end(k);
+
+    begin(b);
+    s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, R, false);
+    int y = out(b, 0, ot);
+    k = b->k;
+    par(b, "o", 1);
+    row all = {.x = s, .n = R, .r = I(k, 0)};
+    ptc_kir_store(k, y, I(k, 0), B(k, PTC_KX_DIV, reduce(b, PTC_KX_SUM, "r", R, row_x, &all), F(k, (double)R)));
+    ptc_kir_end(k);
+}
+
+static void build_cross_entropy_grad(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    row w = {.n = it[0].dims[it[0].rank - 1]};
+    int64_t R = ptc_type_numel(&it[0]) / w.n;
+    begin(b);
+    w.x = in(b, 0, &it[0]);
+    int t = in(b, 1, &it[1]), dl = in(b, 2, &it[2]), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int scale = ptc_kir_bind(k, B(k, PTC_KX_DIV, LOADF(b, dl, 0), F(k, (double)R)));
+    w.r = par(b, "r", R);
+    w.m = ptc_kir_bind(k, reduce(b, PTC_KX_RMAX, "j0", w.n, row_x, &w));
+    int se = ptc_kir_bind(k, reduce(b, PTC_KX_SUM, "j1", w.n, row_expm, &w));
+    int tv = ptc_kir_bind(k, L(b, t, w.r));
+    int ok = ptc_kir_bind(k, IN(k, tv, 0, w.n));
+    int j = ptc_kir_for(k, "j", I(k, w.n), false);
+    int at = ptc_kir_bind(k, MA(k, w.r, w.n, j));
+    int p = B(k, PTC_KX_DIV, U(k, PTC_KX_EXP, B(k, PTC_KX_SUB, L(b, w.x, at), w.m)), se);
+    int hit = ptc_kx_select(k, B(k, PTC_KX_EQ, j, tv), F(k, 1.0), F(k, 0.0));
+    int g = B(k, PTC_KX_MUL, B(k, PTC_KX_SUB, p, hit), scale);
+    ptc_kir_store(k, y, at, ptc_kx_select(k, ok, g, F(k, NAN)));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+/* rope over x [B, S, heads x dh]: pair (2j, 2j + 1) of a head at position p turns by
+ * p base^(-2j/dh) (backward: by its negative) */
+static void build_rope(ob *b, bool grad, int64_t heads, double base, const ptc_type *it,
+                       const ptc_type *ot)
+{
+    int64_t S = it->dims[1], f = it->dims[2], dh = f / heads, half = dh / 2;
+    int64_t pairs = ptc_type_numel(it) / 2;
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int q = par(b, "q", pairs);
+    /* q = ((b S + p) heads + h) half + j */
+    int j = B(k, PTC_KX_REM, q, I(k, half));
+    int p = B(k, PTC_KX_REM, B(k, PTC_KX_DIV, q, I(k, heads * half)), I(k, S));
+    int at = ptc_kir_bind(k, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, B(k, PTC_KX_DIV, q, I(k, half)), I(k, dh)),
+                              B(k, PTC_KX_MUL, j, I(k, 2))));
+    int freq = U(k, PTC_KX_EXP, B(k, PTC_KX_MUL, U(k, PTC_KX_FLOAT, j), F(k, -2.0 * log(base) / (double)dh)));
+    int theta = ptc_kir_bind(k, B(k, PTC_KX_MUL, U(k, PTC_KX_FLOAT, p), freq));
+    int c = ptc_kir_bind(k, U(k, PTC_KX_COS, theta)), sn = ptc_kir_bind(k, U(k, PTC_KX_SIN, theta));
+    int x0 = ptc_kir_bind(k, L(b, x, at)), x1 = ptc_kir_bind(k, L(b, x, B(k, PTC_KX_ADD, at, I(k, 1))));
+    if (grad) {
+        ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, x0, c), B(k, PTC_KX_MUL, x1, sn)));
+        ptc_kir_store(k, y, B(k, PTC_KX_ADD, at, I(k, 1)),
+                      B(k, PTC_KX_SUB, B(k, PTC_KX_MUL, x1, c), B(k, PTC_KX_MUL, x0, sn)));
+    } else {
+        ptc_kir_store(k, y, at, B(k, PTC_KX_SUB, B(k, PTC_KX_MUL, x0, c), B(k, PTC_KX_MUL, x1, sn)));
+        ptc_kir_store(k, y, B(k, PTC_KX_ADD, at, I(k, 1)),
+                      B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, x0, sn), B(k, PTC_KX_MUL, x1, c)));
+    }
+    ptc_kir_end(k);
+}
+
 /* ---- the table ---- */
 
 static bool all_f32(int n, const ptc_type *t, int except)
@@ -538,13 +1084,80 @@ static bool all_f32(int n, const ptc_type *t, int except)
     return true;
 }
 
-int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int nin,
+/* the operand of op that holds i32 ids or targets, or -1 */
+static int ids_operand(ptc_op op)
+{
+    switch (op) {
+    case PTC_OP_EMBEDDING:
+    case PTC_OP_EMBEDDING_SHARD:
+    case PTC_OP_CE_PICK:
+    case PTC_OP_CE_GRAD_SHARD:
+    case PTC_OP_CROSS_ENTROPY:
+    case PTC_OP_CROSS_ENTROPY_GRAD: return 1;
+    case PTC_OP_EMBEDDING_GRAD:
+    case PTC_OP_EMBEDDING_GRAD_SHARD: return 0;
+    default: return -1;
+    }
+}
+
+/* the ops ptc_op_kernels_build takes (its switch's cases) */
+static bool covered(ptc_op op)
+{
+    if (ptc_kx_op_pointwise(op))
+        return true;
+    switch (op) {
+    case PTC_OP_CONST:
+    case PTC_OP_FILL:
+    case PTC_OP_SUMSQ:
+    case PTC_OP_SUM:
+    case PTC_OP_MEAN:
+    case PTC_OP_SUM_TO:
+    case PTC_OP_SLICE:
+    case PTC_OP_PAD:
+    case PTC_OP_CONCAT:
+    case PTC_OP_RESHAPE:
+    case PTC_OP_EMBEDDING:
+    case PTC_OP_EMBEDDING_GRAD:
+    case PTC_OP_CLIP_COEF:
+    case PTC_OP_LAYERNORM_GRAD:
+    case PTC_OP_PARTIALIZE:
+    case PTC_OP_SHARD_SLICE:
+    case PTC_OP_EMBEDDING_SHARD:
+    case PTC_OP_EMBEDDING_GRAD_SHARD:
+    case PTC_OP_CE_SUMEXP:
+    case PTC_OP_CE_PICK:
+    case PTC_OP_CE_LOSS:
+    case PTC_OP_CE_GRAD_SHARD:
+    case PTC_OP_ADAMW_UPDATE:
+    case PTC_OP_SGD_UPDATE:
+    case PTC_OP_MAX:
+    case PTC_OP_SOFTMAX:
+    case PTC_OP_LOG_SOFTMAX:
+    case PTC_OP_SOFTMAX_GRAD:
+    case PTC_OP_LOG_SOFTMAX_GRAD:
+    case PTC_OP_BROADCAST_TO:
+    case PTC_OP_LAYERNORM:
+    case PTC_OP_RMSNORM:
+    case PTC_OP_RMSNORM_GRAD:
+    case PTC_OP_CROSS_ENTROPY:
+    case PTC_OP_CROSS_ENTROPY_GRAD:
+    case PTC_OP_ROPE:
+    case PTC_OP_ROPE_GRAD: return true;
+    default: return false;
+    }
+}
+
+int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int coord, int nin,
                          const ptc_type *it, int nout, const ptc_type *ot, ptc_op_kernels *ok,
                          char *why, size_t whyn)
 {
     memset(ok, 0, sizeof *ok);
     ob b = {.ok = ok, .name = name};
-    int ids = op == PTC_OP_EMBEDDING ? 1 : op == PTC_OP_EMBEDDING_GRAD ? 0 : -1;
+    if (!covered(op)) {
+        ptc_fmt(why, whyn, "op %s has no generated kernel yet", ptc_ops[op].name);
+        return -1;
+    }
+    int ids = ids_operand(op);
     if (!all_f32(nin, it, ids) || !all_f32(nout, ot, -1) ||
         (ids >= 0 && it[ids].dtype != PTC_I32)) {
         ptc_fmt(why, whyn, "op %s over non-f32 operands has no generated kernel yet",
@@ -578,6 +1191,39 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int n
         case PTC_OP_EMBEDDING_GRAD: build_embedding_grad(&b, &it[0], &it[1], &ot[0]); break;
         case PTC_OP_CLIP_COEF: build_clip_coef(&b, it, &ot[0]); break;
         case PTC_OP_LAYERNORM_GRAD: build_layernorm_grad(&b, at->eps, it, ot); break;
+        case PTC_OP_PARTIALIZE: build_partialize(&b, coord, &it[0], &ot[0]); break;
+        case PTC_OP_SHARD_SLICE: build_shard_slice(&b, at, coord, &it[0], &ot[0]); break;
+        case PTC_OP_EMBEDDING_SHARD:
+            build_embedding_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
+            break;
+        case PTC_OP_EMBEDDING_GRAD_SHARD:
+            build_embedding_grad_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
+            break;
+        case PTC_OP_CE_SUMEXP: build_ce_sumexp(&b, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_CE_PICK: build_ce_pick(&b, at->group, coord, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_CE_LOSS: build_ce_loss(&b, it, &ot[0]); break;
+        case PTC_OP_CE_GRAD_SHARD: build_ce_grad_shard(&b, at->group, coord, it, &ot[0]); break;
+        case PTC_OP_ADAMW_UPDATE: build_adamw(&b, at, it, ot); break;
+        case PTC_OP_SGD_UPDATE: build_sgd(&b, at, it, ot); break;
+        case PTC_OP_MAX: build_max(&b, (int)at->axis, &it[0], &ot[0]); break;
+        case PTC_OP_SOFTMAX:
+        case PTC_OP_LOG_SOFTMAX:
+            build_softmax(&b, op == PTC_OP_LOG_SOFTMAX, (int)at->axis, &it[0], &ot[0]);
+            break;
+        case PTC_OP_SOFTMAX_GRAD:
+        case PTC_OP_LOG_SOFTMAX_GRAD:
+            build_softmax_grad(&b, op == PTC_OP_LOG_SOFTMAX_GRAD, (int)at->axis, it, &ot[0]);
+            break;
+        case PTC_OP_BROADCAST_TO: build_broadcast_to(&b, &it[0], &ot[0]); break;
+        case PTC_OP_LAYERNORM:
+        case PTC_OP_RMSNORM: build_norm(&b, op == PTC_OP_RMSNORM, at->eps, it, &ot[0]); break;
+        case PTC_OP_RMSNORM_GRAD: build_rmsnorm_grad(&b, at->eps, it, ot); break;
+        case PTC_OP_CROSS_ENTROPY: build_cross_entropy(&b, it, &ot[0]); break;
+        case PTC_OP_CROSS_ENTROPY_GRAD: build_cross_entropy_grad(&b, it, &ot[0]); break;
+        case PTC_OP_ROPE:
+        case PTC_OP_ROPE_GRAD:
+            build_rope(&b, op == PTC_OP_ROPE_GRAD, at->heads, at->base, &it[0], &ot[0]);
+            break;
         default:
             ptc_fmt(why, whyn, "op %s has no generated kernel yet", ptc_ops[op].name);
             rc = -1;

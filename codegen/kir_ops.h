@@ -37,9 +37,11 @@ typedef struct ptc_op_kernels {
     int64_t scratch; /* f32 elements of scratch the kernels use (0: none) */
 } ptc_op_kernels;
 
-/* The kernels of one op instance, named name_0, name_1, ... Returns 0, or -1 with why (the op or
- * its operands are not covered; nothing is allocated then). */
-int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int nin,
+/* The kernels of one op instance, named name_0, name_1, ...; coord is the rank's coordinate on
+ * the op's mesh axis (the rank-dependent ops: partialize, shard_slice, embedding_shard, the
+ * vocabulary-parallel cross-entropy pieces), 0 for the others. Returns 0, or -1 with why (the op
+ * or its operands are not covered; nothing is allocated then). */
+int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int coord, int nin,
                          const ptc_type *it, int nout, const ptc_type *ot, ptc_op_kernels *out,
                          char *why, size_t whyn);
 void ptc_op_kernels_free(ptc_op_kernels *ok);

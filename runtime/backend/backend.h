@@ -40,8 +40,9 @@ typedef struct ptrt_backend {
     int (*fused)(void *state, const ptc_plan *p, int k, void *const *args, char *err,
                  size_t errn);
     /* Kernel instruction i of program prog over its operands, where the backend prepared its
-     * own code for each (a device backend); NULL: the executor calls kernel. */
-    int (*instr)(void *state, const ptc_plan *p, int prog, int i, void *const *in,
+     * own code for each (a device backend), coord being the kernel call's (ptrt_kcall); NULL:
+     * the executor calls kernel. */
+    int (*instr)(void *state, const ptc_plan *p, int prog, int i, int coord, void *const *in,
                  void *const *out, char *err, size_t errn);
     /* Device backends only (NULL on host backends, where the executor uses memcpy): n bytes from
      * host memory into an arena, from an arena to host memory (complete on return), within

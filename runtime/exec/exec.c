@@ -548,8 +548,8 @@ static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
     switch (in->kind) {
     case PTC_INSTR_KERNEL:
         if (x->be->instr)
-            return x->be->instr(x->be_state, x->plan, x->plan->rank_program[x->rank], i, p->in,
-                                p->out, err, errn);
+            return x->be->instr(x->be_state, x->plan, x->plan->rank_program[x->rank], i,
+                                p->kc.coord, p->in, p->out, err, errn);
         return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
     case PTC_INSTR_GEMM: x->be->gemm(&in->gemm, p->in[0], p->in[1], p->out[0]); return 0;
     case PTC_INSTR_COLL: return run_collective(x, in, p, err, errn);

@@ -24,6 +24,8 @@ SMALL = ['-D', 'batch=2', '-D', 'seq=8']
 CASES = [  # (name, model, ptc flags)
     ('gpt2_tiny', 'gpt2_tiny.ptm', SMALL),
     ('bert_tiny', 'bert_tiny.ptm', SMALL),
+    ('llama_tiny', 'llama_tiny.ptm', SMALL),
+    ('mlp', 'mlp.ptm', []),
     # 4 ranks on the one (emulated) GPU: tensor and data parallel, sequence parallel, ZeRO-1;
     # their collectives through the host-staged communicator
     ('gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny.ptm',
@@ -106,6 +108,16 @@ def main():
                     worst, where = d, k
             check(worst <= 1e-4, '%s: step-1 gradients, worst difference %.2e of the tensor\'s '
                   'largest (%s)' % (name, worst, where or '-'))
+        # what the backend has no kernel for yet fails the start, naming the op and where in the
+        # model it comes from, before any step
+        exe = os.path.join(wd, 'moe_tiny')
+        subprocess.run([PTC, os.path.join(SRC, 'examples', 'moe_tiny.ptm'), '-o', exe] + SMALL,
+                       capture_output=True, check=True)
+        p = subprocess.run([exe, '--device', 'cuda-emulated', '--steps', '1'], capture_output=True,
+                           text=True, cwd=wd, timeout=600)
+        check(p.returncode == 1 and re.search(r'moe_tiny\.ptm:\d+:\d+: moe_\w+: the CUDA backend '
+                                              r'cannot run it', p.stderr) and 'step' not in p.stdout,
+              'moe_tiny: a clear error at start (%s)' % p.stderr.strip()[:200])
     print('%d passed, %d failed' % (passed, failed))
     return 1 if failed else 0
 

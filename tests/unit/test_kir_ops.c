@@ -17,8 +17,36 @@ static float urand(void)
     return (float)((rng >> 8) & 0xffff) / 65536.0f;
 }
 
-/* the op through the kernels, against rt_run; ids (i32 operands) below bound */
-static void check(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, int64_t bound)
+/* the reference kernel at coordinate coord */
+static rt_result ref_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type *it,
+                        void *const *in)
+{
+    rt_result r;
+    memset(&r, 0, sizeof r);
+    char err[512] = "";
+    r.nout = ptc_infer(op, it, nin, &at, r.ot, err, sizeof err);
+    cr_assert(r.nout > 0, "shape inference of %s failed: %s", ptc_ops[op].name, err);
+    for (int j = 0; j < r.nout; j++) {
+        size_t bytes = (size_t)ptc_type_numel(&r.ot[j]) * 4;
+        r.out[j] = malloc(bytes ? bytes : 4);
+        memset(r.out[j], 0xff, bytes);
+    }
+    ptrt_kcall node;
+    memset(&node, 0, sizeof node);
+    node.op = op;
+    node.nin = nin;
+    node.nout = r.nout;
+    node.attrs = at;
+    node.coord = coord;
+    r.rc = ptrt_ref_run(&node, it, in, r.ot, r.out, r.err, sizeof r.err);
+    cr_assert_eq(r.rc, 0, "%s failed: %s", ptc_ops[op].name, r.err);
+    return r;
+}
+
+/* the op through the kernels at coordinate coord, against the reference; ids (i32 operands)
+ * below bound; the operands in mask positive are in [0.5, 1.5), the others in [-1, 1) */
+static void check_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type *it,
+                     int64_t bound, unsigned positive)
 {
     void *in[8];
     for (int i = 0; i < nin; i++) {
@@ -28,13 +56,13 @@ static void check(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, int64_t 
             if (it[i].dtype == PTC_I32)
                 ((int32_t *)in[i])[e] = (int32_t)(urand() * (float)bound) % (int32_t)bound;
             else
-                ((float *)in[i])[e] = 2.0f * urand() - 1.0f;
+                ((float *)in[i])[e] = positive >> i & 1 ? 0.5f + urand() : 2.0f * urand() - 1.0f;
         }
     }
-    rt_result want = rt_ok(op, at, nin, it, in);
+    rt_result want = ref_at(op, at, coord, nin, it, in);
     ptc_op_kernels ok;
     char why[512];
-    int rc = ptc_op_kernels_build("t", op, &at, nin, it, want.nout, want.ot, &ok, why, sizeof why);
+    int rc = ptc_op_kernels_build("t", op, &at, coord, nin, it, want.nout, want.ot, &ok, why, sizeof why);
     cr_assert_eq(rc, 0, "%s: %s", ptc_ops[op].name, why);
     void *got[PTC_MAX_RESULTS];
     for (int j = 0; j < want.nout; j++) {
@@ -43,6 +71,8 @@ static void check(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, int64_t 
         memset(got[j], 0xff, bytes); /* NaN: a forgotten element shows */
     }
     float *scratch = ok.scratch ? malloc(4 * (size_t)ok.scratch) : NULL;
+    if (scratch)
+        memset(scratch, 0xff, 4 * (size_t)ok.scratch);
     for (int q = 0; q < ok.n; q++) {
         void *args[PTC_OPK_MAX_ARGS];
         for (int p = 0; p < ok.k[q]->nparams; p++) {
@@ -74,6 +104,11 @@ static void check(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, int64_t 
     rt_free(&want);
     for (int i = 0; i < nin; i++)
         free(in[i]);
+}
+
+static void check(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, int64_t bound)
+{
+    check_at(op, at, 0, nin, it, bound, 0);
 }
 
 static ptc_attrs none(void)
@@ -178,6 +213,99 @@ Test(kir_ops, model_ops)
     check(PTC_OP_LAYERNORM_GRAD, e, 3, ln1, 0);
 }
 
+Test(kir_ops, rank_dependent_ops)
+{
+    for (int c = 0; c < 3; c++) {
+        ptc_attrs a = none();
+        ptc_type x[] = {TY(PTC_F32, 2, 12, 5)};
+        check_at(PTC_OP_PARTIALIZE, a, c, 1, x, 0, 0);
+        a.axis = 1;
+        a.group = 3;
+        a.n = 1;
+        check_at(PTC_OP_SHARD_SLICE, a, c, 1, x, 0, 0);
+        a.n = 2; /* two groups (q and k of a fused projection) */
+        check_at(PTC_OP_SHARD_SLICE, a, c, 1, x, 0, 0);
+        ptc_attrs e = none();
+        e.group = 3;
+        ptc_type emb[] = {TY(PTC_F32, 7, 5), TY(PTC_I32, 3, 4)};
+        check_at(PTC_OP_EMBEDDING_SHARD, e, c, 2, emb, 21, 0);
+        e.n = 7;
+        ptc_type eg[] = {TY(PTC_I32, 3, 4), TY(PTC_F32, 3, 4, 5)};
+        check_at(PTC_OP_EMBEDDING_GRAD_SHARD, e, c, 2, eg, 21, 0);
+        ptc_type pick[] = {TY(PTC_F32, 2, 3, 11), TY(PTC_I32, 2, 3)};
+        check_at(PTC_OP_CE_PICK, e, c, 2, pick, 33, 0);
+        ptc_type gs[] = {TY(PTC_F32, 6, 11), TY(PTC_I32, 6), TY(PTC_F32, 6), TY(PTC_F32, 6),
+                         SCALAR(PTC_F32)};
+        check_at(PTC_OP_CE_GRAD_SHARD, e, c, 5, gs, 33, 1u << 3);
+    }
+    ptc_type se[] = {TY(PTC_F32, 6, 11), TY(PTC_F32, 6)};
+    check(PTC_OP_CE_SUMEXP, none(), 2, se, 0);
+    ptc_type cl[] = {TY(PTC_F32, 6), TY(PTC_F32, 6), TY(PTC_F32, 6)};
+    check_at(PTC_OP_CE_LOSS, none(), 0, 3, cl, 0, 1u << 1);
+}
+
+Test(kir_ops, optimizers)
+{
+    ptc_attrs a = none();
+    a.beta1 = 0.9;
+    a.beta2 = 0.95;
+    a.eps = 1e-8;
+    a.wd = 0.1;
+    ptc_type t[] = {TY(PTC_F32, 37), TY(PTC_F32, 37), TY(PTC_F32, 37), TY(PTC_F32, 37),
+                    SCALAR(PTC_F32), SCALAR(PTC_F32)};
+    check_at(PTC_OP_ADAMW_UPDATE, a, 0, 6, t, 0, 1u << 3 | 1u << 5);
+    ptc_attrs g = none();
+    g.wd = 0.01;
+    g.momentum = 0.9;
+    ptc_type sg[] = {TY(PTC_F32, 37), TY(PTC_F32, 37), TY(PTC_F32, 37), SCALAR(PTC_F32)};
+    check(PTC_OP_SGD_UPDATE, g, 4, sg, 0);
+    g.momentum = 0;
+    check(PTC_OP_SGD_UPDATE, g, 4, sg, 0);
+}
+
+Test(kir_ops, rows_and_norms)
+{
+    ptc_type x[] = {TY(PTC_F32, 3, 7, 5)};
+    for (int axis = 0; axis < 3; axis++) {
+        ptc_attrs a = none();
+        a.axis = axis;
+        check(PTC_OP_MAX, a, 1, x, 0);
+        check(PTC_OP_SOFTMAX, a, 1, x, 0);
+        check(PTC_OP_LOG_SOFTMAX, a, 1, x, 0);
+        ptc_type yg[] = {x[0], x[0]};
+        check(PTC_OP_SOFTMAX_GRAD, a, 2, yg, 0);
+        check(PTC_OP_LOG_SOFTMAX_GRAD, a, 2, yg, 0);
+    }
+    ptc_attrs b = none();
+    b.nshape = 3;
+    b.shape[0] = 3, b.shape[1] = 7, b.shape[2] = 5;
+    ptc_type bt[] = {TY(PTC_F32, 7, 1)};
+    check(PTC_OP_BROADCAST_TO, b, 1, bt, 0);
+    ptc_attrs e = none();
+    e.eps = 1e-5;
+    ptc_type ln[] = {TY(PTC_F32, 3, 7, 13), TY(PTC_F32, 13), TY(PTC_F32, 13)};
+    check(PTC_OP_LAYERNORM, e, 3, ln, 0);
+    check(PTC_OP_RMSNORM, e, 2, ln, 0);
+    ptc_type rg[] = {TY(PTC_F32, 3, 7, 13), TY(PTC_F32, 13), TY(PTC_F32, 3, 7, 13)};
+    check(PTC_OP_RMSNORM_GRAD, e, 3, rg, 0);
+    ptc_type one[] = {TY(PTC_F32, 1, 1), TY(PTC_F32, 1), TY(PTC_F32, 1, 1)};
+    check(PTC_OP_RMSNORM_GRAD, e, 3, one, 0);
+}
+
+Test(kir_ops, losses_and_rope)
+{
+    ptc_type ce[] = {TY(PTC_F32, 2, 3, 17), TY(PTC_I32, 2, 3)};
+    check(PTC_OP_CROSS_ENTROPY, none(), 2, ce, 17);
+    ptc_type cg[] = {TY(PTC_F32, 2, 3, 17), TY(PTC_I32, 2, 3), SCALAR(PTC_F32)};
+    check(PTC_OP_CROSS_ENTROPY_GRAD, none(), 3, cg, 17);
+    ptc_attrs r = none();
+    r.heads = 3;
+    r.base = 10000;
+    ptc_type x[] = {TY(PTC_F32, 2, 5, 12)};
+    check(PTC_OP_ROPE, r, 1, x, 0);
+    check(PTC_OP_ROPE_GRAD, r, 1, x, 0);
+}
+
 Test(kir_ops, refuses_what_it_does_not_cover)
 {
     ptc_op_kernels ok;
@@ -185,12 +313,12 @@ Test(kir_ops, refuses_what_it_does_not_cover)
     ptc_type t[] = {TY(PTC_F32, 2, 8), TY(PTC_F32, 8)};
     ptc_attrs a = none();
     a.eps = 1e-5;
-    cr_expect_eq(ptc_op_kernels_build("t", PTC_OP_RMSNORM_GRAD, &a, 3,
+    cr_expect_eq(ptc_op_kernels_build("t", PTC_OP_MOE_ROUTE, &a, 0, 3,
                                       (ptc_type[]){t[0], t[1], t[0]}, 2,
                                       (ptc_type[]){t[0], t[1]}, &ok, why, sizeof why),
                  -1);
-    cr_expect(strstr(why, "rmsnorm_grad") != NULL, "%s", why);
+    cr_expect(strstr(why, "moe_route") != NULL, "%s", why);
     ptc_type h[] = {TY(PTC_BF16, 2, 8), TY(PTC_BF16, 2, 8)};
-    cr_expect_eq(ptc_op_kernels_build("t", PTC_OP_ADD, &a, 2, h, 1, h, &ok, why, sizeof why), -1);
+    cr_expect_eq(ptc_op_kernels_build("t", PTC_OP_ADD, &a, 0, 2, h, 1, h, &ok, why, sizeof why), -1);
     cr_expect(strstr(why, "non-f32") != NULL, "%s", why);
 }

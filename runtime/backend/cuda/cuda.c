@@ -283,9 +283,10 @@ typedef struct opk {
 } opk;
 
 typedef struct ikern { /* a kernel instruction */
-    int attn;          /* attention shape, or -1 */
-    ptc_cuda_attn shape;
-    opk ops;
+    int attn;  /* attention shape, or -1 */
+    opk *ops;  /* its kernels by the rank's coordinate on the op's mesh axis (one where the op
+                * does not depend on it) */
+    int nops;
 } ikern;
 
 typedef struct cstate {
@@ -297,10 +298,15 @@ typedef struct cstate {
         attn_block[16][PTC_CUDA_ATTN_NKERNELS];
     ptc_cuda_attn at[16];
     int nat;
-    ikern **prog; /* [program][instruction], NULL for other kinds */
-    int nprog;
+    ikern **prog; /* [program][instruction] */
+    int nprog, *ninstrs;
     ptrt_cudev scratch;
 } cstate;
+
+static int p_ninstrs(const struct cstate *s, int q)
+{
+    return s->ninstrs ? s->ninstrs[q] : 0;
+}
 
 static void release(void *state)
 {
@@ -308,8 +314,12 @@ static void release(void *state)
     if (!s)
         return;
     current();
-    for (int q = 0; q < s->nprog; q++)
+    for (int q = 0; q < s->nprog; q++) {
+        for (int i = 0; s->prog[q] && i < p_ninstrs(s, q); i++)
+            free(s->prog[q][i].ops);
         free(s->prog[q]);
+    }
+    free(s->ninstrs);
     free(s->prog);
     free(s->fns);
     free(s->fused_fn);
@@ -349,10 +359,20 @@ static int attention_id(cstate *s, const ptc_program *pg, const ptc_instr *in)
     return -1;
 }
 
-/* the op kernels of kernel instruction i, emitted into f (deduplicated by their text's hash) */
-static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int i, ikern *ik,
-                       FILE *f, names *nm, uint64_t **hashes, int *nh, int *caph, char *err,
-                       size_t errn)
+/* whether buffers a and b of a program are the same bytes on every rank */
+static bool same_bytes(const ptc_program *pg, int a, int b)
+{
+    const ptc_buffer *x = &pg->bufs[a], *y = &pg->bufs[b];
+    return a == b || (x->region == y->region && x->offset == y->offset && (x->view >= 0) == (y->view >= 0) &&
+                      x->view_axis == y->view_axis && x->view_step == y->view_step &&
+                      x->view_offset == y->view_offset);
+}
+
+/* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
+ * their text's hash) */
+static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int i, int coord,
+                       opk *ko, FILE *f, names *nm, uint64_t **hashes, int *nh, int *caph,
+                       char *err, size_t errn)
 {
     const ptc_instr *in = &pg->instrs[i];
     ptc_type *it = ptc_xcalloc((size_t)in->nin + 1, sizeof *it), ot[PTC_MAX_RESULTS + 1];
@@ -363,8 +383,8 @@ static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int 
     char nmb[64], why[512];
     ptc_fmt(nmb, sizeof nmb, "op%d", *nh);
     ptc_op_kernels ok;
-    int brc = ptc_op_kernels_build(nmb, in->op, &in->attrs, in->nin, it, in->nout, ot, &ok, why,
-                                   sizeof why);
+    int brc = ptc_op_kernels_build(nmb, in->op, &in->attrs, coord, in->nin, it, in->nout, ot, &ok,
+                                   why, sizeof why);
     free(it);
     if (brc < 0) {
         if (in->loc.line)
@@ -377,9 +397,23 @@ static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int 
         return -1;
     }
     (void)p;
-    ik->ops.n = ok.n;
+    ko->n = ok.n;
     for (int q = 0; q < ok.n; q++) {
         ptc_kir *k = ok.k[q];
+        /* a result written over an operand (in place: AdamW's state, a planned reuse) is an
+         * alias of it, so that the CUDA C does not promise the compiler they differ */
+        for (int a = 0; a < k->nparams; a++) {
+            int wa = ok.arg[q][a];
+            if (wa < PTC_OPK_OUT || wa >= PTC_OPK_SCRATCH)
+                continue;
+            for (int b2 = 0; b2 < k->nparams; b2++) {
+                int wb = ok.arg[q][b2];
+                if (wb < PTC_OPK_OUT && k->params[b2].dtype == k->params[a].dtype &&
+                    k->params[b2].numel == k->params[a].numel &&
+                    same_bytes(pg, in->in[wb - PTC_OPK_IN], in->out[wa - PTC_OPK_OUT]))
+                    k->params[a].alias = b2;
+            }
+        }
         uint64_t h = ptc_kir_hash(k);
         /* the same text under another name: reuse its function (names are op<N>_<q>) */
         int found = -1;
@@ -398,10 +432,10 @@ static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int 
             (*hashes)[2 * *nh + 1] = (uint64_t)found;
             (*nh)++;
         }
-        ik->ops.fn[q] = found;
-        ik->ops.nargs[q] = k->nparams;
-        memcpy(ik->ops.arg[q], ok.arg[q], sizeof ok.arg[q]);
-        ptc_cuda_launch(k, &G.arch, &ik->ops.grid[q], &ik->ops.block[q]);
+        ko->fn[q] = found;
+        ko->nargs[q] = k->nparams;
+        memcpy(ko->arg[q], ok.arg[q], sizeof ok.arg[q]);
+        ptc_cuda_launch(k, &G.arch, &ko->grid[q], &ko->block[q]);
     }
     int64_t sb = ok.scratch * 4;
     if (sb > G.scratch_bytes)
@@ -453,9 +487,11 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
     int nh = 0, caph = 0;
     s->nprog = p->nprograms;
     s->prog = ptc_xcalloc((size_t)(p->nprograms + 1), sizeof(ikern *));
+    s->ninstrs = ptc_xcalloc((size_t)(p->nprograms + 1), sizeof(int));
     for (int q = 0; q < p->nprograms && rc == 0; q++) {
         const ptc_program *pg = &p->programs[q];
         s->prog[q] = ptc_xcalloc((size_t)(pg->ninstrs + 1), sizeof(ikern));
+        s->ninstrs[q] = pg->ninstrs;
         for (int i = 0; i < pg->ninstrs && rc == 0; i++) {
             const ptc_instr *in = &pg->instrs[i];
             ikern *ik = &s->prog[q][i];
@@ -470,7 +506,15 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
                 }
                 continue;
             }
-            rc = prepare_ops(s, p, pg, i, ik, f, &nm, &hashes, &nh, &caph, err, errn);
+            /* the coordinates the kernel may run at: a microbatch's, fixed; the rank's on the
+             * op's mesh axis, each of them; else none */
+            bool per_rank = !in->has_coord && (ptc_ops[in->op].kw & PTC_A_MESH_AXIS) &&
+                            p->mesh.naxes;
+            ik->nops = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
+            ik->ops = ptc_xcalloc((size_t)ik->nops, sizeof(opk));
+            for (int c = 0; c < ik->nops && rc == 0; c++)
+                rc = prepare_ops(s, p, pg, i, in->has_coord ? in->coord : c, &ik->ops[c], f, &nm,
+                                 &hashes, &nh, &caph, err, errn);
         }
     }
     fclose(f);
@@ -563,7 +607,7 @@ static int attn(cstate *s, int a, ptc_cuda_attn_kernel w, void *const *args, int
                   err, errn);
 }
 
-static int instr(void *state, const ptc_plan *p, int prog, int i, void *const *in,
+static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, void *const *in,
                  void *const *out, char *err, size_t errn)
 {
     cstate *s = state;
@@ -589,16 +633,18 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, void *const *i
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
         return rc;
     }
-    for (int q = 0; q < ik->ops.n; q++) {
+    const opk *ko = &ik->ops[ik->nops > 1 ? coord : 0];
+    PTC_ASSERT(ik->nops == 1 || (coord >= 0 && coord < ik->nops));
+    for (int q = 0; q < ko->n; q++) {
         void *args[PTC_OPK_MAX_ARGS];
-        for (int k = 0; k < ik->ops.nargs[q]; k++) {
-            int a = ik->ops.arg[q][k];
+        for (int k = 0; k < ko->nargs[q]; k++) {
+            int a = ko->arg[q][k];
             args[k] = a >= PTC_OPK_SCRATCH ? scratch
                       : a >= PTC_OPK_OUT   ? out[a - PTC_OPK_OUT]
                                            : in[a - PTC_OPK_IN];
         }
-        if (launch(s->fns[ik->ops.fn[q]], ik->ops.grid[q], ik->ops.block[q], args,
-                   ik->ops.nargs[q], err, errn) < 0)
+        if (launch(s->fns[ko->fn[q]], ko->grid[q], ko->block[q], args, ko->nargs[q], err, errn) <
+            0)
             return -1;
     }
     return 0;
