@@ -22,6 +22,7 @@
 #include "schedule.h"
 #include "trace.h"
 #include "kir.h"
+#include "cuda.h"
 #include "cuda_emit.h"
 #include "planner.h"
 #include "ptc_flags.h"
@@ -363,6 +364,23 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
     return plan;
 }
 
+/* --emit cuda: the unit the CUDA backend compiles (sm_90's launch tuning; the code is the same
+ * for sm_80). Where it has no kernel for an instruction yet, the plan's generated kernels alone,
+ * and a warning naming the instruction. */
+static int emit_cuda(const ptc_plan *plan)
+{
+    char err[1024];
+    char *unit = ptrt_cuda_unit(plan, 90, err, sizeof err);
+    if (unit) {
+        fputs(unit, stdout);
+        free(unit);
+        return 0;
+    }
+    fprintf(stderr, "ptc: warning: %s; printing the plan's fused and attention kernels only\n", err);
+    ptc_cuda_emit_plan(plan, stdout);
+    return 0;
+}
+
 /* --emit trace: the planned timeline of one step, simulated with the default cost model. */
 static int emit_trace(const ptc_plan *plan)
 {
@@ -425,7 +443,7 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
         for (int k = 0; k < plan->nkernels; k++)
             ptc_kir_print(plan->kernels[k], stdout);
     else if (o->emit && strcmp(o->emit, "cuda") == 0)
-        ptc_cuda_emit_plan(plan, stdout);
+        rc = emit_cuda(plan);
     else if (o->output)
         rc = write_executable(plan, o, src, len);
     ptc_plan_free(plan);

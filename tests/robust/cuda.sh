@@ -10,11 +10,14 @@ nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 
 check "ptc --emit cuda gpt2_tiny" 0 "" "$ptc" --emit cuda "$src/examples/gpt2_tiny.ptm"
 cp out.txt gpt2_tiny.cu
-# the generated kernels, and gpt2_tiny's one attention shape: forward, statistics, two backward
-kernels=$(( $("$ptc" --emit kernels "$src/examples/gpt2_tiny.ptm" | grep -c '^kernel ') + 4 ))
-entries=$(grep -c '^PTC_KERNEL ' gpt2_tiny.cu)
-[ "$entries" -eq "$kernels" ] && ok "one CUDA kernel per generated kernel and 4 for attention" "$entries" \
-  || bad "one CUDA kernel per generated kernel and 4 for attention" "$entries CUDA kernels, expected $kernels"
+# the unit the CUDA backend compiles: the generated (fused) kernels, gpt2_tiny's one attention
+# shape (forward, statistics, two backward), and a kernel for each other kind of instruction
+fused=$(( $("$ptc" --emit kernels "$src/examples/gpt2_tiny.ptm" | grep -c '^kernel ') + 4 ))
+kernels=$(grep -c '^PTC_KERNEL ' gpt2_tiny.cu)
+ops=$(grep -c '^PTC_KERNEL .* k_op[0-9]*_[0-9]*(' gpt2_tiny.cu)
+[ "$kernels" -eq $((fused + ops)) ] && [ "$ops" -gt 0 ] \
+  && ok "the fused kernels, 4 for attention and $ops for the other instructions" "$kernels" \
+  || bad "the fused kernels, 4 for attention and the other instructions'" "$kernels CUDA kernels: $fused fused and attention, $ops op kernels"
 if [ -x "$nvcc" ]; then
   for sm in 80 90; do
     check "nvcc --ptx -arch=sm_$sm of ptc --emit cuda" 0 "" "$nvcc" --ptx -arch=sm_$sm gpt2_tiny.cu -o g$sm.ptx

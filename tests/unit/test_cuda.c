@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cuda.h"
 #include "cuda_emit.h"
 #include "backend.h"
 #include "cpu.h"
@@ -647,11 +648,19 @@ static void nvrtc_check(const char *rel, const char *name)
     if (!ptxas())
         cr_skip_test("no ptxas in $CUDA_HOME/bin or /usr/local/cuda/bin");
     ptc_plan *p = plan_of(rel, NULL, 0);
-    char *unit = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&unit, &len);
-    ptc_cuda_emit_plan(p, f);
-    fclose(f);
+    /* the unit the CUDA backend compiles (with a kernel of every other instruction), else, for a
+     * plan it does not run yet (moe), the plan's fused and attention kernels */
+    char *unit = ptrt_cuda_unit(p, 90, err, sizeof err);
+    if (!unit) {
+        cr_expect(strstr(rel, "moe") != NULL, "%s: %s", rel, err);
+        size_t len = 0;
+        FILE *f = open_memstream(&unit, &len);
+        ptc_cuda_emit_plan(p, f);
+        fclose(f);
+    }
+    int entries = 0;
+    for (const char *u = unit; (u = strstr(u, "\nPTC_KERNEL ")); u++)
+        entries++;
     for (int a = 0; a < ptc_cuda_narchs; a++) {
         int sm = ptc_cuda_archs[a].sm, cached;
         char *ptx = ptrt_nvrtc_compile(unit, name, sm, "", &cached, err, sizeof err);
@@ -670,6 +679,11 @@ static void nvrtc_check(const char *rel, const char *name)
                 snprintf(entry, sizeof entry, ".entry k_attn%d_%s(", i, ptc_cuda_attn_names[w]);
                 cr_expect_not_null(strstr(ptx, entry), "%s: no %s in the PTX", rel, entry);
             }
+        int got = 0;
+        for (const char *u = ptx; (u = strstr(u, ".entry k_")); u++)
+            got++;
+        cr_expect_eq(got, entries, "%s: %d kernels in the unit, %d in the PTX for sm_%d", rel,
+                     entries, got, sm);
         char path[512], cmd[1024];
         snprintf(path, sizeof path, "%s/%s_sm%d.ptx", tmpdir, name, sm);
         write_text(path, ptx);

@@ -301,6 +301,7 @@ typedef struct cstate {
     ikern **prog; /* [program][instruction] */
     int nprog, *ninstrs;
     ptrt_cudev scratch;
+    int64_t scratch_bytes;
 } cstate;
 
 static int p_ninstrs(const struct cstate *s, int q)
@@ -370,9 +371,9 @@ static bool same_bytes(const ptc_program *pg, int a, int b)
 
 /* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
  * their text's hash) */
-static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int i, int coord,
-                       opk *ko, FILE *f, names *nm, uint64_t **hashes, int *nh, int *caph,
-                       char *err, size_t errn)
+static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch,
+                       const ptc_program *pg, int i, int coord, opk *ko, FILE *f, names *nm,
+                       uint64_t **hashes, int *nh, int *caph, char *err, size_t errn)
 {
     const ptc_instr *in = &pg->instrs[i];
     ptc_type *it = ptc_xcalloc((size_t)in->nin + 1, sizeof *it), ot[PTC_MAX_RESULTS + 1];
@@ -435,34 +436,30 @@ static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_program *pg, int 
         ko->fn[q] = found;
         ko->nargs[q] = k->nparams;
         memcpy(ko->arg[q], ok.arg[q], sizeof ok.arg[q]);
-        ptc_cuda_launch(k, &G.arch, &ko->grid[q], &ko->block[q]);
+        ptc_cuda_launch(k, arch, &ko->grid[q], &ko->block[q]);
     }
-    int64_t sb = ok.scratch * 4;
-    if (sb > G.scratch_bytes)
-        G.scratch_bytes = sb;
+    if (ok.scratch * 4 > s->scratch_bytes)
+        s->scratch_bytes = ok.scratch * 4;
     ptc_op_kernels_free(&ok);
-    (void)s;
     return 0;
 }
 
-static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **state, char *err,
-                      size_t errn)
+/* The plan's unit for arch into *unit (malloc'd) and s: its functions' names in nm, in order, and
+ * how each instruction launches them. 0, or -1 with a message naming an instruction the backend
+ * has no kernel for. */
+static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, char **unit,
+                      names *nm, char *err, size_t errn)
 {
-    if (start(impl, err, errn) < 0)
-        return -1;
-    cstate *s = ptc_xcalloc(1, sizeof *s);
-    char *unit = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&unit, &len);
-    names nm = {0};
+    FILE *f = open_memstream(unit, &len);
     /* the plan's fused kernels and attention kernels */
     ptc_cuda_emit_plan(p, f);
     s->fused_fn = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
     s->fused_grid = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
     s->fused_block = ptc_xcalloc((size_t)(p->nkernels + 1), sizeof(int));
     for (int k = 0; k < p->nkernels; k++) {
-        s->fused_fn[k] = add_name(&nm, "k_%s%s", p->kernels[k]->name, "");
-        ptc_cuda_launch(p->kernels[k], &G.arch, &s->fused_grid[k], &s->fused_block[k]);
+        s->fused_fn[k] = add_name(nm, "k_%s%s", p->kernels[k]->name, "");
+        ptc_cuda_launch(p->kernels[k], arch, &s->fused_grid[k], &s->fused_block[k]);
     }
     s->nat = ptc_cuda_plan_attentions(p, s->at, 16);
     int64_t attn_scratch = 0;
@@ -470,8 +467,8 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
         char id[16];
         ptc_fmt(id, sizeof id, "%d", a);
         for (int w = 0; w < PTC_CUDA_ATTN_NKERNELS; w++) {
-            s->attn_fn[a][w] = add_name(&nm, "k_attn%s_%s", id, ptc_cuda_attn_names[w]);
-            ptc_cuda_attention_launch(&s->at[a], (ptc_cuda_attn_kernel)w, &G.arch,
+            s->attn_fn[a][w] = add_name(nm, "k_attn%s_%s", id, ptc_cuda_attn_names[w]);
+            ptc_cuda_attention_launch(&s->at[a], (ptc_cuda_attn_kernel)w, arch,
                                       &s->attn_grid[a][w], &s->attn_block[a][w]);
         }
         int64_t stats = 2 * 4 * s->at[a].batch * s->at[a].heads * s->at[a].seq;
@@ -480,8 +477,8 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
     int rc = s->nat > 16 ? -1 : 0;
     if (rc)
         ptc_fmt(err, errn, "the plan has %d attention shapes; the CUDA backend takes 16", s->nat);
-    if (attn_scratch > G.scratch_bytes)
-        G.scratch_bytes = attn_scratch;
+    if (attn_scratch > s->scratch_bytes)
+        s->scratch_bytes = attn_scratch;
     /* every other kernel instruction of every program */
     uint64_t *hashes = NULL;
     int nh = 0, caph = 0;
@@ -513,16 +510,32 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
             ik->nops = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
             ik->ops = ptc_xcalloc((size_t)ik->nops, sizeof(opk));
             for (int c = 0; c < ik->nops && rc == 0; c++)
-                rc = prepare_ops(s, p, pg, i, in->has_coord ? in->coord : c, &ik->ops[c], f, &nm,
+                rc = prepare_ops(s, p, arch, pg, i, in->has_coord ? in->coord : c, &ik->ops[c], f, nm,
                                  &hashes, &nh, &caph, err, errn);
         }
     }
     fclose(f);
     free(hashes);
-    if (rc == 0 && G.scratch_bytes > 0 &&
-        (rc = G.d->cuMemAlloc(&s->scratch, (size_t)G.scratch_bytes)) != 0) {
+    return rc;
+}
+
+static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **state, char *err,
+                      size_t errn)
+{
+    if (start(impl, err, errn) < 0)
+        return -1;
+    cstate *s = ptc_xcalloc(1, sizeof *s);
+    char *unit = NULL;
+    names nm = {0};
+    int rc = build_unit(s, p, &G.arch, &unit, &nm, err, errn);
+    pthread_mutex_lock(&G.lock);
+    if (s->scratch_bytes > G.scratch_bytes)
+        G.scratch_bytes = s->scratch_bytes;
+    pthread_mutex_unlock(&G.lock);
+    if (rc == 0 && s->scratch_bytes > 0 &&
+        (rc = G.d->cuMemAlloc(&s->scratch, (size_t)s->scratch_bytes)) != 0) {
         ptc_fmt(err, errn, "cannot allocate the kernels' scratch of %lld bytes: %s",
-                (long long)G.scratch_bytes, errstr(rc));
+                (long long)s->scratch_bytes, errstr(rc));
         rc = -1;
     }
     if (rc == 0) {
@@ -558,6 +571,31 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
     }
     *state = s;
     return 0;
+}
+
+char *ptrt_cuda_unit(const ptc_plan *p, int sm, char *err, size_t errn)
+{
+    const ptc_cuda_arch *arch = NULL;
+    for (int a = 0; a < ptc_cuda_narchs; a++)
+        if (ptc_cuda_archs[a].sm == sm)
+            arch = &ptc_cuda_archs[a];
+    if (!arch) {
+        ptc_fmt(err, errn, "no tuning for sm_%d (ptc knows sm_80 and sm_90)", sm);
+        return NULL;
+    }
+    cstate *s = ptc_xcalloc(1, sizeof *s);
+    char *unit = NULL;
+    names nm = {0};
+    int rc = build_unit(s, p, arch, &unit, &nm, err, errn);
+    for (int k = 0; k < nm.n; k++)
+        free(nm.v[k]);
+    free(nm.v);
+    release(s);
+    if (rc < 0) {
+        free(unit);
+        return NULL;
+    }
+    return unit;
 }
 
 static int prepare_real(const ptc_plan *p, void **state, char *err, size_t errn)

@@ -43,6 +43,12 @@ const char *ptrt_cuda_device_name(void);
 /* Bytes of the scratch allocation of the plans prepared so far (the largest). */
 int64_t ptrt_cuda_scratch_bytes(void);
 
+/* The translation unit the backend compiles for plan p on architecture sm (80, 90): the plan's
+ * fused kernels, its attention kernels, and a kernel of every other kernel instruction
+ * (deduplicated); malloc'd. NULL with a message naming the first instruction it has no kernel
+ * for. No device is needed (ptc --emit cuda, the NVRTC tests). */
+char *ptrt_cuda_unit(const ptc_plan *p, int sm, char *err, size_t errn);
+
 /* A row-major GEMM of the plan (C = alpha op(A) op(B) + beta C, batched) as the column-major
  * product cuBLASLt computes: D^T = alpha op'(X) op'(Y) + beta D^T, X and Y being B and A. */
 typedef struct ptrt_cuda_gemm {
