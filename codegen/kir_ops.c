@@ -341,6 +341,16 @@ static void build_slice(ob *b, int axis, int64_t start, const ptc_type *it, cons
     ptc_kir_end(k);
 }
 
+/* out[i] = x[i] over the elements (dtypes may differ) */
+static void build_copy(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    int i = par(b, "i", ptc_type_numel(ot));
+    ptc_kir_store(b->k, y, i, L(b, x, i));
+    ptc_kir_end(b->k);
+}
+
 static void build_pad(ob *b, int axis, int64_t start, const ptc_type *it, const ptc_type *ot)
 {
     begin(b);
@@ -567,8 +577,7 @@ static void build_partialize(ob *b, int c, const ptc_type *it, const ptc_type *o
         build_const(b, 0.0, ot);
         return;
     }
-    ptc_type flat = {.dtype = PTC_F32, .rank = 1, .dims = {ptc_type_numel(it)}};
-    build_slice(b, 0, 0, &flat, &flat);
+    build_copy(b, it, ot);
 }
 
 static void build_shard_slice(ob *b, const ptc_attrs *at, int c, const ptc_type *it,
@@ -1076,10 +1085,12 @@ static void build_rope(ob *b, bool grad, int64_t heads, double base, const ptc_t
 
 /* ---- the table ---- */
 
-static bool all_f32(int n, const ptc_type *t, int except)
+/* every operand but except is a float (f32, or bf16/f16 storage: loads widen, stores round) */
+static bool all_float(int n, const ptc_type *t, int except)
 {
     for (int i = 0; i < n; i++)
-        if (i != except && t[i].dtype != PTC_F32)
+        if (i != except && t[i].dtype != PTC_F32 && t[i].dtype != PTC_BF16 &&
+            t[i].dtype != PTC_F16)
             return false;
     return true;
 }
@@ -1116,6 +1127,7 @@ static bool covered(ptc_op op)
     case PTC_OP_PAD:
     case PTC_OP_CONCAT:
     case PTC_OP_RESHAPE:
+    case PTC_OP_CAST:
     case PTC_OP_EMBEDDING:
     case PTC_OP_EMBEDDING_GRAD:
     case PTC_OP_CLIP_COEF:
@@ -1158,10 +1170,9 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         return -1;
     }
     int ids = ids_operand(op);
-    if (!all_f32(nin, it, ids) || !all_f32(nout, ot, -1) ||
+    if (!all_float(nin, it, ids) || !all_float(nout, ot, -1) ||
         (ids >= 0 && it[ids].dtype != PTC_I32)) {
-        ptc_fmt(why, whyn, "op %s over non-f32 operands has no generated kernel yet",
-                ptc_ops[op].name);
+        ptc_fmt(why, whyn, "op %s over integer operands has no generated kernel", ptc_ops[op].name);
         return -1;
     }
     if (nin > PTC_OPK_MAX_ARGS - 2 || nout > 3) {
@@ -1182,9 +1193,11 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         case PTC_OP_SLICE: build_slice(&b, (int)at->axis, at->start, &it[0], &ot[0]); break;
         case PTC_OP_PAD: build_pad(&b, (int)at->axis, at->start, &it[0], &ot[0]); break;
         case PTC_OP_CONCAT: build_concat(&b, nin, (int)at->axis, it, &ot[0]); break;
-        case PTC_OP_RESHAPE: {
-            ptc_type flat = {.dtype = PTC_F32, .rank = 1, .dims = {ptc_type_numel(&it[0])}};
-            build_slice(&b, 0, 0, &flat, &flat);
+        case PTC_OP_RESHAPE:
+        case PTC_OP_CAST: { /* (a cast: the load widens, the store rounds) */
+            ptc_type fi = {.dtype = it[0].dtype, .rank = 1, .dims = {ptc_type_numel(&it[0])}};
+            ptc_type fo = {.dtype = ot[0].dtype, .rank = 1, .dims = {ptc_type_numel(&ot[0])}};
+            build_copy(&b, &fi, &fo);
             break;
         }
         case PTC_OP_EMBEDDING: build_embedding(&b, &it[0], &it[1], &ot[0]); break;

@@ -9,8 +9,9 @@
  * operands and results and, where an op needs it, a scratch array of f32 (layernorm's row
  * statistics between its two kernels) that the backend provides.
  *
- * f32 operands only (i32 ids where the op takes them); 16-bit storage is not covered yet.
- * Semantics are the reference kernels' (runtime/kernels/ref), with f32 arithmetic and f32 sums;
+ * Float operands may be f32, bf16 or f16 (loads widen to f32, stores round to nearest even, as
+ * a cast does), ids and targets i32. Semantics are the reference kernels' (runtime/kernels/ref),
+ * with f32 arithmetic and f32 sums;
  * where a reference kernel reports an error (an embedding id out of range), the kernel writes NaN
  * instead, which the loss then shows.
  */

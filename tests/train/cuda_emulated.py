@@ -4,8 +4,9 @@ whole training step through the CUDA backend itself (cuMemAlloc arenas, the plan
 and launched kernel by kernel, GEMMs from the column-major description cuBLASLt gets, copies and
 syncs through the driver's calls), over the host emulation of the driver, against the CPU
 backend on the same plan: every step's loss and gradient norm within 1e-5 (three steps: each
-loss after the updates before it) and, on one device, the first step's gradients (--dump-grads)
-within 1e-4 relative, for each model and mesh below. Plans of several
+loss after the updates before it; 2e-3 in 16 bits) and, on one device, the first step's
+gradients (--dump-grads) within 1e-4 of each tensor's largest (2e-2 in 16 bits), for each model
+and mesh below. Plans of several
 ranks run them as threads on the one emulated GPU, their collectives through the host-staged
 communicator (runtime/comm/staged.h).
 
@@ -32,7 +33,13 @@ CASES = [  # (name, model, ptc flags)
      SMALL + ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1']),
     ('gpt2_tiny pp=2 1F1B', 'gpt2_tiny.ptm', ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2',
                                               '--microbatches', '2']),
+    # 16-bit storage: bf16 GEMMs (cuBLASLt's bf16 operands), op kernels over bf16 and f16 bytes,
+    # fp16 loss scaling
+    ('gpt2_tiny bf16', 'gpt2_tiny.ptm', SMALL + ['--precision', 'bf16']),
+    ('llama_tiny fp16 dp=2', 'llama_tiny.ptm', SMALL + ['--precision', 'fp16', '--mesh', 'dp=2']),
 ]
+# relative: f32 sums in another order; 16 bits: a result rounded the other way now and then
+TOL = {'bf16': 2e-3, 'fp16': 2e-3}
 STEPS = 3
 passed = failed = 0
 
@@ -92,7 +99,8 @@ def main():
                 continue
             worst = max(abs(e - c) / (abs(c) + 1e-12) for (c0, c1), (e0, e1) in zip(cs, es)
                         for c, e in ((c0, e0), (c1, e1)))
-            check(worst <= 1e-5, '%s: losses and gradient norms of %d steps, worst relative '
+            tol = next((t for k, t in TOL.items() if k in flags), 1e-5)
+            check(worst <= tol, '%s: losses and gradient norms of %d steps, worst relative '
                   'difference %.2e (cpu %s, cuda-emulated %s)' % (name, STEPS, worst, cs, es))
             if not dump:
                 continue
@@ -103,10 +111,10 @@ def main():
             worst, where = 0.0, ''
             for k in a:
                 scale = max(max(abs(v) for v in a[k]), 1e-30)
-                d = max(abs(x - y) for x, y in zip(a[k], e.get(k, [])) ) / scale if k in e else 1
+                d = max(abs(x - y) for x, y in zip(a[k], e.get(k, []))) / scale if k in e else 1
                 if d > worst:
                     worst, where = d, k
-            check(worst <= 1e-4, '%s: step-1 gradients, worst difference %.2e of the tensor\'s '
+            check(worst <= (1e-4 if tol < 1e-4 else 2e-2), '%s: step-1 gradients, worst difference %.2e of the tensor\'s '
                   'largest (%s)' % (name, worst, where or '-'))
         # what the backend has no kernel for yet fails the start, naming the op and where in the
         # model it comes from, before any step

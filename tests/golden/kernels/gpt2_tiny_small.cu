@@ -577,3 +577,499 @@ void k_attn0_bwd_q__emu(void *const *a)
     k_attn0_bwd_q((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6]);
 }
 #endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 1024LL; v_e += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_e] = (((0LL <= (long long)p_x1[(v_e / 64LL)]) ? ((long long)p_x1[(v_e / 64LL)] < 256LL) : (1LL < 0LL)) ? p_x0[(((0LL <= (long long)p_x1[(v_e / 64LL)]) ? ((long long)p_x1[(v_e / 64LL)] < 256LL) : (1LL < 0LL)) ? (((long long)p_x1[(v_e / 64LL)] * 64LL) + (v_e % 64LL)) : 0LL)] : PTC_NAN);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op0_0__emu(void *const *a)
+{
+    k_op0_0((const float *)a[0], (const int *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op1_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 512LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = p_x0[(((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))];
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op1_0__emu(void *const *a)
+{
+    k_op1_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op2_0(float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = 1.0f;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op2_0__emu(void *const *a)
+{
+    k_op2_0((float *)a[0]);
+}
+#endif
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op3_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+        float r15 = 0.0f;
+        for (long long v_i = threadIdx.x; v_i < 16LL; v_i += blockDim.x) {
+            float y = p_x0[(((((v_o / 1LL) * 16LL) + v_i) * 1LL) + (v_o % 1LL))];
+            r15 += y;
+        }
+        r15 = ptc_block_sum(r15, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_o] = (r15 / 16.0f);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op3_0__emu(void *const *a)
+{
+    k_op3_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op4_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_s)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
+        float r9 = 0.0f;
+        for (long long v_j0 = threadIdx.x; v_j0 < 64LL; v_j0 += blockDim.x) {
+            float y = p_x0[((v_r * 64LL) + v_j0)];
+            r9 += y;
+        }
+        r9 = ptc_block_sum(r9, ptc_smem);
+        const float v_t2 = (r9 * 0.015625f);
+        float r21 = 0.0f;
+        for (long long v_j1 = threadIdx.x; v_j1 < 64LL; v_j1 += blockDim.x) {
+            float y = ((p_x0[((v_r * 64LL) + v_j1)] - v_t2) * (p_x0[((v_r * 64LL) + v_j1)] - v_t2));
+            r21 += y;
+        }
+        r21 = ptc_block_sum(r21, ptc_smem);
+        const float v_t4 = (1.0f / sqrtf(((r21 * 0.015625f) + 9.99999975e-06f)));
+        if (threadIdx.x == 0)
+            p_s[(v_r * 2LL)] = v_t2;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            p_s[((v_r * 2LL) + 1LL)] = v_t4;
+        float r44 = 0.0f;
+        for (long long v_j2 = threadIdx.x; v_j2 < 64LL; v_j2 += blockDim.x) {
+            float y = (p_x2[((v_r * 64LL) + v_j2)] * p_x1[v_j2]);
+            r44 += y;
+        }
+        r44 = ptc_block_sum(r44, ptc_smem);
+        const float v_t6 = (r44 * 0.015625f);
+        float r63 = 0.0f;
+        for (long long v_j3 = threadIdx.x; v_j3 < 64LL; v_j3 += blockDim.x) {
+            float y = ((p_x2[((v_r * 64LL) + v_j3)] * p_x1[v_j3]) * ((p_x0[((v_r * 64LL) + v_j3)] - v_t2) * v_t4));
+            r63 += y;
+        }
+        r63 = ptc_block_sum(r63, ptc_smem);
+        const float v_t8 = (r63 * 0.015625f);
+        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+            p_y0[((v_r * 64LL) + v_j)] = (v_t4 * (((p_x2[((v_r * 64LL) + v_j)] * p_x1[v_j]) - v_t6) - (((p_x0[((v_r * 64LL) + v_j)] - v_t2) * v_t4) * v_t8)));
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op4_0__emu(void *const *a)
+{
+    k_op4_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
+}
+#endif
+/* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op4_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
+        float r20 = 0.0f;
+        for (long long v_r0 = threadIdx.x; v_r0 < 16LL; v_r0 += blockDim.x) {
+            float y = (p_x2[((v_r0 * 64LL) + v_j)] * ((p_x0[((v_r0 * 64LL) + v_j)] - p_s[(v_r0 * 2LL)]) * p_s[((v_r0 * 2LL) + 1LL)]));
+            r20 += y;
+        }
+        r20 = ptc_block_sum(r20, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y1[v_j] = r20;
+        float r27 = 0.0f;
+        for (long long v_r1 = threadIdx.x; v_r1 < 16LL; v_r1 += blockDim.x) {
+            float y = p_x2[((v_r1 * 64LL) + v_j)];
+            r27 += y;
+        }
+        r27 = ptc_block_sum(r27, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y2[v_j] = r27;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op4_1__emu(void *const *a)
+{
+    k_op4_1((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
+}
+#endif
+/* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op6_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
+        float r25 = 0.0f;
+        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+            float y = p_x0[((((v_j % 64LL) * 1LL) + ((v_q % 8LL) * 64LL)) + (((v_q / 8LL) % 2LL) * 512LL))];
+            r25 += y;
+        }
+        r25 = ptc_block_sum(r25, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_j] = r25;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op6_0__emu(void *const *a)
+{
+    k_op6_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op7_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (((0.5f * (1.0f + tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i]))))))) + (((0.5f * p_x0[v_i]) * (1.0f - (tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i]))))) * tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i])))))))) * (0.797884583f * (1.0f + (0.134145007f * (p_x0[v_i] * p_x0[v_i])))))) * p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op7_0__emu(void *const *a)
+{
+    k_op7_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 256, block 32, sm_90: grid 256, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op8_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 256LL; v_j += gridDim.x) {
+        float r25 = 0.0f;
+        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+            float y = p_x0[((((v_j % 256LL) * 1LL) + ((v_q % 8LL) * 256LL)) + (((v_q / 8LL) % 2LL) * 2048LL))];
+            r25 += y;
+        }
+        r25 = ptc_block_sum(r25, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_j] = r25;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op8_0__emu(void *const *a)
+{
+    k_op8_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op9_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op9_0__emu(void *const *a)
+{
+    k_op9_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 12, block 256, sm_90: grid 12, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3072LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)] : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? p_x1[(((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)] : p_x2[(((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)]));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op10_0__emu(void *const *a)
+{
+    k_op10_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
+}
+#endif
+/* launch: sm_80: grid 192, block 32, sm_90: grid 192, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op11_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 192LL; v_j += gridDim.x) {
+        float r25 = 0.0f;
+        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+            float y = p_x0[((((v_j % 192LL) * 1LL) + ((v_q % 8LL) * 192LL)) + (((v_q / 8LL) % 2LL) * 1536LL))];
+            r25 += y;
+        }
+        r25 = ptc_block_sum(r25, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_j] = r25;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op11_0__emu(void *const *a)
+{
+    k_op11_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op12_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op12_0__emu(void *const *a)
+{
+    k_op12_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 512, block 32, sm_90: grid 512, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 512LL; v_j += gridDim.x) {
+        float r25 = 0.0f;
+        for (long long v_q = threadIdx.x; v_q < 2LL; v_q += blockDim.x) {
+            float y = p_x0[((((v_j % 64LL) * 1LL) + (((v_j / 64LL) % 8LL) * 64LL)) + ((v_q % 2LL) * 512LL))];
+            r25 += y;
+        }
+        r25 = ptc_block_sum(r25, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_j] = r25;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op13_0__emu(void *const *a)
+{
+    k_op13_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op14_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)] : 0.0f);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op14_0__emu(void *const *a)
+{
+    k_op14_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op15_0(float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = 0.0f;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op15_0__emu(void *const *a)
+{
+    k_op15_0((float *)a[0]);
+}
+#endif
+/* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
+        for (long long v_i = threadIdx.x; v_i < 16LL; v_i += blockDim.x) {
+            const long long v_t2 = (long long)p_x0[v_i];
+            const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 64LL) + v_j) : v_j);
+            p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 64LL) + v_j)] : PTC_NAN));
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op15_1__emu(void *const *a)
+{
+    k_op15_1((const int *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op17_0__emu(void *const *a)
+{
+    k_op17_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 16384LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op18_0__emu(void *const *a)
+{
+    k_op18_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op19_0__emu(void *const *a)
+{
+    k_op19_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op20_0__emu(void *const *a)
+{
+    k_op20_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op21_0__emu(void *const *a)
+{
+    k_op21_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op22_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op22_0__emu(void *const *a)
+{
+    k_op22_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 12288LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op23_0__emu(void *const *a)
+{
+    k_op23_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 192, sm_90: grid 1, block 192 */
+PTC_KERNEL __launch_bounds__(192) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op24_0__emu(void *const *a)
+{
+    k_op24_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op25_0__emu(void *const *a)
+{
+    k_op25_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
+        p_y0[v_i] = ((1.0f < v_t1) ? 1.0f : v_t1);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op26_0__emu(void *const *a)
+{
+    k_op26_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif

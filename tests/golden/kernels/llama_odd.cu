@@ -468,3 +468,447 @@ void k_attn0_bwd_q__emu(void *const *a)
     k_attn0_bwd_q((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6]);
 }
 #endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 112LL; v_e += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_e] = (((0LL <= (long long)p_x1[(v_e / 14LL)]) ? ((long long)p_x1[(v_e / 14LL)] < 256LL) : (1LL < 0LL)) ? p_x0[(((0LL <= (long long)p_x1[(v_e / 14LL)]) ? ((long long)p_x1[(v_e / 14LL)] < 256LL) : (1LL < 0LL)) ? (((long long)p_x1[(v_e / 14LL)] * 14LL) + (v_e % 14LL)) : 0LL)] : PTC_NAN);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op0_0__emu(void *const *a)
+{
+    k_op0_0((const float *)a[0], (const int *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 8, block 32, sm_90: grid 8, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op1_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
+        float r11 = 0.0f;
+        for (long long v_j0 = threadIdx.x; v_j0 < 14LL; v_j0 += blockDim.x) {
+            float y = (p_x0[((v_r * 14LL) + v_j0)] * p_x0[((v_r * 14LL) + v_j0)]);
+            r11 += y;
+        }
+        r11 = ptc_block_sum(r11, ptc_smem);
+        const float v_t2 = (1.0f / sqrtf(((r11 * 0.0714285746f) + 9.99999975e-06f)));
+        for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
+            p_y0[((v_r * 14LL) + v_j)] = ((p_x0[((v_r * 14LL) + v_j)] * v_t2) * p_x1[v_j]);
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op1_0__emu(void *const *a)
+{
+    k_op1_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op2_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_q = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_q < 56LL; v_q += (long long)gridDim.x * blockDim.x) {
+        const long long v_t1 = (((v_q / 1LL) * 2LL) + ((v_q % 1LL) * 2LL));
+        const float v_t2 = ((float)(((v_q / 7LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
+        const float v_t3 = cosf(v_t2);
+        const float v_t4 = sinf(v_t2);
+        const float v_t5 = p_x0[v_t1];
+        const float v_t6 = p_x0[(v_t1 + 1LL)];
+        p_y0[v_t1] = ((v_t5 * v_t3) - (v_t6 * v_t4));
+        p_y0[(v_t1 + 1LL)] = ((v_t5 * v_t4) + (v_t6 * v_t3));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op2_0__emu(void *const *a)
+{
+    k_op2_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op3_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_q = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_q < 8LL; v_q += (long long)gridDim.x * blockDim.x) {
+        const long long v_t1 = (((v_q / 1LL) * 2LL) + ((v_q % 1LL) * 2LL));
+        const float v_t2 = ((float)(((v_q / 1LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
+        const float v_t3 = cosf(v_t2);
+        const float v_t4 = sinf(v_t2);
+        const float v_t5 = p_x0[v_t1];
+        const float v_t6 = p_x0[(v_t1 + 1LL)];
+        p_y0[v_t1] = ((v_t5 * v_t3) - (v_t6 * v_t4));
+        p_y0[(v_t1 + 1LL)] = ((v_t5 * v_t4) + (v_t6 * v_t3));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op3_0__emu(void *const *a)
+{
+    k_op3_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op4_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] * (1.0f / (1.0f + expf((-p_x0[v_i])))));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op4_0__emu(void *const *a)
+{
+    k_op4_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op5_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] * p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op5_0__emu(void *const *a)
+{
+    k_op5_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op6_0(float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = 1.0f;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op6_0__emu(void *const *a)
+{
+    k_op6_0((float *)a[0]);
+}
+#endif
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+        float r15 = 0.0f;
+        for (long long v_i = threadIdx.x; v_i < 8LL; v_i += blockDim.x) {
+            float y = p_x0[(((((v_o / 1LL) * 8LL) + v_i) * 1LL) + (v_o % 1LL))];
+            r15 += y;
+        }
+        r15 = ptc_block_sum(r15, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_o] = (r15 / 8.0f);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op7_0__emu(void *const *a)
+{
+    k_op7_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 8, block 32, sm_90: grid 8, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op8_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_s)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
+        float r11 = 0.0f;
+        for (long long v_j0 = threadIdx.x; v_j0 < 14LL; v_j0 += blockDim.x) {
+            float y = (p_x0[((v_r * 14LL) + v_j0)] * p_x0[((v_r * 14LL) + v_j0)]);
+            r11 += y;
+        }
+        r11 = ptc_block_sum(r11, ptc_smem);
+        const float v_t2 = (1.0f / sqrtf(((r11 * 0.0714285746f) + 9.99999975e-06f)));
+        if (threadIdx.x == 0)
+            p_s[v_r] = v_t2;
+        float r32 = 0.0f;
+        for (long long v_j1 = threadIdx.x; v_j1 < 14LL; v_j1 += blockDim.x) {
+            float y = ((p_x2[((v_r * 14LL) + v_j1)] * p_x1[v_j1]) * p_x0[((v_r * 14LL) + v_j1)]);
+            r32 += y;
+        }
+        r32 = ptc_block_sum(r32, ptc_smem);
+        const float v_t4 = (r32 * 0.0714285746f);
+        for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
+            const long long v_t6 = ((v_r * 14LL) + v_j);
+            p_y0[v_t6] = ((v_t2 * (p_x2[v_t6] * p_x1[v_j])) - ((p_x0[v_t6] * ((v_t2 * v_t2) * v_t2)) * v_t4));
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op8_0__emu(void *const *a)
+{
+    k_op8_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
+}
+#endif
+/* launch: sm_80: grid 14, block 32, sm_90: grid 14, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op8_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
+        float r12 = 0.0f;
+        for (long long v_r0 = threadIdx.x; v_r0 < 8LL; v_r0 += blockDim.x) {
+            float y = ((p_x2[((v_r0 * 14LL) + v_j)] * p_x0[((v_r0 * 14LL) + v_j)]) * p_s[v_r0]);
+            r12 += y;
+        }
+        r12 = ptc_block_sum(r12, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y1[v_j] = r12;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op8_1__emu(void *const *a)
+{
+    k_op8_1((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
+}
+#endif
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (((1.0f / (1.0f + expf((-p_x0[v_i])))) * (1.0f + (p_x0[v_i] * (1.0f - (1.0f / (1.0f + expf((-p_x0[v_i])))))))) * p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op10_0__emu(void *const *a)
+{
+    k_op10_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op11_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op11_0__emu(void *const *a)
+{
+    k_op11_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op12_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_q = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_q < 8LL; v_q += (long long)gridDim.x * blockDim.x) {
+        const long long v_t1 = (((v_q / 1LL) * 2LL) + ((v_q % 1LL) * 2LL));
+        const float v_t2 = ((float)(((v_q / 1LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
+        const float v_t3 = cosf(v_t2);
+        const float v_t4 = sinf(v_t2);
+        const float v_t5 = p_x0[v_t1];
+        const float v_t6 = p_x0[(v_t1 + 1LL)];
+        p_y0[v_t1] = ((v_t5 * v_t3) + (v_t6 * v_t4));
+        p_y0[(v_t1 + 1LL)] = ((v_t6 * v_t3) - (v_t5 * v_t4));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op12_0__emu(void *const *a)
+{
+    k_op12_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_q = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_q < 56LL; v_q += (long long)gridDim.x * blockDim.x) {
+        const long long v_t1 = (((v_q / 1LL) * 2LL) + ((v_q % 1LL) * 2LL));
+        const float v_t2 = ((float)(((v_q / 7LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
+        const float v_t3 = cosf(v_t2);
+        const float v_t4 = sinf(v_t2);
+        const float v_t5 = p_x0[v_t1];
+        const float v_t6 = p_x0[(v_t1 + 1LL)];
+        p_y0[v_t1] = ((v_t5 * v_t3) + (v_t6 * v_t4));
+        p_y0[(v_t1 + 1LL)] = ((v_t6 * v_t3) - (v_t5 * v_t4));
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op13_0__emu(void *const *a)
+{
+    k_op13_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op14_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op14_0__emu(void *const *a)
+{
+    k_op14_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 14, block 256, sm_90: grid 14, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op15_0(float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3584LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = 0.0f;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op15_0__emu(void *const *a)
+{
+    k_op15_0((float *)a[0]);
+}
+#endif
+/* launch: sm_80: grid 14, block 32, sm_90: grid 14, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
+        for (long long v_i = threadIdx.x; v_i < 8LL; v_i += blockDim.x) {
+            const long long v_t2 = (long long)p_x0[v_i];
+            const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 14LL) + v_j) : v_j);
+            p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 14LL) + v_j)] : PTC_NAN));
+        }
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op15_1__emu(void *const *a)
+{
+    k_op15_1((const int *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 3584LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op17_0__emu(void *const *a)
+{
+    k_op17_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op18_0__emu(void *const *a)
+{
+    k_op18_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op19_0__emu(void *const *a)
+{
+    k_op19_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 224, sm_90: grid 1, block 224 */
+PTC_KERNEL __launch_bounds__(224) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 196LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op20_0__emu(void *const *a)
+{
+    k_op20_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op21_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op21_0__emu(void *const *a)
+{
+    k_op21_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op22_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 28LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op22_0__emu(void *const *a)
+{
+    k_op22_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r6 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 1792LL; v_j += blockDim.x) {
+            float y = (p_x0[v_j] * p_x0[v_j]);
+            r6 += y;
+        }
+        r6 = ptc_block_sum(r6, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[0LL] = r6;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op23_0__emu(void *const *a)
+{
+    k_op23_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op24_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
+        p_y0[v_i] = ((1.0f < v_t1) ? 1.0f : v_t1);
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op24_0__emu(void *const *a)
+{
+    k_op24_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+}
+#endif
