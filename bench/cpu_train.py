@@ -174,6 +174,23 @@ def train_ptc(exe, wd, steps, warmup, threads, lr):
     return sum(timed) / 1e3, [r["loss"] for r in recs]
 
 
+def profile_ptc(exe, wd, steps, warmup, threads, lr):
+    """ptc's --profile of the same run: (GEMM ms per step, all instructions' ms per step)."""
+    p = subprocess.run([exe, "--init-from", os.path.join(wd, "init.safetensors"),
+                        "--data", os.path.join(wd, "data.bin"), "--steps", str(warmup + steps),
+                        "--lr", repr(lr), "--schedule", "constant", "--grad-clip", "1",
+                        "--threads", str(threads), "--profile", "--quiet"],
+                       capture_output=True, text=True)
+    gemm = total = None
+    for line in (p.stdout + p.stderr).splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[0] == "matmul":
+            gemm = float(f[2])
+        elif len(f) >= 3 and f[0] == "total":
+            total = float(f[1])
+    return gemm, total
+
+
 # ---------------------------------------------------------------------------------------------
 
 def machine():
@@ -236,6 +253,10 @@ def bench_model(name, args, wd):
         if args.torch_compile:
             s, comp_loss = train_torch(model, init, eps, opt, tokens, steps, warmup, True)
             comp_s.append(s)
+    # the GEMM ceiling: tokens per second if everything but ptc's GEMMs took no time. PyTorch
+    # runs the same GEMMs on MKL, as fast as ptc's oneDNN (bench/results/gemm_libraries_*.md), so
+    # no system on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
+    gemm_ms, total_ms = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
     ptc_tps = steps * B * T / statistics.median(ptc_s)
     torch_tps = steps * B * T / statistics.median(torch_s)
     base_tps = steps * B * T / statistics.median(base_s) if base_s else None
@@ -248,7 +269,10 @@ def bench_model(name, args, wd):
             "loss1": (ptc_loss[0], torch_loss[0]), "loss_last": (ptc_loss[-1], torch_loss[-1]),
             "base_loss1": base_loss[0] if base_loss else None,
             "compile_tok_s": comp_tps, "compile_ratio": ptc_tps / comp_tps if comp_tps else None,
-            "compile_s": comp_s, "compile_loss1": comp_loss[0] if comp_loss else None}
+            "compile_s": comp_s, "compile_loss1": comp_loss[0] if comp_loss else None,
+            "gemm_ms": gemm_ms, "profile_ms": total_ms,
+            "ceiling_tok_s": B * T / (gemm_ms / 1e3) if gemm_ms else None,
+            "ceiling_ratio": B * T / (gemm_ms / 1e3) / torch_tps if gemm_ms else None}
 
 
 def table(rows):
@@ -258,14 +282,17 @@ def table(rows):
             f"{'torch tok/s':>11} {'ptc/torch':>9}" +
             (f" {'compile tok/s':>13} {'ptc/compile':>11}" if comp else "") +
             (f" {'base tok/s':>10} {'ptc/base':>8}" if base else "") +
+            f" {'GEMM-only tok/s':>15} {'that/torch':>10}" +
             f"  {'loss step 1 ptc / torch':<25}")
     lines = [head, "-" * len(head)]
     for r in rows:
         extra = (f" {r['compile_tok_s']:>13.0f} {r['compile_ratio']:>11.2f}" if comp else "") + \
             (f" {r['base_tok_s']:>10.0f} {r['base_ratio']:>8.2f}" if base else "")
+        ceil = (f" {r['ceiling_tok_s']:>15.0f} {r['ceiling_ratio']:>10.2f}"
+                if r.get("ceiling_tok_s") else f" {'-':>15} {'-':>10}")
         lines.append(f"{r['model']:<10} {r['params']:>11,} {r['batch']:>5} x {r['seq']:<5}"
                      f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}"
-                     f"{extra}  {r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
+                     f"{extra}{ceil}  {r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
     return "\n".join(lines)
 
 
