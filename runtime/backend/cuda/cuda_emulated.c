@@ -10,10 +10,10 @@
  *   kernels   the unit is compiled by the host C compiler ($CC, else cc) with cuda_emu.h (built
  *             into this library) into a shared object; the "image" cuModuleLoadData takes names
  *             it. A launch runs the kernel's __emu entry with blocks one after another and each
- *             block's threads as threads (cuda_emu.h), at most 4 blocks of at most 32 threads
- *             (one warp): every generated kernel strides over its grid and its block, so fewer
- *             compute the same (and test the striding); test_cuda runs them at full size;
- *             one launch at a time.
+ *             block's threads as fibers (cuda_emu.h), at most 4 blocks: every generated kernel
+ *             strides over its grid, so fewer blocks compute the same (and test the striding).
+ *             Blocks have the launch's size (in an ASan build, real threads, at most 32: ASan
+ *             follows no fibers). One launch at a time.
  *   GEMMs     computed from the column-major description cuBLASLt would get (ptrt_cuda_gemm),
  *             in double, so the row-major to column-major mapping is what is tested.
  */
@@ -36,7 +36,14 @@ extern const char ptrt_cuda_emu_header[]; /* cuda_emu.h (generated at build time
 #define TAG ((uint64_t)1 << 56)
 #define IMAGE_PREFIX "ptc-emulated-module:"
 #define MAX_BLOCKS 4
+#if defined(__SANITIZE_ADDRESS__)
+/* (ASan follows no fibers: the kernels' threads are real threads, a warp of them, this build) */
 #define MAX_THREADS 32
+#define EMU_FLAGS " -DPTC_CUDA_EMU_THREADS"
+#else
+#define MAX_THREADS 1024
+#define EMU_FLAGS ""
+#endif
 
 enum { E_OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_IMAGE = 200,
        E_NOT_FOUND = 500, E_LAUNCH_FAILED = 719 };
@@ -305,9 +312,9 @@ static char *emu_compile(const char *src, const char *name, int sm, char *err, s
     const char *cc = getenv("CC");
     char cmd[16384];
     ptc_fmt(cmd, sizeof cmd,
-            "'%s' -std=c11 -O1 -fPIC -shared -w -include '%s' -o '%s' '%s' -lm -lpthread "
+            "'%s' -std=c11 -O1 -fPIC -shared -w%s -include '%s' -o '%s' '%s' -lm -lpthread "
             ">'%s' 2>&1",
-            cc && *cc ? cc : "cc", hdr, so, c, log);
+            cc && *cc ? cc : "cc", EMU_FLAGS, hdr, so, c, log);
     int rc = system(cmd);
     if (rc != 0) {
         size_t len = 0;
