@@ -1083,6 +1083,107 @@ static void build_rope(ob *b, bool grad, int64_t heads, double base, const ptc_t
     ptc_kir_end(k);
 }
 
+/* ---- more shape ops and losses ---- */
+
+/* split along axis into nout equal parts: one loop over a part's elements storing each part */
+static void build_split(ob *b, int axis, int nout, const ptc_type *it, const ptc_type *ot)
+{
+    int64_t outer, n, inner;
+    axis_view(it, axis, &outer, &n, &inner);
+    int64_t part = n / nout;
+    begin(b);
+    int x = in(b, 0, it), y[PTC_OPK_MAX_ARGS];
+    for (int j = 0; j < nout; j++)
+        y[j] = out(b, j, &ot[j]);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", outer * part * inner);
+    int a = ptc_kir_bind(k, B(k, PTC_KX_DIV, i, I(k, part * inner)));
+    int r = ptc_kir_bind(k, B(k, PTC_KX_REM, i, I(k, part * inner)));
+    for (int j = 0; j < nout; j++) /* x[(a n + j part) inner + r] */
+        ptc_kir_store(k, y[j], i, L(b, x, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, a, I(k, n * inner)),
+                                           B(k, PTC_KX_ADD, r, I(k, j * part * inner)))));
+    ptc_kir_end(k);
+}
+
+/* permute: result dim d is operand dim axes[d] */
+static void build_permute(ob *b, const int64_t *axes, const ptc_type *it, const ptc_type *ot)
+{
+    int64_t sx[PTC_MAX_RANK], st = 1;
+    for (int d = it->rank - 1; d >= 0; d--) {
+        sx[d] = st;
+        st *= it->dims[d];
+    }
+    begin(b);
+    int x = in(b, 0, it), y = out(b, 0, ot);
+    ptc_kir *k = b->k;
+    int i = par(b, "i", ptc_type_numel(ot));
+    int off = -1, rest = i;
+    for (int d = it->rank - 1; d >= 0; d--) {
+        int64_t od = it->dims[axes[d]];
+        int term = B(k, PTC_KX_MUL, B(k, PTC_KX_REM, rest, I(k, od)), I(k, sx[axes[d]]));
+        off = off < 0 ? term : B(k, PTC_KX_ADD, off, term);
+        rest = B(k, PTC_KX_DIV, rest, I(k, od));
+    }
+    ptc_kir_store(k, y, i, L(b, x, off < 0 ? I(k, 0) : off));
+    ptc_kir_end(k);
+}
+
+/* max_grad (x, dy) along an axis: dy to the first maximum of each line (the first NaN, where
+ * there is one, as the reference picks), zeros elsewhere. Indices as floats: exact below 2^24. */
+static int line_nanidx(ob *b, int i, void *cx) /* -i at a NaN, -n elsewhere */
+{
+    line *l = cx;
+    int v = line_x(b, i, cx);
+    return ptc_kx_select(b->k, B(b->k, PTC_KX_NE, v, v), U(b->k, PTC_KX_NEG, U(b->k, PTC_KX_FLOAT, i)),
+                         F(b->k, -(double)l->n));
+}
+static int line_maxidx(ob *b, int i, void *cx) /* -i at the maximum, -n elsewhere */
+{
+    line *l = cx;
+    return ptc_kx_select(b->k, B(b->k, PTC_KX_EQ, line_x(b, i, cx), l->mx),
+                         U(b->k, PTC_KX_NEG, U(b->k, PTC_KX_FLOAT, i)), F(b->k, -(double)l->n));
+}
+
+static void build_max_grad(ob *b, int axis, const ptc_type *it, const ptc_type *ot)
+{
+    begin(b);
+    line l = {.x = in(b, 0, &it[0]), .y = -1};
+    int dy = in(b, 1, &it[1]), dx = out(b, 0, ot);
+    int o = open_lines(b, &l, &it[0], axis);
+    ptc_kir *k = b->k;
+    l.mx = ptc_kir_bind(k, reduce(b, PTC_KX_RMAX, "i0", l.n, line_x, &l));
+    int first_nan = ptc_kir_bind(k, U(k, PTC_KX_NEG, reduce(b, PTC_KX_RMAX, "i1", l.n, line_nanidx, &l)));
+    int first_max = U(k, PTC_KX_NEG, reduce(b, PTC_KX_RMAX, "i2", l.n, line_maxidx, &l));
+    int best = ptc_kir_bind(k, ptc_kx_select(k, B(k, PTC_KX_LT, first_nan, F(k, (double)l.n)), first_nan, first_max));
+    int g = ptc_kir_bind(k, L(b, dy, o));
+    int i = ptc_kir_for(k, "i", I(k, l.n), false);
+    ptc_kir_store(k, dx, at_(b, &l, i), ptc_kx_select(k, B(k, PTC_KX_EQ, U(k, PTC_KX_FLOAT, i), best), g, F(k, 0.0)));
+    ptc_kir_end(k);
+    ptc_kir_end(k);
+}
+
+typedef struct two {
+    int a, b;
+} two;
+static int sqdiff(ob *b, int i, void *cx)
+{
+    two *t = cx;
+    int d = B(b->k, PTC_KX_SUB, L(b, t->a, i), L(b, t->b, i));
+    return B(b->k, PTC_KX_MUL, d, d);
+}
+
+/* mse (a, b): the mean of (a - b)^2, one block's reduction */
+static void build_mse(ob *b, const ptc_type *it, const ptc_type *ot)
+{
+    int64_t n = ptc_type_numel(&it[0]);
+    begin(b);
+    two t = {in(b, 0, &it[0]), in(b, 1, &it[1])};
+    int y = out(b, 0, ot);
+    par(b, "o", 1);
+    ptc_kir_store(b->k, y, I(b->k, 0), B(b->k, PTC_KX_DIV, reduce(b, PTC_KX_SUM, "i", n, sqdiff, &t), F(b->k, (double)n)));
+    ptc_kir_end(b->k);
+}
+
 /* ---- the table ---- */
 
 /* every operand but except is a float (f32, or bf16/f16 storage: loads widen, stores round) */
@@ -1128,6 +1229,11 @@ static bool covered(ptc_op op)
     case PTC_OP_CONCAT:
     case PTC_OP_RESHAPE:
     case PTC_OP_CAST:
+    case PTC_OP_SPLIT:
+    case PTC_OP_PERMUTE:
+    case PTC_OP_TRANSPOSE:
+    case PTC_OP_MAX_GRAD:
+    case PTC_OP_MSE:
     case PTC_OP_EMBEDDING:
     case PTC_OP_EMBEDDING_GRAD:
     case PTC_OP_CLIP_COEF:
@@ -1175,7 +1281,7 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         ptc_fmt(why, whyn, "op %s over integer operands has no generated kernel", ptc_ops[op].name);
         return -1;
     }
-    if (nin > PTC_OPK_MAX_ARGS - 2 || nout > 3) {
+    if (nin > PTC_OPK_MAX_ARGS - 2 || nout > PTC_OPK_MAX_ARGS - 2) {
         ptc_fmt(why, whyn, "op %s with %d operands has no generated kernel", ptc_ops[op].name, nin);
         return -1;
     }
@@ -1237,6 +1343,21 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         case PTC_OP_ROPE_GRAD:
             build_rope(&b, op == PTC_OP_ROPE_GRAD, at->heads, at->base, &it[0], &ot[0]);
             break;
+        case PTC_OP_SPLIT: build_split(&b, (int)at->axis, nout, &it[0], ot); break;
+        case PTC_OP_PERMUTE: build_permute(&b, at->shape, &it[0], &ot[0]); break;
+        case PTC_OP_TRANSPOSE: { /* the last two dims swapped */
+            int64_t axes[PTC_MAX_RANK];
+            for (int d = 0; d < it[0].rank; d++)
+                axes[d] = d;
+            if (it[0].rank >= 2) {
+                axes[it[0].rank - 1] = it[0].rank - 2;
+                axes[it[0].rank - 2] = it[0].rank - 1;
+            }
+            build_permute(&b, axes, &it[0], &ot[0]);
+            break;
+        }
+        case PTC_OP_MAX_GRAD: build_max_grad(&b, (int)at->axis, it, &ot[0]); break;
+        case PTC_OP_MSE: build_mse(&b, it, &ot[0]); break;
         default:
             ptc_fmt(why, whyn, "op %s has no generated kernel yet", ptc_ops[op].name);
             rc = -1;

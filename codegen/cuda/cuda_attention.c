@@ -63,6 +63,7 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             "/* attention %s: q [%lld, %lld, %lld x %lld], k and v [%lld, %lld, %lld x %lld]%s */\n"
             "#define %s_B %lldLL\n#define %s_S %lldLL\n#define %s_S2 %lldLL\n#define %s_H %lldLL\n"
             "#define %s_G %lldLL\n#define %s_DH %lld\n#define %s_CAUSAL %d\n"
+            "#define %s_H0 %lldLL\n#define %s_R %lldLL\n"
             "#define %s_SCALE %.9ef\n"
             "#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || "
             "(defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)\n"
@@ -72,7 +73,8 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             (long long)a->kv_heads, (long long)a->head_dim, a->causal ? ", causal" : "", n,
             (long long)a->batch, n, (long long)a->seq, n, (long long)a->kv_seq, n,
             (long long)a->heads, n, (long long)a->kv_heads, n, (long long)a->head_dim, n,
-            a->causal ? 1 : 0, n, (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
+            a->causal ? 1 : 0, n, (long long)a->h0, n,
+            (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n, (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
             (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim));
 }
 
@@ -112,7 +114,7 @@ static const char fwd_body[] =
     "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
     "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
     "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
-    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
+    "        const long long kh = (h + @_H0) / @_R, i = i0 + threadIdx.x;\n"
     "        const int live = i < @_S;\n"
     "        float qr[@_DH], acc[@_DH], m = -PTC_INF, l = 0.0f;\n"
     "        for (int d = 0; d < @_DH; d++) {\n"
@@ -172,7 +174,7 @@ static const char bwd_kv[] =
     "            vr[d] = live ? v[at] : 0.0f;\n"
     "            gk[d] = gv[d] = 0.0f;\n"
     "        }\n"
-    "        for (long long h = kh * (@_H / @_G); h < (kh + 1) * (@_H / @_G); h++) {\n"
+    "        for (long long h = PTC_IMAX(kh * @_R - @_H0, 0); h < PTC_IMIN((kh + 1) * @_R - @_H0, @_H); h++) {\n"
     "            /* causal: queries before the tile's first key see none of its keys */\n"
     "            for (long long i0 = @_CAUSAL ? j0 : 0; i0 < @_S; i0 += @_BK) {\n"
     "                __syncthreads();\n"
@@ -219,7 +221,7 @@ static const char bwd_q[] =
     "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
     "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
     "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
-    "        const long long kh = h / (@_H / @_G), i = i0 + threadIdx.x;\n"
+    "        const long long kh = (h + @_H0) / @_R, i = i0 + threadIdx.x;\n"
     "        const int live = i < @_S;\n"
     "        const long long qo = (b * @_S + i) * (@_H * @_DH) + h * @_DH;\n"
     "        float qr[@_DH], dr[@_DH], gq[@_DH];\n"
@@ -304,16 +306,27 @@ void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
     }
 }
 
-/* the attention of instruction in of program pg, or false */
-static bool attention_of(const ptc_program *pg, const ptc_instr *in, ptc_cuda_attn *a)
+bool ptc_cuda_attn_same(const ptc_cuda_attn *a, const ptc_cuda_attn *b)
 {
-    if (in->op != PTC_OP_ATTENTION && in->op != PTC_OP_ATTENTION_GRAD)
+    return a->batch == b->batch && a->seq == b->seq && a->kv_seq == b->kv_seq &&
+           a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           a->h0 == b->h0 && a->ratio == b->ratio && a->causal == b->causal;
+}
+
+bool ptc_cuda_attn_of(const ptc_program *pg, const ptc_instr *in, int coord, ptc_cuda_attn *a)
+{
+    bool shard = in->op == PTC_OP_ATTENTION_SHARD || in->op == PTC_OP_ATTENTION_SHARD_GRAD;
+    if (in->op != PTC_OP_ATTENTION && in->op != PTC_OP_ATTENTION_GRAD && !shard)
         return false;
     const ptc_type *tq = &pg->bufs[in->in[0]].type, *tk = &pg->bufs[in->in[1]].type;
     int64_t heads = in->attrs.heads, kv = in->attrs.kv_heads ? in->attrs.kv_heads : heads;
     *a = (ptc_cuda_attn){.batch = tq->dims[0], .seq = tq->dims[1], .kv_seq = tk->dims[1],
                          .heads = heads, .kv_heads = kv, .head_dim = tq->dims[2] / heads,
                          .causal = in->attrs.causal};
+    if (shard) {
+        a->h0 = (int64_t)coord * heads;
+        a->ratio = in->attrs.n / kv;
+    }
     return true;
 }
 
@@ -323,19 +336,22 @@ int ptc_cuda_plan_attentions(const ptc_plan *p, ptc_cuda_attn *out, int cap)
     for (int g = 0; g < p->nprograms; g++) {
         const ptc_program *pg = &p->programs[g];
         for (int i = 0; i < pg->ninstrs; i++) {
-            ptc_cuda_attn a;
-            if (pg->instrs[i].kind != PTC_INSTR_KERNEL || !attention_of(pg, &pg->instrs[i], &a))
-                continue;
-            bool seen = false;
-            for (int j = 0; j < n && j < cap && !seen; j++)
-                seen = out[j].batch == a.batch && out[j].seq == a.seq &&
-                       out[j].kv_seq == a.kv_seq && out[j].heads == a.heads &&
-                       out[j].kv_heads == a.kv_heads && out[j].head_dim == a.head_dim &&
-                       out[j].causal == a.causal;
-            if (!seen) {
-                if (n < cap)
-                    out[n] = a;
-                n++;
+            const ptc_instr *in = &pg->instrs[i];
+            bool shard = in->op == PTC_OP_ATTENTION_SHARD || in->op == PTC_OP_ATTENTION_SHARD_GRAD;
+            /* a shard's every coordinate on its axis */
+            int ncoords = shard && p->mesh.naxes ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
+            for (int c = 0; c < ncoords; c++) {
+                ptc_cuda_attn a;
+                if (in->kind != PTC_INSTR_KERNEL || !ptc_cuda_attn_of(pg, in, c, &a))
+                    break;
+                bool seen = false;
+                for (int j = 0; j < n && j < cap && !seen; j++)
+                    seen = ptc_cuda_attn_same(&out[j], &a);
+                if (!seen) {
+                    if (n < cap)
+                        out[n] = a;
+                    n++;
+                }
             }
         }
     }

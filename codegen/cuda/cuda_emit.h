@@ -59,11 +59,24 @@ void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
 /* ---- attention (cuda_attention.c: flash-attention style, see there) ---- */
 
 /* one attention shape: q [batch, seq, heads x head_dim], k and v [batch, kv_seq, kv_heads x
- * head_dim] */
+ * head_dim]. Query head h reads key/value head (h + h0) / ratio; ratio 0 means heads / kv_heads
+ * (and h0 0). A rank's share of a tensor-parallel attention whose kv_heads do not divide by the
+ * axis (attention_shard): its heads are h0 = c x heads .. of n, all kv_heads present, ratio
+ * n / kv_heads; a key/value head none of its query heads reads gets zero gradients. */
 typedef struct ptc_cuda_attn {
-    int64_t batch, seq, kv_seq, heads, kv_heads, head_dim;
+    int64_t batch, seq, kv_seq, heads, kv_heads, head_dim, h0, ratio;
     bool causal;
 } ptc_cuda_attn;
+
+/* Whether a and b are one shape. */
+bool ptc_cuda_attn_same(const ptc_cuda_attn *a, const ptc_cuda_attn *b);
+struct ptc_program;
+struct ptc_instr;
+/* The shape of an attention, attention_grad, attention_shard or attention_shard_grad instruction
+ * of program pg, at coordinate coord on the op's mesh axis (the shard ops); false for another
+ * op. */
+bool ptc_cuda_attn_of(const struct ptc_program *pg, const struct ptc_instr *in, int coord,
+                      ptc_cuda_attn *a);
 
 typedef enum {
     PTC_CUDA_ATTN_FWD,    /* (q, k, v) -> o */
@@ -81,9 +94,9 @@ void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel whic
                                const ptc_cuda_arch *arch, int *grid, int *block);
 
 struct ptc_plan;
-/* The distinct attention shapes of a plan's attention and attention_grad instructions (the
- * sequence-parallel attention_shard ops are not among them: no CUDA kernel yet); returns their
- * number, filling at most cap. */
+/* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its
+ * attention_shard(_grad) instructions at every coordinate of their axis; returns their number,
+ * filling at most cap. */
 int ptc_cuda_plan_attentions(const struct ptc_plan *p, ptc_cuda_attn *out, int cap);
 /* ptc --emit cuda: the plan's generated kernels, then the attention kernels of each shape
  * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions). */

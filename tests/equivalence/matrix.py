@@ -45,7 +45,10 @@ Mixed precision (--precision bf16 or fp16): every plan and the single-device ref
 with that --precision, on the jit backend alone, with the tolerances of PRECISION_TOL below and
 the reason for them there.
 
-Usage: matrix.py PTC [--models a,b] [--quick] [--precision P]   (exit 0 all pass, 1 any failure)
+Usage: matrix.py PTC [--models a,b] [--quick] [--precision P] [--device cuda-emulated|cuda]
+(exit 0 all pass, 1 any failure). --device runs every plan, and the single device it is held
+against, on the CUDA backend instead (cuda-emulated: on the host emulation of the GPU; the moe
+model is left out, having no CUDA kernels yet).
 --quick leaves out sequence parallelism and ZeRO 1 and 2, and for moe_tiny all but its capacity
 variants on meshes with ep or pp, and runs the jit backend alone (the fused plan: compiled
 kernels and the cpu backend's for the rest), not ref, whose double-precision kernels take 10
@@ -212,11 +215,16 @@ def compile_plan(ptc, model, args, work, tag):
     return exe, None
 
 
+def where(backend):
+    """the runner's flags that pick backend (cuda-emulated: the CUDA backend, emulated GPU)"""
+    return ['--device', backend] if backend.startswith('cuda') else ['--backend', backend]
+
+
 def run_plan(exe, backend):
     if backend in ('ref', 'cpu'):
         exe += '-nofuse'
     log, weights = exe + '.' + backend + '.jsonl', exe + '.' + backend + '.safetensors'
-    run = [exe, '--steps', str(STEPS), '--backend', backend, '--lr',
+    run = [exe, '--steps', str(STEPS)] + where(backend) + ['--lr',
            LR_OF.get(exe.replace('-nofuse', ''), '1e-3'), '--schedule',
            'constant', '--seed', '5', '--quiet', '--log', log, '--save', weights,
            '--comm-timeout', '120', '--check-memory']
@@ -230,7 +238,7 @@ def run_plan(exe, backend):
         return None, 'run failed: %s\n%s' % (' '.join(run), r.stderr.strip())
     weights_now = load_safetensors(weights)
     if PRECISION:  # what the steps changed: minus the initial weights (one step at lr 1e-30)
-        r = subprocess.run([exe, '--steps', '1', '--backend', backend, '--lr', '1e-30', '--seed',
+        r = subprocess.run([exe, '--steps', '1'] + where(backend) + ['--lr', '1e-30', '--seed',
                             '5', '--quiet', '--save', weights + '.init'],
                            capture_output=True, text=True)
         if r.returncode:
@@ -336,6 +344,10 @@ def main():
         PRECISION = sys.argv[sys.argv.index('--precision') + 1]
         BACKENDS = ('jit',)
         LOSS_TOL, WEIGHT_TOL = PRECISION_TOL[PRECISION]
+    if '--device' in sys.argv:  # the CUDA backend: cuda, or cuda-emulated without a GPU
+        BACKENDS = (sys.argv[sys.argv.index('--device') + 1],)
+        if not any(a.startswith('--models=') for a in sys.argv):
+            models = [m for m in models if m != 'moe_tiny']
     failures = passes = 0
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix='ptc-equiv-') as work:

@@ -35,6 +35,8 @@ CASES = [  # (name, model, ptc flags)
     # their collectives through the host-staged communicator
     ('gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny.ptm',
      SMALL + ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1']),
+    # grouped-query attention over more ranks than key/value heads (attention_shard)
+    ('llama_tiny tp=4', 'llama_tiny.ptm', SMALL + ['--mesh', 'tp=4']),
     ('gpt2_tiny pp=2 1F1B', 'gpt2_tiny.ptm', ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2',
                                               '--microbatches', '2']),
     # 16-bit storage: bf16 GEMMs (cuBLASLt's bf16 operands), op kernels over bf16 and f16 bytes,

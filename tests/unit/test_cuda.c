@@ -374,8 +374,8 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     ptc_cuda_emit_attention(a, "at", f);
     fclose(f);
     snprintf(flags, sizeof flags, "-DPTC_CUDA_EMU_ARCH=%d", sm * 10);
-    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%d", (long long)a->seq, (long long)a->head_dim,
-             (long long)a->heads, sm);
+    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%lld_%d", (long long)a->seq,
+             (long long)a->head_dim, (long long)a->heads, (long long)a->h0, sm);
     void *so = build_emu_with(buf, name, flags);
     free(buf);
     launch_fn launch;
@@ -388,17 +388,22 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     float *q = random_floats(nq, 1), *k = random_floats(nk, 2), *v = random_floats(nk, 3);
     float *dy = random_floats(nq, 4);
     ptc_type tq = {PTC_F32, 3, {a->batch, a->seq, qf}}, tk = {PTC_F32, 3, {a->batch, a->kv_seq, kf}};
-    ptrt_kcall n = {.op = PTC_OP_ATTENTION, .nin = 3, .nout = 1};
+    /* a shard (ratio set): the reference attention_shard at coordinate h0 / heads */
+    ptrt_kcall n = {.op = a->ratio ? PTC_OP_ATTENTION_SHARD : PTC_OP_ATTENTION, .nin = 3, .nout = 1};
     n.attrs.heads = a->heads;
     n.attrs.kv_heads = a->kv_heads;
     n.attrs.causal = a->causal;
+    if (a->ratio) {
+        n.attrs.n = a->ratio * a->kv_heads;
+        n.coord = (int)(a->h0 / a->heads);
+    }
     float *o_ref = malloc((size_t)nq * 4), *dq_ref = malloc((size_t)nq * 4);
     float *dk_ref = malloc((size_t)nk * 4), *dv_ref = malloc((size_t)nk * 4);
     char err[512];
     ptc_type it[4] = {tq, tk, tk, tq}, ot[3] = {tq, tk, tk};
     cr_assert_eq(ptrt_ref_run(&n, it, (void *[]){q, k, v}, ot, (void *[]){o_ref}, err, sizeof err),
                  0, "%s", err);
-    n.op = PTC_OP_ATTENTION_GRAD;
+    n.op = a->ratio ? PTC_OP_ATTENTION_SHARD_GRAD : PTC_OP_ATTENTION_GRAD;
     n.nin = 4;
     n.nout = 3;
     ot[0] = tq;
@@ -455,6 +460,14 @@ Test(cuda, attention_emulated)
         {.batch = 2, .seq = 5, .kv_seq = 9, .heads = 2, .kv_heads = 2, .head_dim = 4, .causal = false},
         {.batch = 1, .seq = 1, .kv_seq = 1, .heads = 1, .kv_heads = 1, .head_dim = 1, .causal = true},
         {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = true},
+        /* attention_shard: ranks 0, 1 and 3 of 4 with 8 query heads over 2 kv heads (ratio 4:
+         * rank 1's heads 2, 3 read kv head 0, rank 3's heads 6, 7 kv head 1; a kv head no local
+         * head reads gets zero gradients), and rank 1 of 2 with 6 heads over 3 kv heads (ratio
+         * 2: its heads 3, 4, 5 read kv heads 1, 2, 2) */
+        {.batch = 2, .seq = 9, .kv_seq = 9, .heads = 2, .kv_heads = 2, .head_dim = 4, .h0 = 0, .ratio = 4, .causal = true},
+        {.batch = 2, .seq = 9, .kv_seq = 9, .heads = 2, .kv_heads = 2, .head_dim = 4, .h0 = 2, .ratio = 4, .causal = true},
+        {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 8, .h0 = 6, .ratio = 4, .causal = true},
+        {.batch = 1, .seq = 5, .kv_seq = 5, .heads = 3, .kv_heads = 3, .head_dim = 4, .h0 = 3, .ratio = 2, .causal = false},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         check_attention(&shapes[i], 80);
@@ -530,11 +543,12 @@ static int emu_kernel(const ptrt_kcall *n, const ptc_type *it, void *const *in, 
     if (n->op != PTC_OP_ATTENTION && n->op != PTC_OP_ATTENTION_GRAD)
         return ptrt_backend_cpu.kernel(n, it, in, ot, out, err, errn);
     int64_t heads = n->attrs.heads, kv = n->attrs.kv_heads ? n->attrs.kv_heads : heads;
-    ptc_cuda_attn a = {it[0].dims[0], it[0].dims[1], it[1].dims[1], heads, kv,
-                       it[0].dims[2] / heads, n->attrs.causal};
+    ptc_cuda_attn a = {.batch = it[0].dims[0], .seq = it[0].dims[1], .kv_seq = it[1].dims[1],
+                       .heads = heads, .kv_heads = kv, .head_dim = it[0].dims[2] / heads,
+                       .causal = n->attrs.causal};
     int id = -1;
     for (int i = 0; i < emu.nat && id < 0; i++)
-        if (!memcmp(&emu.at[i], &a, offsetof(ptc_cuda_attn, causal)) && emu.at[i].causal == a.causal)
+        if (ptc_cuda_attn_same(&emu.at[i], &a))
             id = i;
     cr_assert_geq(id, 0, "an attention the plan's unit has no kernels for");
     if (n->op == PTC_OP_ATTENTION) {

@@ -306,6 +306,27 @@ Test(kir_ops, losses_and_rope)
     check(PTC_OP_ROPE_GRAD, r, 1, x, 0);
 }
 
+Test(kir_ops, split_permute_max_grad_mse)
+{
+    ptc_type x[] = {TY(PTC_F32, 3, 6, 5)};
+    for (int axis = 0; axis < 3; axis++) {
+        ptc_attrs a = none();
+        a.axis = axis;
+        a.n = axis == 0 ? 3 : axis == 1 ? 2 : 5; /* parts */
+        check(PTC_OP_SPLIT, a, 1, x, 0);
+        ptc_type g[] = {x[0], axis == 0 ? TY(PTC_F32, 6, 5) : axis == 1 ? TY(PTC_F32, 3, 5)
+                                                                         : TY(PTC_F32, 3, 6)};
+        check(PTC_OP_MAX_GRAD, a, 2, g, 0);
+    }
+    ptc_attrs p = none();
+    p.nshape = 3;
+    p.shape[0] = 2, p.shape[1] = 0, p.shape[2] = 1;
+    check(PTC_OP_PERMUTE, p, 1, x, 0);
+    check(PTC_OP_TRANSPOSE, none(), 1, x, 0);
+    ptc_type m[] = {TY(PTC_F32, 7, 3), TY(PTC_F32, 7, 3)};
+    check(PTC_OP_MSE, none(), 2, m, 0);
+}
+
 Test(kir_ops, refuses_what_it_does_not_cover)
 {
     ptc_op_kernels ok;

@@ -283,7 +283,8 @@ typedef struct opk {
 } opk;
 
 typedef struct ikern { /* a kernel instruction */
-    int attn;  /* attention shape, or -1 */
+    int *attn; /* its attention shape by coordinate (one unless attention_shard), or NULL */
+    int nattn;
     opk *ops;  /* its kernels by the rank's coordinate on the op's mesh axis (one where the op
                 * does not depend on it) */
     int nops;
@@ -316,8 +317,10 @@ static void release(void *state)
         return;
     current();
     for (int q = 0; q < s->nprog; q++) {
-        for (int i = 0; s->prog[q] && i < p_ninstrs(s, q); i++)
+        for (int i = 0; s->prog[q] && i < p_ninstrs(s, q); i++) {
             free(s->prog[q][i].ops);
+            free(s->prog[q][i].attn);
+        }
         free(s->prog[q]);
     }
     free(s->ninstrs);
@@ -348,14 +351,13 @@ static int add_name(names *nm, const char *fmt, const char *a, const char *b)
     return nm->n++;
 }
 
-static int attention_id(cstate *s, const ptc_program *pg, const ptc_instr *in)
+static int attention_id(cstate *s, const ptc_program *pg, const ptc_instr *in, int coord)
 {
-    const ptc_type *q = &pg->bufs[in->in[0]].type, *k = &pg->bufs[in->in[1]].type;
-    int64_t heads = in->attrs.heads, kv = in->attrs.kv_heads ? in->attrs.kv_heads : heads;
-    ptc_cuda_attn a = {q->dims[0], q->dims[1], k->dims[1], heads, kv, q->dims[2] / heads,
-                       in->attrs.causal};
+    ptc_cuda_attn a;
+    if (!ptc_cuda_attn_of(pg, in, coord, &a))
+        return -1;
     for (int i = 0; i < s->nat; i++)
-        if (!memcmp(&s->at[i], &a, offsetof(ptc_cuda_attn, causal)) && s->at[i].causal == a.causal)
+        if (ptc_cuda_attn_same(&s->at[i], &a))
             return i;
     return -1;
 }
@@ -492,21 +494,23 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
         for (int i = 0; i < pg->ninstrs && rc == 0; i++) {
             const ptc_instr *in = &pg->instrs[i];
             ikern *ik = &s->prog[q][i];
-            ik->attn = -1;
             if (in->kind != PTC_INSTR_KERNEL)
                 continue;
-            if (in->op == PTC_OP_ATTENTION || in->op == PTC_OP_ATTENTION_GRAD) {
-                ik->attn = attention_id(s, pg, in);
-                if (ik->attn < 0) {
-                    ptc_fmt(err, errn, "internal error: an attention with no CUDA kernels");
-                    rc = -1;
-                }
-                continue;
-            }
             /* the coordinates the kernel may run at: a microbatch's, fixed; the rank's on the
              * op's mesh axis, each of them; else none */
             bool per_rank = !in->has_coord && (ptc_ops[in->op].kw & PTC_A_MESH_AXIS) &&
                             p->mesh.naxes;
+            ptc_cuda_attn shape;
+            if (ptc_cuda_attn_of(pg, in, 0, &shape)) {
+                ik->nattn = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
+                ik->attn = ptc_xcalloc((size_t)ik->nattn, sizeof(int));
+                for (int c = 0; c < ik->nattn && rc == 0; c++)
+                    if ((ik->attn[c] = attention_id(s, pg, in, in->has_coord ? in->coord : c)) < 0) {
+                        ptc_fmt(err, errn, "internal error: an attention with no CUDA kernels");
+                        rc = -1;
+                    }
+                continue;
+            }
             ik->nops = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
             ik->ops = ptc_xcalloc((size_t)ik->nops, sizeof(opk));
             for (int c = 0; c < ik->nops && rc == 0; c++)
@@ -653,21 +657,22 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, voi
     const ptc_instr *ins = &p->programs[prog].instrs[i];
     const ikern *ik = &s->prog[prog][i];
     void *scratch = (void *)(uintptr_t)s->scratch;
-    if (ik->attn >= 0) {
-        const ptc_cuda_attn *a = &s->at[ik->attn];
-        if (ins->op == PTC_OP_ATTENTION)
-            return attn(s, ik->attn, PTC_CUDA_ATTN_FWD, (void *[]){in[0], in[1], in[2], out[0]}, 4,
-                        err, errn);
+    if (ik->attn) {
+        int id = ik->attn[ik->nattn > 1 ? coord : 0];
+        const ptc_cuda_attn *a = &s->at[id];
+        if (ins->op == PTC_OP_ATTENTION || ins->op == PTC_OP_ATTENTION_SHARD)
+            return attn(s, id, PTC_CUDA_ATTN_FWD, (void *[]){in[0], in[1], in[2], out[0]}, 4, err,
+                        errn);
         size_t ns = (size_t)(a->batch * a->heads * a->seq) * 4;
         void *lse = scratch, *ds = (char *)scratch + ns;
-        int rc = attn(s, ik->attn, PTC_CUDA_ATTN_STATS,
+        int rc = attn(s, id, PTC_CUDA_ATTN_STATS,
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds}, 6, err, errn);
         if (rc == 0)
-            rc = attn(s, ik->attn, PTC_CUDA_ATTN_BWD_KV,
+            rc = attn(s, id, PTC_CUDA_ATTN_BWD_KV,
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[1], out[2]}, 8, err,
                       errn);
         if (rc == 0)
-            rc = attn(s, ik->attn, PTC_CUDA_ATTN_BWD_Q,
+            rc = attn(s, id, PTC_CUDA_ATTN_BWD_Q,
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
         return rc;
     }

@@ -286,10 +286,40 @@ static int emu_open(const ptrt_cuda_driver **d, char *err, size_t errn)
     return 0;
 }
 
-/* the unit and cuda_emu.h into a temporary directory, cc into a shared object there */
+/* units built in this process, by their text's hash (the ranks of a plan share one) */
+static pthread_mutex_t built_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct built {
+    uint64_t hash;
+    char *image;
+} *built;
+static int nbuilt, capbuilt;
+
+static char *build(const char *src, char *err, size_t errn);
+
+/* the unit and cuda_emu.h into a temporary directory, cc into a shared object there; once per
+ * distinct unit and process */
 static char *emu_compile(const char *src, const char *name, int sm, char *err, size_t errn)
 {
     (void)name, (void)sm;
+    ptc_hash64_state h;
+    ptc_hash64_init(&h, 0x656d75ull);
+    ptc_hash64_update(&h, src, strlen(src));
+    uint64_t key = ptc_hash64_final(&h);
+    pthread_mutex_lock(&built_lock);
+    char *image = NULL;
+    for (int i = 0; i < nbuilt && !image; i++)
+        if (built[i].hash == key)
+            image = ptc_xstrdup(built[i].image);
+    if (!image && (image = build(src, err, errn))) {
+        PTC_GROW(built, capbuilt, nbuilt);
+        built[nbuilt++] = (struct built){key, ptc_xstrdup(image)};
+    }
+    pthread_mutex_unlock(&built_lock);
+    return image;
+}
+
+static char *build(const char *src, char *err, size_t errn)
+{
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     ptc_fmt(dir, sizeof dir, "%s/ptc-cuda-emulated-XXXXXX", tmp && *tmp ? tmp : "/tmp");
