@@ -48,6 +48,10 @@ typedef struct ptrt_backend {
      * host memory into an arena, from an arena to host memory (complete on return), within
      * arenas (overlap allowed), zeros; and sync: waits for the work queued so far and returns 0,
      * or -1 with the first error the device reported since the last sync. */
+    /* Device backends with several devices: binds the calling thread to the device of rank
+     * `rank` (the executor binds before its every call, so a rank's calls from any thread go to
+     * its device). 0, or -1 with why. NULL: one device. */
+    int (*bind)(int rank, char *err, size_t errn);
     void (*upload)(void *dev, const void *host, size_t n);
     void (*download)(void *host, const void *dev, size_t n);
     void (*move)(void *dst, const void *src, size_t n);

@@ -72,6 +72,15 @@ void *ptrt_exec_data(ptrt_exec *x, int b)
 
 /* ---- moving bytes: memcpy on a host backend, the backend's copies on a device ---- */
 
+/* A backend with several devices: the calling thread to this rank's (it succeeded when the
+ * executor was made, so it does again). */
+static void bind(const ptrt_exec *x)
+{
+    char e[256];
+    if (x->be->bind)
+        x->be->bind(x->rank, e, sizeof e);
+}
+
 static void to_arena(const ptrt_exec *x, void *dst, const void *src, size_t n)
 {
     if (!n)
@@ -114,11 +123,13 @@ static void zero_in_arena(const ptrt_exec *x, void *dst, size_t n)
 
 void ptrt_exec_read(ptrt_exec *x, int b, int64_t off, void *dst, int64_t n)
 {
+    bind(x);
     from_arena(x, dst, (const char *)x->ptr[b] + off, (size_t)n);
 }
 
 void ptrt_exec_write(ptrt_exec *x, int b, int64_t off, const void *src, int64_t n)
 {
+    bind(x);
     to_arena(x, (char *)x->ptr[b] + off, src, (size_t)n);
 }
 
@@ -286,6 +297,10 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     }
     if (plan->mesh.naxes)
         ptc_mesh_coords(&plan->mesh, rank, x->coords);
+    if (x->be->bind && x->be->bind(rank, err, errn) < 0) {
+        free(x);
+        return NULL;
+    }
     if (alloc_arenas(x, err, errn) < 0) {
         ptrt_exec_free(x);
         return NULL;
@@ -333,6 +348,7 @@ void ptrt_exec_free(ptrt_exec *x)
         free(x->prep[i].members);
         free(x->prep[i].args);
     }
+    bind(x);
     if (x->be->release && x->be_state)
         x->be->release(x->be_state);
     for (int r = 0; r < PTC_NREGIONS; r++)
@@ -568,6 +584,7 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
 {
     const ptc_program *pg = x->pg;
     int n = e == PTRT_ENTRY_EVAL ? pg->neval : pg->ninstrs;
+    bind(x);
     x->step = step;
     x->coll_index = 0;
     x->skipped_update = false;
@@ -626,6 +643,7 @@ int64_t ptrt_exec_high_water(const ptrt_exec *x, int region)
 {
     if (!x->canary)
         return -1;
+    bind(x);
     /* from the end, a block at a time, to the last unit that is not the pattern */
     uint16_t u[4096];
     int64_t n = (int64_t)x->arena_bytes[region] / 2;

@@ -35,6 +35,10 @@ CASES = [  # (name, model, ptc flags)
     # their collectives through the host-staged communicator
     ('gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny.ptm',
      SMALL + ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1']),
+    # the same 4 ranks on 2 GPUs (rank r on GPU r mod 2): each rank's memory, module and launches
+    # on its own GPU, which the emulation checks
+    ('gpt2_tiny dp=2,tp=2 on 2 GPUs', 'gpt2_tiny.ptm',
+     SMALL + ['--mesh', 'dp=2,tp=2', '--zero', '3'], {'PTC_CUDA_EMULATED_GPUS': '2'}),
     # grouped-query attention over more ranks than key/value heads (attention_shard)
     ('llama_tiny tp=4', 'llama_tiny.ptm', SMALL + ['--mesh', 'tp=4']),
     ('gpt2_tiny pp=2 1F1B', 'gpt2_tiny.ptm', ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2',
@@ -72,14 +76,15 @@ def read_safetensors(path):
     return out
 
 
-def run(exe, device, wd, dump):
+def run(exe, device, wd, dump, env=None):
     grads = os.path.join(wd, 'grads_' + device)
     cmd = [exe, '--device', device, '--steps', str(STEPS), '--threads', '1', '--seed', '7']
     if dump:
         cmd += ['--dump-grads', grads]
     if device == 'cpu':
         cmd += ['--backend', 'cpu']
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=wd, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=wd, timeout=600,
+                       env=dict(os.environ, **(env or {})))
     steps = re.findall(r'step +\d+/\d+ \| loss ([0-9.eE+-]+|nan) \| lr \S+ \| norm ([0-9.eE+-]+|nan)',
                        p.stdout)
     return p, [(float(a), float(b)) for a, b in steps], grads
@@ -87,7 +92,9 @@ def run(exe, device, wd, dump):
 
 def main():
     with tempfile.TemporaryDirectory() as wd:
-        for name, model, flags in CASES:
+        for case in CASES:
+            name, model, flags = case[:3]
+            env = case[3] if len(case) > 3 else None
             exe = os.path.join(wd, re.sub(r'[^A-Za-z0-9_]', '_', name))
             b = subprocess.run([PTC, os.path.join(SRC, 'examples', model), '-o', exe] + flags,
                                capture_output=True, text=True)
@@ -96,7 +103,7 @@ def main():
                 continue
             dump = '--mesh' not in flags  # (--dump-grads: single-device plans)
             cpu, cs, cg = run(exe, 'cpu', wd, dump)
-            emu, es, eg = run(exe, DEVICE, wd, dump)
+            emu, es, eg = run(exe, DEVICE, wd, dump, env)
             if DEVICE == 'cuda' and 'CUDA driver' in emu.stderr and 'not found' in emu.stderr:
                 print('SKIP: no GPU here: ' + emu.stderr.strip())
                 sys.exit(77)

@@ -12,28 +12,41 @@
 #include "kir_ops.h"
 #include "util.h"
 
-/* ---- the process's device ---- */
+/* ---- the process's devices ----
+ * The driver is started once per process, on the real libraries or the emulation. Each GPU is
+ * started when a rank is first bound to it (bind: rank r runs on GPU r mod the number of GPUs):
+ * its primary context, architecture, cuBLASLt handle and workspace. A thread's calls go to the
+ * GPU it was last bound to (thread-local); the executor binds before it calls anything. */
+
+#define MAX_GPUS 64
+
+typedef struct gpu {
+    int state; /* 0 not started, 1 running, -1 failed (msg) */
+    char msg[768];
+    void *ctx;
+    int sm; /* compute capability, 80 for 8.0 */
+    ptc_cuda_arch arch;
+    char name[256];
+    void *lt;      /* cuBLASLt handle */
+    ptrt_cudev ws; /* its workspace */
+    size_t ws_bytes;
+} gpu;
 
 static struct {
     pthread_mutex_t lock;
-    int state; /* 0 not started, 1 running, -1 failed (msg) */
+    int state; /* the driver: 0 not started, 1 running, -1 failed (msg) */
     char msg[1024];
     const ptrt_cuda_impl *impl;
     const ptrt_cuda_driver *d;
-    void *ctx;
-    int sm; /* the device's compute capability, 80 for 8.0 */
-    ptc_cuda_arch arch;
-    char name[256];
-    void *lt;         /* cuBLASLt handle */
-    ptrt_cudev ws;    /* its workspace */
-    size_t ws_bytes;
+    int count;
+    gpu gpus[MAX_GPUS];
     int64_t scratch_bytes;
     /* the first error since the last sync */
     int err_rc;
     char err_call[160];
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local bool ctx_current; /* the context is current on this thread */
+static _Thread_local int cur = -1; /* the GPU this thread is bound to */
 
 static void latch(int rc, const char *call)
 {
@@ -57,7 +70,7 @@ static const char *errstr(int rc)
 
 #define WS_BYTES ((size_t)32 << 20) /* cuBLASLt's workspace: what it asks for on Hopper */
 
-static int start_locked(const ptrt_cuda_impl *impl)
+static int start_driver_locked(const ptrt_cuda_impl *impl)
 {
     char e[768];
     const ptrt_cuda_driver *d = NULL;
@@ -66,87 +79,128 @@ static int start_locked(const ptrt_cuda_impl *impl)
         return -1;
     }
     G.d = d;
-    int rc, dev = 0, count = 0, major = 0, minor = 0, sms = 0;
-    if ((rc = d->cuInit(0)) || (rc = d->cuDeviceGetCount(&count)) || count < 1 ||
-        (rc = d->cuDeviceGet(&dev, 0))) {
+    int rc, count = 0;
+    if ((rc = d->cuInit(0)) || (rc = d->cuDeviceGetCount(&count)) || count < 1) {
         ptc_fmt(G.msg, sizeof G.msg, "the CUDA driver found no usable GPU: %s",
                 rc ? errstr(rc) : "no device");
         return -1;
     }
-    char nm[200] = "?";
+    G.count = count < MAX_GPUS ? count : MAX_GPUS;
+    return 0;
+}
+
+static int start_gpu_locked(int i)
+{
+    gpu *g = &G.gpus[i];
+    const ptrt_cuda_driver *d = G.d;
+    int rc, dev = 0, major = 0, minor = 0, sms = 0;
+    char nm[200] = "?", e[768];
+    if ((rc = d->cuDeviceGet(&dev, i))) {
+        ptc_fmt(g->msg, sizeof g->msg, "cuDeviceGet(%d): %s", i, errstr(rc));
+        return -1;
+    }
     d->cuDeviceGetName(nm, (int)sizeof nm, dev);
     d->cuDeviceGetAttribute(&major, PTRT_CU_ATTR_CC_MAJOR, dev);
     d->cuDeviceGetAttribute(&minor, PTRT_CU_ATTR_CC_MINOR, dev);
     d->cuDeviceGetAttribute(&sms, PTRT_CU_ATTR_SMS, dev);
-    G.sm = major * 10 + minor;
-    if (G.sm < 80) {
-        ptc_fmt(G.msg, sizeof G.msg,
-                "GPU 0 (%s) is sm_%d; the generated kernels need sm_80 (Ampere) or newer", nm,
-                G.sm);
+    g->sm = major * 10 + minor;
+    if (g->sm < 80) {
+        ptc_fmt(g->msg, sizeof g->msg,
+                "GPU %d (%s) is sm_%d; the generated kernels need sm_80 (Ampere) or newer", i, nm,
+                g->sm);
         return -1;
     }
     /* PTX of the newest architecture ptc tunes for that the device runs (the driver compiles
      * it for the device's own) */
-    G.arch = ptc_cuda_archs[0];
-    for (int i = 0; i < ptc_cuda_narchs; i++)
-        if (ptc_cuda_archs[i].sm <= G.sm)
-            G.arch = ptc_cuda_archs[i];
+    g->arch = ptc_cuda_archs[0];
+    for (int a = 0; a < ptc_cuda_narchs; a++)
+        if (ptc_cuda_archs[a].sm <= g->sm)
+            g->arch = ptc_cuda_archs[a];
     if (sms > 0)
-        G.arch.sms = sms;
-    ptc_fmt(G.name, sizeof G.name, "%s (sm_%d, %d SMs%s)", nm, G.sm, sms,
-            impl->emulated ? ", emulated on the host" : "");
-    if ((rc = d->cuDevicePrimaryCtxRetain(&G.ctx, dev)) || (rc = d->cuCtxSetCurrent(G.ctx))) {
-        ptc_fmt(G.msg, sizeof G.msg, "cannot make a context on GPU 0 (%s): %s", nm, errstr(rc));
+        g->arch.sms = sms;
+    ptc_fmt(g->name, sizeof g->name, "GPU %d: %s (sm_%d, %d SMs%s)", i, nm, g->sm, sms,
+            G.impl->emulated ? ", emulated on the host" : "");
+    if ((rc = d->cuDevicePrimaryCtxRetain(&g->ctx, dev)) || (rc = d->cuCtxSetCurrent(g->ctx))) {
+        ptc_fmt(g->msg, sizeof g->msg, "cannot make a context on GPU %d (%s): %s", i, nm,
+                errstr(rc));
         return -1;
     }
-    if (impl->gemm_start(&G.lt, e, sizeof e) < 0) {
-        ptc_fmt(G.msg, sizeof G.msg, "%s", e);
+    if (G.impl->gemm_start(&g->lt, e, sizeof e) < 0) {
+        ptc_fmt(g->msg, sizeof g->msg, "GPU %d: %s", i, e);
         return -1;
     }
-    if ((rc = d->cuMemAlloc(&G.ws, WS_BYTES))) {
-        ptc_fmt(G.msg, sizeof G.msg, "cannot allocate cuBLASLt's workspace of %zu bytes: %s",
-                WS_BYTES, errstr(rc));
+    if ((rc = d->cuMemAlloc(&g->ws, WS_BYTES))) {
+        ptc_fmt(g->msg, sizeof g->msg,
+                "GPU %d: cannot allocate cuBLASLt's workspace of %zu bytes: %s", i, WS_BYTES,
+                errstr(rc));
         return -1;
     }
-    G.ws_bytes = WS_BYTES;
+    g->ws_bytes = WS_BYTES;
     return 0;
 }
 
-/* Starts the device once per process (on impl); makes its context current on this thread.
- * 0, or -1 with why. */
-static int start(const ptrt_cuda_impl *impl, char *err, size_t errn)
+/* Binds the calling thread to the GPU of rank ordinal `rank` (started on impl, with the driver,
+ * where it is not yet). 0, or -1 with why. */
+static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
 {
     pthread_mutex_lock(&G.lock);
     if (G.state == 0) {
         G.impl = impl;
-        G.state = start_locked(impl) == 0 ? 1 : -1;
+        G.state = start_driver_locked(impl) == 0 ? 1 : -1;
     }
-    int rc = G.state > 0 && G.impl == impl ? 0 : -1;
+    int rc = G.state > 0 && G.impl == impl ? 0 : -1, i = -1;
     if (G.state < 0)
         ptc_fmt(err, errn, "%s", G.msg);
     else if (rc)
         ptc_fmt(err, errn, "this process already runs the %s; it cannot also run the %s",
                 G.impl->what, impl->what);
+    if (rc == 0) {
+        i = (rank > 0 ? rank : 0) % G.count;
+        if (G.gpus[i].state == 0)
+            G.gpus[i].state = start_gpu_locked(i) == 0 ? 1 : -1;
+        if (G.gpus[i].state < 0) {
+            ptc_fmt(err, errn, "%s", G.gpus[i].msg);
+            rc = -1;
+        }
+    }
     pthread_mutex_unlock(&G.lock);
-    if (rc == 0 && !ctx_current) {
-        latch(G.d->cuCtxSetCurrent(G.ctx), "cuCtxSetCurrent");
-        ctx_current = true;
+    if (rc == 0 && cur != i) {
+        latch(G.d->cuCtxSetCurrent(G.gpus[i].ctx), "cuCtxSetCurrent");
+        cur = i;
     }
     return rc;
 }
 
-/* the hooks that take no message: the device is started by then (alloc comes first) */
+static int bind_real(int rank, char *err, size_t errn)
+{
+    return bind_on(&ptrt_cuda_real, rank, err, errn);
+}
+
+static int bind_emulated(int rank, char *err, size_t errn)
+{
+    return bind_on(&ptrt_cuda_emulation, rank, err, errn);
+}
+
+/* the bound GPU (the executor binds before every call; a thread that never bound gets GPU 0) */
+static gpu *here(void)
+{
+    if (cur < 0) {
+        char e[256];
+        if (G.impl)
+            bind_on(G.impl, 0, e, sizeof e);
+    }
+    return &G.gpus[cur >= 0 ? cur : 0];
+}
+
 static void current(void)
 {
-    if (!ctx_current && G.state > 0) {
-        latch(G.d->cuCtxSetCurrent(G.ctx), "cuCtxSetCurrent");
-        ctx_current = true;
-    }
+    (void)here();
 }
 
 const char *ptrt_cuda_device_name(void)
 {
-    return G.state > 0 ? G.name : "(not started)";
+    return G.state > 0 && G.gpus[cur >= 0 ? cur : 0].state > 0 ? G.gpus[cur >= 0 ? cur : 0].name
+                                                               : "(not started)";
 }
 
 int64_t ptrt_cuda_scratch_bytes(void)
@@ -161,25 +215,13 @@ static ptrt_cudev dev_of(const void *p)
     return (ptrt_cudev)(uintptr_t)p;
 }
 
-static void *alloc_on(const ptrt_cuda_impl *impl, size_t n)
+/* on the bound GPU (the executor binds first; its message tells a failed bind) */
+static void *dev_alloc(size_t n)
 {
-    char e[1024];
-    if (start(impl, e, sizeof e) < 0) {
-        fprintf(stderr, "ptc: --device %s: %s\n", impl->device, e);
+    if (G.state <= 0 || cur < 0)
         return NULL;
-    }
     ptrt_cudev p = 0;
     return G.d->cuMemAlloc(&p, n) == 0 ? (void *)(uintptr_t)p : NULL;
-}
-
-static void *alloc_real(size_t n)
-{
-    return alloc_on(&ptrt_cuda_real, n);
-}
-
-static void *alloc_emulated(size_t n)
-{
-    return alloc_on(&ptrt_cuda_emulation, n);
 }
 
 static void dev_free(void *p, size_t n)
@@ -265,10 +307,10 @@ ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b
 
 static void gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
 {
-    current();
+    gpu *h = here();
     ptrt_cuda_gemm q = ptrt_cuda_gemm_of(g, a, b, c);
     char call[160];
-    int rc = G.impl->gemm(G.lt, &q, G.ws, G.ws_bytes, call, sizeof call);
+    int rc = G.impl->gemm(h->lt, &q, h->ws, h->ws_bytes, call, sizeof call);
     latch(rc, call);
 }
 
@@ -303,6 +345,7 @@ typedef struct cstate {
     int nprog, *ninstrs;
     ptrt_cudev scratch;
     int64_t scratch_bytes;
+    int gpu; /* the GPU its module is loaded on */
 } cstate;
 
 static int p_ninstrs(const struct cstate *s, int q)
@@ -523,15 +566,20 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
     return rc;
 }
 
-static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **state, char *err,
-                      size_t errn)
+/* on the GPU the executor bound (it binds before it prepares) */
+static int prepare(const ptc_plan *p, void **state, char *err, size_t errn)
 {
-    if (start(impl, err, errn) < 0)
+    if (G.state <= 0 || cur < 0) {
+        ptc_fmt(err, errn, "internal error: the CUDA backend prepared before a bind");
         return -1;
+    }
+    const ptrt_cuda_impl *impl = G.impl;
+    gpu *h = &G.gpus[cur];
     cstate *s = ptc_xcalloc(1, sizeof *s);
+    s->gpu = cur;
     char *unit = NULL;
     names nm = {0};
-    int rc = build_unit(s, p, &G.arch, &unit, &nm, err, errn);
+    int rc = build_unit(s, p, &h->arch, &unit, &nm, err, errn);
     pthread_mutex_lock(&G.lock);
     if (s->scratch_bytes > G.scratch_bytes)
         G.scratch_bytes = s->scratch_bytes;
@@ -544,12 +592,12 @@ static int prepare_on(const ptrt_cuda_impl *impl, const ptc_plan *p, void **stat
     }
     if (rc == 0) {
         char e[4096];
-        char *image = impl->compile(unit, p->model ? p->model : "plan", G.arch.sm, e, sizeof e);
+        char *image = impl->compile(unit, p->model ? p->model : "plan", h->arch.sm, e, sizeof e);
         int lrc = image ? G.d->cuModuleLoadData(&s->module, image) : -1;
         if (!image)
             ptc_fmt(err, errn, "%s", e);
         else if (lrc)
-            ptc_fmt(err, errn, "cuModuleLoadData of the plan's kernels (sm_%d): %s", G.arch.sm,
+            ptc_fmt(err, errn, "cuModuleLoadData of the plan's kernels (sm_%d): %s", h->arch.sm,
                     errstr(lrc));
         rc = image && !lrc ? 0 : -1;
         free(image);
@@ -600,16 +648,6 @@ char *ptrt_cuda_unit(const ptc_plan *p, int sm, char *err, size_t errn)
         return NULL;
     }
     return unit;
-}
-
-static int prepare_real(const ptc_plan *p, void **state, char *err, size_t errn)
-{
-    return prepare_on(&ptrt_cuda_real, p, state, err, errn);
-}
-
-static int prepare_emulated(const ptc_plan *p, void **state, char *err, size_t errn)
-{
-    return prepare_on(&ptrt_cuda_emulation, p, state, err, errn);
 }
 
 /* one launch: params point at device addresses, a NULL after the last (the emulation counts
@@ -704,10 +742,11 @@ const ptrt_backend ptrt_backend_cuda = {
     .name = "cuda",
     .kernel = no_kernel,
     .gemm = gemm,
-    .alloc = alloc_real,
+    .alloc = dev_alloc,
     .free = dev_free,
     .host = false,
-    .prepare = prepare_real,
+    .prepare = prepare,
+    .bind = bind_real,
     .release = release,
     .fused = fused,
     .instr = instr,
@@ -722,10 +761,11 @@ const ptrt_backend ptrt_backend_cuda_emulated = {
     .name = "cuda-emulated",
     .kernel = no_kernel,
     .gemm = gemm,
-    .alloc = alloc_emulated,
+    .alloc = dev_alloc,
     .free = dev_free,
     .host = false,
-    .prepare = prepare_emulated,
+    .prepare = prepare,
+    .bind = bind_emulated,
     .release = release,
     .fused = fused,
     .instr = instr,

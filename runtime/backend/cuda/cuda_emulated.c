@@ -3,10 +3,14 @@
  * plan's unit, every launch with its parameters, the GEMMs' column-major description, copies,
  * syncs) runs and is compared with the CPU on a machine without a GPU.
  *
- *   memory    device addresses are host addresses plus a tag (bit 56) that makes them
- *             non-canonical: host code that dereferences a device address faults at once, as it
- *             would with a GPU's memory. New allocations hold NaN bytes (0xff), as a GPU's hold
- *             whatever was there: a kernel that reads before it writes shows.
+ *   GPUs      $PTC_CUDA_EMULATED_GPUS of them (1 to 16, default 1), each with its context; a
+ *             thread's calls go to its current context's GPU.
+ *   memory    device addresses are host addresses with bit 56 set (non-canonical: host code
+ *             that dereferences one faults at once, as it would with a GPU's memory) and the
+ *             GPU's number in bits 48 to 55. A launch or GEMM given another GPU's memory, or a
+ *             function of another context's module, fails as the driver would. New allocations
+ *             hold NaN bytes (0xff), as a GPU's hold whatever was there: a kernel that reads
+ *             before it writes shows.
  *   kernels   the unit is compiled by the host C compiler ($CC, else cc) with cuda_emu.h (built
  *             into this library) into a shared object; the "image" cuModuleLoadData takes names
  *             it. A launch runs the kernel's __emu entry with blocks one after another and each
@@ -34,6 +38,8 @@
 extern const char ptrt_cuda_emu_header[]; /* cuda_emu.h (generated at build time) */
 
 #define TAG ((uint64_t)1 << 56)
+#define GPU_SHIFT 48 /* a device address: TAG | gpu << 48 | host address (below 2^47) */
+#define MAX_GPUS 16
 #define IMAGE_PREFIX "ptc-emulated-module:"
 #define MAX_BLOCKS 4
 #if defined(__SANITIZE_ADDRESS__)
@@ -46,12 +52,30 @@ extern const char ptrt_cuda_emu_header[]; /* cuda_emu.h (generated at build time
 #endif
 
 enum { E_OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_IMAGE = 200,
-       E_NOT_FOUND = 500, E_LAUNCH_FAILED = 719 };
+       E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400, E_NOT_FOUND = 500,
+       E_LAUNCH_FAILED = 719 };
 
 void *ptrt_cuda_emu_host(ptrt_cudev p)
 {
-    return p >= TAG ? (void *)(uintptr_t)(p - TAG) : NULL;
+    return p >= TAG ? (void *)(uintptr_t)(p & (((uint64_t)1 << GPU_SHIFT) - 1)) : NULL;
 }
+
+static int gpu_of(ptrt_cudev p)
+{
+    return (int)((p >> GPU_SHIFT) & 0xff);
+}
+
+/* the emulated GPUs: $PTC_CUDA_EMULATED_GPUS (1 to 16; default 1), a context each; a thread's
+ * current context */
+static int ngpus(void)
+{
+    const char *e = getenv("PTC_CUDA_EMULATED_GPUS");
+    int n = e && *e ? atoi(e) : 1;
+    return n < 1 ? 1 : n > MAX_GPUS ? MAX_GPUS : n;
+}
+
+static int contexts[MAX_GPUS];
+static _Thread_local int current_gpu = -1;
 
 static int e_init(unsigned flags)
 {
@@ -67,14 +91,14 @@ static int e_version(int *v)
 
 static int e_count(int *c)
 {
-    *c = 1;
+    *c = ngpus();
     return E_OK;
 }
 
 static int e_get(int *d, int ordinal)
 {
-    *d = 0;
-    return ordinal == 0 ? E_OK : E_INVALID_VALUE;
+    *d = ordinal;
+    return ordinal >= 0 && ordinal < ngpus() ? E_OK : E_INVALID_VALUE;
 }
 
 static int e_name(char *name, int len, int dev)
@@ -96,6 +120,8 @@ static int e_errstr(int rc, const char **s)
     *s = rc == E_INVALID_VALUE    ? "invalid argument"
          : rc == E_OUT_OF_MEMORY  ? "out of memory"
          : rc == E_INVALID_IMAGE  ? "device kernel image is invalid"
+         : rc == E_INVALID_CONTEXT ? "invalid device context"
+         : rc == E_INVALID_HANDLE ? "invalid resource handle"
          : rc == E_NOT_FOUND      ? "named symbol not found"
          : rc == E_LAUNCH_FAILED  ? "unspecified launch failure"
                                   : "unknown error";
@@ -104,25 +130,31 @@ static int e_errstr(int rc, const char **s)
 
 static int e_retain(void **ctx, int dev)
 {
-    (void)dev;
-    static int the_context;
-    *ctx = &the_context;
+    if (dev < 0 || dev >= ngpus())
+        return E_INVALID_VALUE;
+    *ctx = &contexts[dev];
     return E_OK;
 }
 
 static int e_set_current(void *ctx)
 {
-    return ctx ? E_OK : E_INVALID_VALUE;
+    int *c = ctx;
+    if (!c || c < contexts || c >= contexts + MAX_GPUS)
+        return E_INVALID_VALUE;
+    current_gpu = (int)(c - contexts);
+    return E_OK;
 }
 
 static int e_alloc(ptrt_cudev *p, size_t n)
 {
+    if (current_gpu < 0)
+        return E_INVALID_CONTEXT;
     size_t m = (n + 255) & ~(size_t)255;
     void *h = aligned_alloc(256, m ? m : 256);
     if (!h)
         return E_OUT_OF_MEMORY;
     memset(h, 0xff, m);
-    *p = (ptrt_cudev)(uintptr_t)h + TAG;
+    *p = (ptrt_cudev)(uintptr_t)h | TAG | (ptrt_cudev)current_gpu << GPU_SHIFT;
     return E_OK;
 }
 
@@ -171,12 +203,14 @@ typedef int (*launch_fn)(void (*)(void *const *), void *const *, unsigned, unsig
 typedef struct efn {
     void (*fn)(void *const *);
     launch_fn launch;
+    int gpu; /* its module's */
 } efn;
 
 typedef struct emodule {
     void *so;
     efn **fns;
     int n, cap;
+    int gpu; /* the context it was loaded in */
 } emodule;
 
 static int e_load(void **module, const void *image)
@@ -187,8 +221,13 @@ static int e_load(void **module, const void *image)
     void *so = dlopen(s + strlen(IMAGE_PREFIX), RTLD_NOW | RTLD_LOCAL);
     if (!so)
         return E_INVALID_IMAGE;
+    if (current_gpu < 0) {
+        dlclose(so);
+        return E_INVALID_CONTEXT;
+    }
     emodule *m = ptc_xcalloc(1, sizeof *m);
     m->so = so;
+    m->gpu = current_gpu;
     *module = m;
     return E_OK;
 }
@@ -204,6 +243,7 @@ static int e_function(void **fn, void *module, const char *name)
     efn *f = ptc_xmalloc(sizeof *f);
     memcpy(&f->fn, &p, sizeof p);
     memcpy(&f->launch, &l, sizeof l);
+    f->gpu = m->gpu;
     PTC_GROW(m->fns, m->cap, m->n);
     m->fns[m->n++] = f;
     *fn = f;
@@ -229,6 +269,9 @@ static int e_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     (void)smem, (void)stream, (void)extra;
     if (!fn || gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0)
         return E_INVALID_VALUE;
+    efn *f = fn;
+    if (f->gpu != current_gpu) /* a function of another context's module */
+        return E_INVALID_HANDLE;
     int n = 0;
     while (params[n])
         n++;
@@ -236,13 +279,13 @@ static int e_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     for (int k = 0; k < n; k++) {
         ptrt_cudev p;
         memcpy(&p, params[k], sizeof p);
-        if (p < TAG) { /* every parameter of a generated kernel is a device address */
+        /* every parameter of a generated kernel is an address on the launching GPU */
+        if (p < TAG || gpu_of(p) != current_gpu) {
             free(args);
             return E_INVALID_VALUE;
         }
         args[k] = ptrt_cuda_emu_host(p);
     }
-    efn *f = fn;
     pthread_mutex_lock(&launch_lock);
     int rc = f->launch(f->fn, args, gx < MAX_BLOCKS ? gx : MAX_BLOCKS,
                        bx < MAX_THREADS ? bx : MAX_THREADS);
@@ -389,9 +432,12 @@ static int emu_gemm(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_t
     const void *x = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->x);
     const void *y = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->y);
     float *d = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->d);
-    if (!x || !y || !d || g->x_rows > g->ldx || g->y_rows > g->ldy || g->m > g->ldd) {
-        ptc_fmt(call, calln, "cublasLtMatmul (emulated): an operand that is not device memory "
-                             "or a leading dimension below its rows");
+    ptrt_cudev gx = (ptrt_cudev)(uintptr_t)g->x, gy = (ptrt_cudev)(uintptr_t)g->y;
+    ptrt_cudev gd = (ptrt_cudev)(uintptr_t)g->d;
+    if (!x || !y || !d || gpu_of(gx) != current_gpu || gpu_of(gy) != current_gpu ||
+        gpu_of(gd) != current_gpu || g->x_rows > g->ldx || g->y_rows > g->ldy || g->m > g->ldd) {
+        ptc_fmt(call, calln, "cublasLtMatmul (emulated): an operand that is not memory of the "
+                             "current GPU, or a leading dimension below its rows");
         return E_INVALID_VALUE;
     }
     for (int64_t b = 0; b < g->batch; b++)
