@@ -30,6 +30,7 @@
 #include "exec.h"
 #include "half.h"
 #include "inproc.h"
+#include "nccl_comm.h"
 #include "staged.h"
 #include "plan.h"
 #include "trace.h"
@@ -118,7 +119,8 @@ struct shared {
     int nranks;
     run *runs;
     ptrt_inproc *inproc;
-    ptrt_staged *staged; /* the executors' communicator on a device backend */
+    ptrt_staged *staged; /* the executors' communicator on a device backend: host-staged, */
+    ptrt_ncclc *nccl;    /* or NCCL where every rank has its own GPU */
     ptrt_mpi *mpi; /* ranks in several processes (mpirun, srun); NULL: all ranks are threads */
     ptrt_comm *comm;
     int first_local, nlocal; /* this process runs ranks [first_local, first_local + nlocal) */
@@ -1175,9 +1177,23 @@ static int setup(shared *sh, char *err, size_t errn)
     ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
                          .comm = sh->comm,
                          .canary = o->check_memory};
-    if (sh->comm && !xo.backend->host) { /* tensors in device memory: collectives staged */
-        sh->staged = ptrt_staged_new(sh->comm, xo.backend, sh->nranks);
-        xo.comm = ptrt_staged_comm(sh->staged);
+    if (sh->comm && !xo.backend->host) {
+        /* tensors in device memory: NCCL where every rank of this process has its own GPU,
+         * else collectives through host memory */
+        char why[512];
+        if (sh->mpi)
+            ptc_fmt(why, sizeof why, "ranks in several processes");
+        if (!sh->mpi && (sh->nccl = ptrt_nccl_new(sh->plan, xo.backend, sh->comm, why,
+                                                  sizeof why))) {
+            xo.comm = ptrt_nccl_comm(sh->nccl);
+            if (!o->quiet)
+                fprintf(stderr, "collectives: NCCL, one GPU per rank\n");
+        } else {
+            sh->staged = ptrt_staged_new(sh->comm, xo.backend, sh->nranks);
+            xo.comm = ptrt_staged_comm(sh->staged);
+            if (!o->quiet)
+                fprintf(stderr, "collectives: through host memory (%s)\n", why);
+        }
     }
     for (int k = 0; k < sh->nranks; k++) {
         run *r = &sh->runs[k];
@@ -1253,6 +1269,7 @@ static void teardown(shared *sh)
     free(sh->runs);
     free(sh->all);
     free(sh->ents);
+    ptrt_nccl_free(sh->nccl);
     ptrt_inproc_free(sh->inproc);
     ptrt_staged_free(sh->staged);
     ptrt_mpi_free(sh->mpi);

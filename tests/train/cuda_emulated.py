@@ -39,10 +39,19 @@ CASES = [  # (name, model, ptc flags)
     # on its own GPU, which the emulation checks
     ('gpt2_tiny dp=2,tp=2 on 2 GPUs', 'gpt2_tiny.ptm',
      SMALL + ['--mesh', 'dp=2,tp=2', '--zero', '3'], {'PTC_CUDA_EMULATED_GPUS': '2'}),
+    # one GPU per rank: the collectives through NCCL (emulated: runtime/backend/cuda/nccl_comm.c's
+    # communicators, splits, strided packing of sequence-parallel gathers, ZeRO-3's gathers)
+    ('gpt2_tiny dp=2,tp=2 SP ZeRO-3 on 4 GPUs (NCCL)', 'gpt2_tiny.ptm',
+     SMALL + ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '3'],
+     {'PTC_CUDA_EMULATED_GPUS': '4'}),
     # grouped-query attention over more ranks than key/value heads (attention_shard)
     ('llama_tiny tp=4', 'llama_tiny.ptm', SMALL + ['--mesh', 'tp=4']),
     ('gpt2_tiny pp=2 1F1B', 'gpt2_tiny.ptm', ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2',
                                               '--microbatches', '2']),
+    # the stages on 2 GPUs: NCCL's communicators, the sends between stages through the host
+    ('gpt2_tiny pp=2,dp=2 1F1B on 4 GPUs (NCCL)', 'gpt2_tiny.ptm',
+     ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2,dp=2', '--microbatches', '2'],
+     {'PTC_CUDA_EMULATED_GPUS': '4'}),
     # 16-bit storage: bf16 GEMMs (cuBLASLt's bf16 operands), op kernels over bf16 and f16 bytes,
     # fp16 loss scaling
     ('gpt2_tiny bf16', 'gpt2_tiny.ptm', SMALL + ['--precision', 'bf16']),
@@ -109,6 +118,9 @@ def main():
                 sys.exit(77)
             check(cpu.returncode == 0 and len(cs) == STEPS,
                   '%s: the CPU run (%s)' % (name, cpu.stderr.strip()[:300]))
+            if 'NCCL' in name:
+                check('collectives: NCCL' in emu.stderr, '%s: NCCL chosen (%s)' % (
+                    name, emu.stderr.strip()[:200]))
             check(emu.returncode == 0 and len(es) == STEPS,
                   '%s: the %s run (%s)' % (name, DEVICE, emu.stderr.strip()[:300]))
             if len(cs) != STEPS or len(es) != STEPS:

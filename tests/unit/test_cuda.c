@@ -20,6 +20,7 @@
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +40,8 @@
 #include "frontend.h"
 #include "kir.h"
 #include "half.h"
+#include "inproc.h"
+#include "nccl_comm.h"
 #include "kir_samples.h"
 #include "passes.h"
 #include "plan.h"
@@ -787,4 +790,156 @@ Test(cuda, missing_libraries_are_named)
             cr_expect_gt(strlen(v), 6);
         }
     }
+}
+
+/* ---- NCCL (emulated) against the in-process communicator ----
+ *
+ * The NCCL communicator (runtime/backend/cuda/nccl_comm.c) of a dp=2,tp=2 plan on 4 emulated
+ * GPUs, called directly by 4 rank threads with device buffers, against the in-process
+ * communicator on host copies of the same data: allreduce (sum, max), allgather and
+ * reduce_scatter of parts interleaved in blocks (the strided packing around NCCL), all_to_all
+ * and all_to_all_v, on the group of the plan's first collective. */
+
+typedef struct ncase {
+    ptrt_comm *nc, *ip;
+    const int *members;
+    int n, rank, fails;
+} ncase;
+
+static float *dev_floats(int64_t n, const float *host)
+{
+    void *d = ptrt_backend_cuda_emulated.alloc((size_t)n * 4);
+    cr_assert_not_null(d);
+    ptrt_backend_cuda_emulated.upload(d, host, (size_t)n * 4);
+    return d;
+}
+
+static int same_as_host(const void *dev, const float *want, int64_t n, const char *what, int rank)
+{
+    float *got = malloc((size_t)n * 4);
+    ptrt_backend_cuda_emulated.download(got, dev, (size_t)n * 4);
+    int bad = 0;
+    for (int64_t i = 0; i < n && !bad; i++)
+        if (fabsf(got[i] - want[i]) > 1e-5f * (1 + fabsf(want[i]))) {
+            fprintf(stderr, "rank %d: %s element %lld: nccl %g, in-process %g\n", rank, what,
+                    (long long)i, got[i], want[i]);
+            bad = 1;
+        }
+    free(got);
+    return bad;
+}
+
+static void *nccl_rank(void *arg)
+{
+    ncase *c = arg;
+    char err[512];
+    cr_assert_eq(ptrt_backend_cuda_emulated.bind(c->rank, err, sizeof err), 0, "%s", err);
+    int n = c->n, me = c->rank;
+    const int64_t outer = 3, chunk = 5, part = outer * chunk;
+    float *x = random_floats(n * part, 100 + (unsigned)me), *h = malloc(sizeof(float) * (size_t)(n * part));
+    float *dx = dev_floats(n * part, x), *dy = dev_floats(n * part, x);
+    /* allreduce, sum and max */
+    for (int op = 0; op < 2; op++) {
+        ptrt_reduce red = op ? PTRT_RED_MAX : PTRT_RED_SUM;
+        cr_assert_eq(c->ip->ops->allreduce(c->ip->impl, me, c->members, n, x, h, n * part,
+                                           PTC_F32, red, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(c->nc->ops->allreduce(c->nc->impl, me, c->members, n, dx, dy, n * part,
+                                           PTC_F32, red, NULL, err, sizeof err), 0, "%s", err);
+        ptrt_backend_cuda_emulated.sync(err, sizeof err);
+        c->fails += same_as_host(dy, h, n * part, op ? "allreduce max" : "allreduce", me);
+    }
+    /* allgather and reduce_scatter of parts in blocks */
+    cr_assert_eq(c->ip->ops->allgather(c->ip->impl, me, c->members, n, x, h, outer, chunk, PTC_F32,
+                                       NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c->nc->ops->allgather(c->nc->impl, me, c->members, n, dx, dy, outer, chunk,
+                                       PTC_F32, NULL, err, sizeof err), 0, "%s", err);
+    c->fails += same_as_host(dy, h, n * part, "allgather", me);
+    cr_assert_eq(c->ip->ops->reduce_scatter(c->ip->impl, me, c->members, n, x, h, outer, chunk,
+                                            PTC_F32, PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c->nc->ops->reduce_scatter(c->nc->impl, me, c->members, n, dx, dy, outer, chunk,
+                                            PTC_F32, PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+    c->fails += same_as_host(dy, h, part, "reduce_scatter", me);
+    /* all_to_all: n parts of (outer 3, chunk 5) to n parts of (outer 5, chunk 3) */
+    cr_assert_eq(c->ip->ops->all_to_all(c->ip->impl, me, c->members, n, x, h, outer, chunk, chunk,
+                                        outer, PTC_F32, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c->nc->ops->all_to_all(c->nc->impl, me, c->members, n, dx, dy, outer, chunk,
+                                        chunk, outer, PTC_F32, NULL, err, sizeof err), 0, "%s", err);
+    c->fails += same_as_host(dy, h, n * part, "all_to_all", me);
+    /* all_to_all_v: member i sends i + j + 1 elements to member j */
+    int64_t sc[8], so[8], rc[8], ro[8], s = 0, r = 0;
+    for (int j = 0; j < n; j++) {
+        sc[j] = me + j + 1, so[j] = s, s += sc[j];
+        rc[j] = j + me + 1, ro[j] = r, r += rc[j];
+    }
+    for (int64_t i = 0; i < n * part; i++)
+        h[i] = -1;
+    float *hv = malloc(sizeof(float) * (size_t)(n * part));
+    memcpy(hv, h, sizeof(float) * (size_t)(n * part));
+    ptrt_backend_cuda_emulated.upload(dy, h, (size_t)(n * part) * 4);
+    cr_assert_eq(c->ip->ops->all_to_all_v(c->ip->impl, me, c->members, n, x, sc, so, n * part, hv,
+                                          rc, ro, n * part, PTC_F32, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c->nc->ops->all_to_all_v(c->nc->impl, me, c->members, n, dx, sc, so, n * part,
+                                          dy, rc, ro, n * part, PTC_F32, NULL, err, sizeof err), 0, "%s", err);
+    c->fails += same_as_host(dy, hv, r, "all_to_all_v", me);
+    ptrt_backend_cuda_emulated.free(dx, 0);
+    ptrt_backend_cuda_emulated.free(dy, 0);
+    free(x), free(h), free(hv);
+    return NULL;
+}
+
+Test(cuda, nccl_communicator_emulated)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    setenv("PTC_CUDA_EMULATED_GPUS", "4", 1); /* (this test's own process) */
+    char path[512], err[2048];
+    snprintf(path, sizeof path, "%s/examples/gpt2_tiny.ptm", PTC_SOURCE_DIR);
+    size_t len;
+    char *src = ptc_read_file(path, &len);
+    ptc_diag d;
+    ptc_diag_init(&d, stderr, "gpt2_tiny.ptm", src, len);
+    ptc_frontend_opts fo = {0};
+    ptc_graph *g = ptc_frontend_compile("gpt2_tiny.ptm", src, len, &fo, &d);
+    ptc_compile_opts co = {.train = true, .seq_parallel = true};
+    co.mesh.naxes = 2;
+    snprintf(co.mesh.names[0], sizeof co.mesh.names[0], "dp");
+    snprintf(co.mesh.names[1], sizeof co.mesh.names[1], "tp");
+    co.mesh.sizes[0] = co.mesh.sizes[1] = 2;
+    ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
+    cr_assert_eq(ptc_run_passes(&ctx), 0, "%s", err);
+    ptc_pass_ctx_free(&ctx);
+    ptc_lower_opts lo = {.fuse = true};
+    ptc_plan *p = ptc_lower(ctx.g, &lo, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    cr_assert_eq(p->nranks, 4);
+    ptrt_inproc *ip = ptrt_inproc_new(4, 30, err, sizeof err);
+    ptrt_ncclc *nc = ptrt_nccl_new(p, &ptrt_backend_cuda_emulated, ptrt_inproc_comm(ip), err,
+                                   sizeof err);
+    cr_assert_not_null(nc, "%s", err);
+    /* the group of the first collective of rank 0's program, and each rank's own */
+    const ptc_program *pg = &p->programs[p->rank_program[0]];
+    unsigned axes = 0;
+    for (int i = 0; i < pg->ninstrs && !axes; i++)
+        if (pg->instrs[i].kind == PTC_INSTR_COLL)
+            axes = pg->instrs[i].coll.axes;
+    cr_assert_neq(axes, 0u);
+    int members[4][4];
+    ncase cs[4];
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) {
+        int n = ptc_plan_group(&p->mesh, r, axes, members[r]);
+        cs[r] = (ncase){ptrt_nccl_comm(nc), ptrt_inproc_comm(ip), members[r], n, r, 0};
+        pthread_create(&th[r], NULL, nccl_rank, &cs[r]);
+    }
+    int fails = 0;
+    for (int r = 0; r < 4; r++) {
+        pthread_join(th[r], NULL);
+        fails += cs[r].fails;
+    }
+    cr_expect_eq(fails, 0, "%d results differ from the in-process communicator's", fails);
+    ptrt_nccl_free(nc);
+    ptrt_inproc_free(ip);
+    ptc_plan_free(p);
+    ptc_graph_free(ctx.g);
+    free(src);
 }

@@ -208,6 +208,25 @@ int64_t ptrt_cuda_scratch_bytes(void)
     return G.scratch_bytes;
 }
 
+const ptrt_cuda_driver *ptrt_cuda_driver_now(void)
+{
+    return G.state > 0 ? G.d : NULL;
+}
+
+int ptrt_cuda_gpu_count(void)
+{
+    return G.state > 0 ? G.count : 0;
+}
+
+const ptrt_nccl *ptrt_cuda_nccl_now(char *err, size_t errn)
+{
+    if (G.state <= 0) {
+        ptc_fmt(err, errn, "the CUDA backend has not started");
+        return NULL;
+    }
+    return G.impl->nccl(err, errn);
+}
+
 /* ---- memory ---- */
 
 static ptrt_cudev dev_of(const void *p)

@@ -43,6 +43,14 @@ const char *ptrt_cuda_device_name(void);
 /* Bytes of the scratch allocation of the plans prepared so far (the largest). */
 int64_t ptrt_cuda_scratch_bytes(void);
 
+struct ptrt_cuda_driver;
+struct ptrt_nccl;
+/* Once the backend has started (a bind): the driver's functions in use (the real or emulated
+ * ones), the number of GPUs, and NCCL's functions (NULL with why). */
+const struct ptrt_cuda_driver *ptrt_cuda_driver_now(void);
+int ptrt_cuda_gpu_count(void);
+const struct ptrt_nccl *ptrt_cuda_nccl_now(char *err, size_t errn);
+
 /* The translation unit the backend compiles for plan p on architecture sm (80, 90): the plan's
  * fused kernels, its attention kernels, and a kernel of every other kernel instruction
  * (deduplicated); malloc'd. NULL with a message naming the first instruction it has no kernel

@@ -24,6 +24,7 @@
 #define _GNU_SOURCE /* mkdtemp */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "cuda_internal.h"
+#include "inproc.h"
 #include "file.h"
 #include "half.h"
 #include "util.h"
@@ -145,6 +147,12 @@ static int e_set_current(void *ctx)
     return E_OK;
 }
 
+/* The live allocations' host addresses: a device address does not look like a pointer to its
+ * block, so without this list a leak checker would call every live allocation lost. */
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static void **live;
+static int nlive, caplive;
+
 static int e_alloc(ptrt_cudev *p, size_t n)
 {
     if (current_gpu < 0)
@@ -154,6 +162,10 @@ static int e_alloc(ptrt_cudev *p, size_t n)
     if (!h)
         return E_OUT_OF_MEMORY;
     memset(h, 0xff, m);
+    pthread_mutex_lock(&alloc_lock);
+    PTC_GROW(live, caplive, nlive);
+    live[nlive++] = h;
+    pthread_mutex_unlock(&alloc_lock);
     *p = (ptrt_cudev)(uintptr_t)h | TAG | (ptrt_cudev)current_gpu << GPU_SHIFT;
     return E_OK;
 }
@@ -162,7 +174,20 @@ static int e_free(ptrt_cudev p)
 {
     if (p && p < TAG)
         return E_INVALID_VALUE;
-    free(ptrt_cuda_emu_host(p));
+    void *h = ptrt_cuda_emu_host(p);
+    pthread_mutex_lock(&alloc_lock);
+    int i = 0;
+    while (i < nlive && live[i] != h)
+        i++;
+    bool found = i < nlive;
+    if (found)
+        live[i] = live[--nlive];
+    pthread_mutex_unlock(&alloc_lock);
+    if (!h)
+        return E_OK;
+    if (!found) /* not an allocation of this driver, or freed twice */
+        return E_INVALID_VALUE;
+    free(h);
     return E_OK;
 }
 
@@ -299,6 +324,18 @@ static int e_sync(void)
     return E_OK;
 }
 
+static int e_memcpy2d(const ptrt_cuda_copy2d *c)
+{
+    if (c->src_type != PTRT_CU_MEMORYTYPE_DEVICE || c->dst_type != PTRT_CU_MEMORYTYPE_DEVICE ||
+        c->src < TAG || c->dst < TAG || c->width > c->src_pitch || c->width > c->dst_pitch)
+        return E_INVALID_VALUE;
+    const char *src = (const char *)ptrt_cuda_emu_host(c->src) + c->src_y * c->src_pitch + c->src_x;
+    char *dst = (char *)ptrt_cuda_emu_host(c->dst) + c->dst_y * c->dst_pitch + c->dst_x;
+    for (size_t r = 0; r < c->height; r++)
+        memmove(dst + r * c->dst_pitch, src + r * c->src_pitch, c->width);
+    return E_OK;
+}
+
 static const ptrt_cuda_driver emulated_driver = {
     .cuInit = e_init,
     .cuDriverGetVersion = e_version,
@@ -320,7 +357,266 @@ static const ptrt_cuda_driver emulated_driver = {
     .cuModuleUnload = e_unload,
     .cuLaunchKernel = e_launch,
     .cuCtxSynchronize = e_sync,
+    .cuMemcpy2D = e_memcpy2d,
 };
+
+/* ---- NCCL, emulated: communicators over one in-process communicator of every rank (threads
+ * of this process, one per emulated GPU), with the global ranks of their members; the calls
+ * take device addresses. Splits made inside a group (one thread for every communicator, as
+ * ptc makes them) are formed at ncclGroupEnd. Sends are buffered (NCCL's are not: runtime/comm/
+ * nccl.c never relies on it, sending point-to-point through the host). ---- */
+
+typedef struct eworld {
+    ptrt_inproc *ip;
+    int refs; /* communicators over it; the last destroyed frees it */
+} eworld;
+
+typedef struct ecomm {
+    eworld *w;
+    ptrt_inproc *ip;
+    int *members; /* global ranks, in communicator rank order */
+    int n, me;    /* size, this member's communicator rank */
+} ecomm;
+
+static pthread_mutex_t world_lock = PTHREAD_MUTEX_INITIALIZER;
+
+enum { N_OK = 0, N_INVALID_ARGUMENT = 4, N_INTERNAL = 3 };
+
+static const char *n_error(int rc)
+{
+    return rc == N_OK ? "no error" : rc == N_INVALID_ARGUMENT ? "invalid argument (emulated NCCL)"
+                                                                : "internal error (emulated NCCL)";
+}
+
+static int n_version(int *v)
+{
+    *v = 22700;
+    return N_OK;
+}
+
+static int n_init_all(void **comms, int ndev, const int *devlist)
+{
+    (void)devlist;
+    char err[256];
+    ptrt_inproc *ip = ptrt_inproc_new(ndev, 120, err, sizeof err);
+    if (!ip)
+        return N_INTERNAL;
+    eworld *w = ptc_xcalloc(1, sizeof *w);
+    w->ip = ip;
+    w->refs = ndev;
+    for (int r = 0; r < ndev; r++) {
+        ecomm *c = ptc_xcalloc(1, sizeof *c);
+        c->w = w;
+        c->ip = ip;
+        c->n = ndev;
+        c->me = r;
+        c->members = ptc_xmalloc(sizeof(int) * (size_t)ndev);
+        for (int k = 0; k < ndev; k++)
+            c->members[k] = k;
+        comms[r] = c;
+    }
+    return N_OK;
+}
+
+static _Thread_local int group_depth;
+static _Thread_local struct pending {
+    ecomm *parent;
+    int color, key;
+    void **out;
+} *pending;
+static _Thread_local int npending, cappending;
+
+static int by_key(const void *a, const void *b)
+{
+    const struct pending *x = *(struct pending *const *)a, *y = *(struct pending *const *)b;
+    return x->key != y->key ? (x->key > y->key) - (x->key < y->key)
+                            : (x->parent->me > y->parent->me) - (x->parent->me < y->parent->me);
+}
+
+/* the splits of this group: members of one parent set and color, ordered by key */
+static void form_splits(void)
+{
+    struct pending **ps = ptc_xmalloc(sizeof *ps * (size_t)(npending + 1));
+    for (int i = 0; i < npending; i++) {
+        if (!pending[i].out)
+            continue;
+        if (pending[i].color < 0) {
+            *pending[i].out = NULL;
+            pending[i].out = NULL;
+            continue;
+        }
+        int m = 0;
+        for (int j = i; j < npending; j++)
+            if (pending[j].out && pending[j].color == pending[i].color &&
+                pending[j].parent->ip == pending[i].parent->ip)
+                ps[m++] = &pending[j];
+        qsort(ps, (size_t)m, sizeof *ps, by_key);
+        int *members = ptc_xmalloc(sizeof(int) * (size_t)m);
+        for (int k = 0; k < m; k++)
+            members[k] = ps[k]->parent->members[ps[k]->parent->me];
+        pthread_mutex_lock(&world_lock);
+        ps[0]->parent->w->refs += m;
+        pthread_mutex_unlock(&world_lock);
+        for (int k = 0; k < m; k++) {
+            ecomm *c = ptc_xcalloc(1, sizeof *c);
+            c->w = ps[k]->parent->w;
+            c->ip = ps[k]->parent->ip;
+            c->n = m;
+            c->me = k;
+            c->members = ptc_xmalloc(sizeof(int) * (size_t)m);
+            memcpy(c->members, members, sizeof(int) * (size_t)m);
+            *ps[k]->out = c;
+            ps[k]->out = NULL;
+        }
+        free(members);
+    }
+    free(ps);
+    npending = 0;
+}
+
+static int n_split(void *comm, int color, int key, void **newcomm, void *config)
+{
+    (void)config;
+    if (!group_depth) /* (ptc splits inside a group only) */
+        return N_INVALID_ARGUMENT;
+    PTC_GROW(pending, cappending, npending);
+    pending[npending++] = (struct pending){comm, color, key, newcomm};
+    return N_OK;
+}
+
+static int n_group_start(void)
+{
+    group_depth++;
+    return N_OK;
+}
+
+static int n_group_end(void)
+{
+    if (group_depth <= 0)
+        return N_INVALID_ARGUMENT;
+    if (--group_depth == 0 && npending)
+        form_splits();
+    return N_OK;
+}
+
+static int n_destroy(void *comm)
+{
+    ecomm *c = comm;
+    if (!c)
+        return N_OK;
+    pthread_mutex_lock(&world_lock);
+    bool last = --c->w->refs == 0;
+    pthread_mutex_unlock(&world_lock);
+    if (last) {
+        ptrt_inproc_free(c->w->ip);
+        free(c->w);
+    }
+    free(c->members);
+    free(c);
+    return N_OK;
+}
+
+static ptc_dtype n_dtype(int t)
+{
+    return t == PTRT_NCCL_BFLOAT16 ? PTC_BF16 : t == PTRT_NCCL_FLOAT16 ? PTC_F16
+                                   : t == PTRT_NCCL_INT32  ? PTC_I32 : PTC_F32;
+}
+
+static void *host_of(const void *p)
+{
+    return ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)p);
+}
+
+static int n_result(int rc, const char *err)
+{
+    if (rc < 0)
+        fprintf(stderr, "ptc: emulated NCCL: %s\n", err);
+    return rc < 0 ? N_INTERNAL : N_OK;
+}
+
+static int n_allreduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm,
+                       void *stream)
+{
+    (void)stream;
+    ecomm *c = comm;
+    char err[512];
+    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
+    return n_result(o->allreduce(c->ip, c->members[c->me], c->members, c->n, host_of(send),
+                                 host_of(recv), (int64_t)count, n_dtype(dtype),
+                                 op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL, err,
+                                 sizeof err),
+                    err);
+}
+
+static int n_allgather(const void *send, void *recv, size_t count, int dtype, void *comm,
+                       void *stream)
+{
+    (void)stream;
+    ecomm *c = comm;
+    char err[512];
+    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
+    return n_result(o->allgather(c->ip, c->members[c->me], c->members, c->n, host_of(send),
+                                 host_of(recv), 1, (int64_t)count, n_dtype(dtype), NULL, err,
+                                 sizeof err),
+                    err);
+}
+
+static int n_reduce_scatter(const void *send, void *recv, size_t count, int dtype, int op,
+                            void *comm, void *stream)
+{
+    (void)stream;
+    ecomm *c = comm;
+    char err[512];
+    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
+    return n_result(o->reduce_scatter(c->ip, c->members[c->me], c->members, c->n, host_of(send),
+                                      host_of(recv), 1, (int64_t)count, n_dtype(dtype),
+                                      op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL,
+                                      err, sizeof err),
+                    err);
+}
+
+static int n_send(const void *send, size_t count, int dtype, int peer, void *comm, void *stream)
+{
+    (void)stream;
+    ecomm *c = comm;
+    char err[512];
+    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
+    return n_result(o->send(c->ip, c->members[c->me], c->members[peer], host_of(send),
+                            (int64_t)count, n_dtype(dtype), NULL, err, sizeof err),
+                    err);
+}
+
+static int n_recv(void *recv, size_t count, int dtype, int peer, void *comm, void *stream)
+{
+    (void)stream;
+    ecomm *c = comm;
+    char err[512];
+    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
+    return n_result(o->recv(c->ip, c->members[c->me], c->members[peer], host_of(recv),
+                            (int64_t)count, n_dtype(dtype), NULL, err, sizeof err),
+                    err);
+}
+
+static const ptrt_nccl emulated_nccl = {
+    .ncclGetVersion = n_version,
+    .ncclGetErrorString = n_error,
+    .ncclCommInitAll = n_init_all,
+    .ncclCommSplit = n_split,
+    .ncclCommDestroy = n_destroy,
+    .ncclAllReduce = n_allreduce,
+    .ncclAllGather = n_allgather,
+    .ncclReduceScatter = n_reduce_scatter,
+    .ncclSend = n_send,
+    .ncclRecv = n_recv,
+    .ncclGroupStart = n_group_start,
+    .ncclGroupEnd = n_group_end,
+};
+
+static const ptrt_nccl *emu_nccl(char *err, size_t errn)
+{
+    (void)err, (void)errn;
+    return &emulated_nccl;
+}
 
 static int emu_open(const ptrt_cuda_driver **d, char *err, size_t errn)
 {
@@ -463,4 +759,5 @@ const ptrt_cuda_impl ptrt_cuda_emulation = {
     .compile = emu_compile,
     .gemm_start = emu_gemm_start,
     .gemm = emu_gemm,
+    .nccl = emu_nccl,
 };

@@ -23,6 +23,8 @@ typedef struct ptrt_cuda_impl {
     /* one GEMM, queued on the default stream; a failure's code, with the call named in call */
     int (*gemm)(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_t ws_bytes, char *call,
                 size_t calln);
+    /* NCCL's functions, or NULL with why */
+    const ptrt_nccl *(*nccl)(char *err, size_t errn);
 } ptrt_cuda_impl;
 
 extern const ptrt_cuda_impl ptrt_cuda_real;

@@ -92,6 +92,11 @@ out:
     return rc;
 }
 
+static const ptrt_nccl *real_nccl(char *err, size_t errn)
+{
+    return ptrt_cuda_open(PTRT_CUDA_NCCL, err, errn) < 0 ? NULL : ptrt_cuda_nccl_api();
+}
+
 const ptrt_cuda_impl ptrt_cuda_real = {
     .what = "CUDA backend on the GPU",
     .device = "cuda",
@@ -100,4 +105,5 @@ const ptrt_cuda_impl ptrt_cuda_real = {
     .compile = real_compile,
     .gemm_start = real_gemm_start,
     .gemm = real_gemm,
+    .nccl = real_nccl,
 };

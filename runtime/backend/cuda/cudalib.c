@@ -33,7 +33,7 @@ static const char *const driver_syms[] = {
     "cuDeviceGetAttribute", "cuGetErrorString", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
     "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2",
     "cuMemsetD8_v2", "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload",
-    "cuLaunchKernel", "cuCtxSynchronize", NULL};
+    "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", NULL};
 static const char *const nvrtc_syms[] = {
     "nvrtcVersion", "nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcCompileProgram",
     "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcGetPTXSize", "nvrtcGetPTX",
@@ -42,7 +42,21 @@ static const char *const cublaslt_syms[] = {
     "cublasLtGetVersion", "cublasLtCreate", "cublasLtMatmulDescCreate",
     "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate",
     "cublasLtMatrixLayoutDestroy", "cublasLtMatrixLayoutSetAttribute", "cublasLtMatmul", NULL};
-static const char *const nccl_syms[] = {"ncclGetVersion", NULL};
+static const char *const nccl_syms[] = {
+    "ncclGetVersion", "ncclGetErrorString", "ncclCommInitAll", "ncclCommSplit", "ncclCommDestroy",
+    "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclSend", "ncclRecv",
+    "ncclGroupStart", "ncclGroupEnd", NULL};
+
+/* each table has one function per name, in order */
+#define NSYMS(a) (sizeof(a) / sizeof((a)[0]) - 1)
+_Static_assert(NSYMS(driver_syms) * sizeof(void (*)(void)) == sizeof(ptrt_cuda_driver),
+               "driver_syms and ptrt_cuda_driver differ");
+_Static_assert(NSYMS(nvrtc_syms) * sizeof(void (*)(void)) == sizeof(ptrt_nvrtc),
+               "nvrtc_syms and ptrt_nvrtc differ");
+_Static_assert(NSYMS(cublaslt_syms) * sizeof(void (*)(void)) == sizeof(ptrt_cublaslt),
+               "cublaslt_syms and ptrt_cublaslt differ");
+_Static_assert(NSYMS(nccl_syms) * sizeof(void (*)(void)) == sizeof(ptrt_nccl),
+               "nccl_syms and ptrt_nccl differ");
 
 static const libdesc libs[PTRT_CUDA_NLIBS] = {
     [PTRT_CUDA_DRIVER] = {"the CUDA driver", {"libcuda.so.1"}, driver_syms, true},
@@ -65,6 +79,7 @@ static char *search; /* NULL: the default search */
 static ptrt_cuda_driver drv;
 static ptrt_nvrtc nv;
 static ptrt_cublaslt lt;
+static ptrt_nccl nccl;
 
 const char *ptrt_cuda_lib_name(ptrt_cuda_lib lib)
 {
@@ -146,6 +161,8 @@ static int open_locked(ptrt_cuda_lib lib)
         memcpy(&nv, st[lib].fn, sizeof nv);
     else if (lib == PTRT_CUDA_CUBLASLT)
         memcpy(&lt, st[lib].fn, sizeof lt);
+    else if (lib == PTRT_CUDA_NCCL)
+        memcpy(&nccl, st[lib].fn, sizeof nccl);
     return 0;
 }
 
@@ -174,6 +191,11 @@ const ptrt_nvrtc *ptrt_cuda_nvrtc_api(void)
 const ptrt_cublaslt *ptrt_cuda_cublaslt_api(void)
 {
     return &lt;
+}
+
+const ptrt_nccl *ptrt_cuda_nccl_api(void)
+{
+    return &nccl;
 }
 
 void ptrt_cuda_lib_version(ptrt_cuda_lib lib, char *buf, size_t n)

@@ -27,6 +27,24 @@ typedef enum {
 
 typedef unsigned long long ptrt_cudev; /* CUdeviceptr */
 
+/* CUDA_MEMCPY2D (cuda.h), device to device only: no arrays */
+typedef struct ptrt_cuda_copy2d {
+    size_t src_x, src_y;
+    int src_type; /* CU_MEMORYTYPE_DEVICE: 2 */
+    const void *src_host;
+    ptrt_cudev src;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    ptrt_cudev dst;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height; /* bytes, rows */
+} ptrt_cuda_copy2d;
+enum { PTRT_CU_MEMORYTYPE_DEVICE = 2 };
+
 typedef struct ptrt_cuda_driver {
     int (*cuInit)(unsigned flags);
     int (*cuDriverGetVersion)(int *version);
@@ -51,7 +69,37 @@ typedef struct ptrt_cuda_driver {
                           unsigned by, unsigned bz, unsigned smem, void *stream, void **params,
                           void **extra);
     int (*cuCtxSynchronize)(void);
+    int (*cuMemcpy2D)(const ptrt_cuda_copy2d *c); /* cuMemcpy2D_v2 */
 } ptrt_cuda_driver;
+
+
+/* NCCL (nccl.h): communicators as pointers, enums as int */
+typedef struct ptrt_nccl {
+    int (*ncclGetVersion)(int *version);
+    const char *(*ncclGetErrorString)(int result);
+    int (*ncclCommInitAll)(void **comms, int ndev, const int *devlist);
+    int (*ncclCommSplit)(void *comm, int color, int key, void **newcomm, void *config);
+    int (*ncclCommDestroy)(void *comm);
+    int (*ncclAllReduce)(const void *send, void *recv, size_t count, int dtype, int op, void *comm,
+                         void *stream);
+    int (*ncclAllGather)(const void *send, void *recv, size_t sendcount, int dtype, void *comm,
+                         void *stream);
+    int (*ncclReduceScatter)(const void *send, void *recv, size_t recvcount, int dtype, int op,
+                             void *comm, void *stream);
+    int (*ncclSend)(const void *send, size_t count, int dtype, int peer, void *comm,
+                    void *stream);
+    int (*ncclRecv)(void *recv, size_t count, int dtype, int peer, void *comm, void *stream);
+    int (*ncclGroupStart)(void);
+    int (*ncclGroupEnd)(void);
+} ptrt_nccl;
+enum {
+    PTRT_NCCL_SUM = 0,
+    PTRT_NCCL_MAX = 2,
+    PTRT_NCCL_INT32 = 2,
+    PTRT_NCCL_FLOAT16 = 6,
+    PTRT_NCCL_FLOAT32 = 7,
+    PTRT_NCCL_BFLOAT16 = 9
+};
 
 /* the driver's attribute numbers ptc asks for */
 enum {
@@ -115,6 +163,7 @@ int ptrt_cuda_open(ptrt_cuda_lib lib, char *err, size_t errn);
 const ptrt_cuda_driver *ptrt_cuda_driver_api(void);
 const ptrt_nvrtc *ptrt_cuda_nvrtc_api(void);
 const ptrt_cublaslt *ptrt_cuda_cublaslt_api(void);
+const ptrt_nccl *ptrt_cuda_nccl_api(void);
 
 /* The version the library reports ("NVRTC 13.0", "cuBLASLt 130000", "NCCL 2.27.3", "driver
  * 13.0"), after a successful open. */

@@ -1,0 +1,426 @@
+/* nccl_comm.c - collectives of ranks on distinct GPUs through NCCL (see nccl_comm.h). */
+#include "nccl_comm.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "cudalib.h"
+#include "staged.h"
+#include "util.h"
+
+typedef struct group {
+    unsigned axes;
+    int *members; /* this rank's group on those axes */
+    int n;
+    void *comm;
+} group;
+
+typedef struct rank_state {
+    void *world;
+    group *groups;
+    int ngroups;
+    void *scratch; /* device memory of the rank's GPU */
+    size_t scratch_bytes;
+} rank_state;
+
+struct ptrt_ncclc {
+    ptrt_comm comm;
+    ptrt_comm *host;
+    ptrt_staged *p2p; /* point to point through host memory */
+    const ptrt_backend *be;
+    const ptrt_nccl *nc;
+    const ptrt_cuda_driver *d;
+    int nranks;
+    rank_state *r;
+};
+
+static int nccl_dtype(ptc_dtype dt)
+{
+    return dt == PTC_BF16 ? PTRT_NCCL_BFLOAT16
+           : dt == PTC_F16 ? PTRT_NCCL_FLOAT16
+           : dt == PTC_I32 ? PTRT_NCCL_INT32
+                           : PTRT_NCCL_FLOAT32;
+}
+
+/* the communicator of me's group members[0..n) (matched by the member list) */
+static const group *group_of(const ptrt_ncclc *c, int me, const int *members, int n)
+{
+    const rank_state *r = &c->r[me];
+    for (int g = 0; g < r->ngroups; g++)
+        if (r->groups[g].n == n && !memcmp(r->groups[g].members, members, sizeof(int) * (size_t)n))
+            return &r->groups[g];
+    return NULL;
+}
+
+static int fail(const ptrt_ncclc *c, int me, const char *what, const ptrt_coll_desc *d, int rc,
+                char *err, size_t errn)
+{
+    ptc_fmt(err, errn, "rank %d: NCCL %s on group %s (step %lld): %s", me, what,
+            d && d->group_name ? d->group_name : "?", d ? (long long)d->step : -1LL,
+            c->nc->ncclGetErrorString(rc));
+    return -1;
+}
+
+static int no_group(int me, const char *what, char *err, size_t errn)
+{
+    ptc_fmt(err, errn, "rank %d: %s on a group no NCCL communicator was made for", me, what);
+    return -1;
+}
+
+/* height rows of width bytes from src (rows pitch spitch apart) to dst (dpitch) on the GPU */
+static int copy2d(const ptrt_ncclc *c, void *dst, size_t dpitch, const void *src, size_t spitch,
+                  size_t width, size_t height)
+{
+    if (!width || !height)
+        return 0;
+    ptrt_cuda_copy2d k = {.src_type = PTRT_CU_MEMORYTYPE_DEVICE,
+                          .src = (ptrt_cudev)(uintptr_t)src,
+                          .src_pitch = spitch,
+                          .dst_type = PTRT_CU_MEMORYTYPE_DEVICE,
+                          .dst = (ptrt_cudev)(uintptr_t)dst,
+                          .dst_pitch = dpitch,
+                          .width = width,
+                          .height = height};
+    return c->d->cuMemcpy2D(&k);
+}
+
+static int n_allreduce(void *impl, int me, const int *members, int n, const void *in, void *out,
+                       int64_t count, ptc_dtype dt, ptrt_reduce op, const ptrt_coll_desc *d,
+                       char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    const group *g = group_of(c, me, members, n);
+    if (!g)
+        return no_group(me, "allreduce", err, errn);
+    int rc = c->nc->ncclAllReduce(in, out, (size_t)count, nccl_dtype(dt),
+                                  op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm, NULL);
+    return rc ? fail(c, me, "allreduce", d, rc, err, errn) : 0;
+}
+
+/* out: outer blocks of n parts of chunk; NCCL gathers [n][outer x chunk], unpacked from scratch */
+static int n_allgather(void *impl, int me, const int *members, int n, const void *in, void *out,
+                       int64_t outer, int64_t chunk, ptc_dtype dt, const ptrt_coll_desc *d,
+                       char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    const group *g = group_of(c, me, members, n);
+    if (!g)
+        return no_group(me, "allgather", err, errn);
+    size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer * chunk);
+    void *dst = outer == 1 ? out : c->r[me].scratch;
+    int rc = c->nc->ncclAllGather(in, dst, part, nccl_dtype(dt), g->comm, NULL);
+    if (rc)
+        return fail(c, me, "allgather", d, rc, err, errn);
+    for (int j = 0; j < n && outer != 1; j++) {
+        int crc = copy2d(c, (char *)out + (size_t)j * (size_t)chunk * es, (size_t)(n * chunk) * es,
+                         (char *)dst + (size_t)j * part * es, (size_t)chunk * es,
+                         (size_t)chunk * es, (size_t)outer);
+        if (crc) {
+            ptc_fmt(err, errn, "rank %d: allgather: cuMemcpy2D failed (%d)", me, crc);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* in: outer blocks of n parts of chunk, packed [n][outer x chunk] into scratch for NCCL */
+static int n_reduce_scatter(void *impl, int me, const int *members, int n, const void *in,
+                            void *out, int64_t outer, int64_t chunk, ptc_dtype dt, ptrt_reduce op,
+                            const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    const group *g = group_of(c, me, members, n);
+    if (!g)
+        return no_group(me, "reduce_scatter", err, errn);
+    size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer * chunk);
+    const void *src = outer == 1 ? in : c->r[me].scratch;
+    for (int j = 0; j < n && outer != 1; j++) {
+        int crc = copy2d(c, (char *)c->r[me].scratch + (size_t)j * part * es, (size_t)chunk * es,
+                         (const char *)in + (size_t)j * (size_t)chunk * es,
+                         (size_t)(n * chunk) * es, (size_t)chunk * es, (size_t)outer);
+        if (crc) {
+            ptc_fmt(err, errn, "rank %d: reduce_scatter: cuMemcpy2D failed (%d)", me, crc);
+            return -1;
+        }
+    }
+    int rc = c->nc->ncclReduceScatter(src, out, part, nccl_dtype(dt),
+                                      op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
+                                      NULL);
+    return rc ? fail(c, me, "reduce_scatter", d, rc, err, errn) : 0;
+}
+
+/* part p of in (outer_in blocks, at p x chunk_in in each) to members[p]; part j of out from
+ * members[j]: packed into scratch, exchanged in one group, unpacked */
+static int n_all_to_all(void *impl, int me, const int *members, int n, const void *in, void *out,
+                        int64_t outer_in, int64_t chunk_in, int64_t outer_out, int64_t chunk_out,
+                        ptc_dtype dt, const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    const group *g = group_of(c, me, members, n);
+    if (!g)
+        return no_group(me, "all_to_all", err, errn);
+    size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer_in * chunk_in);
+    char *sin = c->r[me].scratch, *sout = sin + (size_t)n * part * es;
+    int crc = 0;
+    for (int p = 0; p < n && !crc; p++)
+        crc = copy2d(c, sin + (size_t)p * part * es, (size_t)chunk_in * es,
+                     (const char *)in + (size_t)p * (size_t)chunk_in * es,
+                     (size_t)(n * chunk_in) * es, (size_t)chunk_in * es, (size_t)outer_in);
+    int rc = crc ? 0 : c->nc->ncclGroupStart();
+    for (int p = 0; p < n && !rc && !crc; p++) {
+        rc = c->nc->ncclSend(sin + (size_t)p * part * es, part, nccl_dtype(dt), p, g->comm, NULL);
+        if (!rc)
+            rc = c->nc->ncclRecv(sout + (size_t)p * part * es, part, nccl_dtype(dt), p, g->comm,
+                                 NULL);
+    }
+    if (!crc) {
+        int erc = c->nc->ncclGroupEnd();
+        rc = rc ? rc : erc;
+    }
+    if (rc)
+        return fail(c, me, "all_to_all", d, rc, err, errn);
+    for (int j = 0; j < n && !crc; j++)
+        crc = copy2d(c, (char *)out + (size_t)j * (size_t)chunk_out * es,
+                     (size_t)(n * chunk_out) * es, sout + (size_t)j * part * es,
+                     (size_t)chunk_out * es, (size_t)chunk_out * es, (size_t)outer_out);
+    if (crc) {
+        ptc_fmt(err, errn, "rank %d: all_to_all: cuMemcpy2D failed (%d)", me, crc);
+        return -1;
+    }
+    return 0;
+}
+
+static int n_all_to_all_v(void *impl, int me, const int *members, int n, const void *in,
+                          const int64_t *send_count, const int64_t *send_off, int64_t in_len,
+                          void *out, const int64_t *recv_count, const int64_t *recv_off,
+                          int64_t out_len, ptc_dtype dt, const ptrt_coll_desc *d, char *err,
+                          size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    const group *g = group_of(c, me, members, n);
+    if (!g)
+        return no_group(me, "all_to_all_v", err, errn);
+    for (int j = 0; j < n; j++)
+        if (send_off[j] + send_count[j] > in_len || recv_off[j] + recv_count[j] > out_len) {
+            ptc_fmt(err, errn, "rank %d: all_to_all_v: part %d lies outside its buffer", me, j);
+            return -1;
+        }
+    size_t es = (size_t)ptc_dtype_size(dt);
+    int rc = c->nc->ncclGroupStart();
+    for (int p = 0; p < n && !rc; p++) {
+        if (send_count[p])
+            rc = c->nc->ncclSend((const char *)in + (size_t)send_off[p] * es,
+                                 (size_t)send_count[p], nccl_dtype(dt), p, g->comm, NULL);
+        if (!rc && recv_count[p])
+            rc = c->nc->ncclRecv((char *)out + (size_t)recv_off[p] * es, (size_t)recv_count[p],
+                                 nccl_dtype(dt), p, g->comm, NULL);
+    }
+    int erc = c->nc->ncclGroupEnd();
+    rc = rc ? rc : erc;
+    return rc ? fail(c, me, "all_to_all_v", d, rc, err, errn) : 0;
+}
+
+static int n_send(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
+                  const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    ptrt_comm *p = ptrt_staged_comm(c->p2p);
+    return p->ops->send(p->impl, me, peer, buf, count, dt, d, err, errn);
+}
+
+static int n_recv(void *impl, int me, int peer, void *buf, int64_t count, ptc_dtype dt,
+                  const ptrt_coll_desc *d, char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    ptrt_comm *p = ptrt_staged_comm(c->p2p);
+    return p->ops->recv(p->impl, me, peer, buf, count, dt, d, err, errn);
+}
+
+static int n_barrier(void *impl, int me, const int *members, int n, const ptrt_coll_desc *d,
+                     char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    return c->host->ops->barrier(c->host->impl, me, members, n, d, err, errn);
+}
+
+static void n_abort(void *impl, int rank, const char *msg)
+{
+    ptrt_ncclc *c = impl;
+    c->host->ops->abort(c->host->impl, rank, msg);
+}
+
+static bool n_failed(void *impl, char *reason, size_t n)
+{
+    ptrt_ncclc *c = impl;
+    return c->host->ops->failed(c->host->impl, reason, n);
+}
+
+static const ptrt_comm_ops nccl_ops = {
+    .name = "nccl",
+    .allreduce = n_allreduce,
+    .allgather = n_allgather,
+    .reduce_scatter = n_reduce_scatter,
+    .all_to_all = n_all_to_all,
+    .all_to_all_v = n_all_to_all_v,
+    .send = n_send,
+    .recv = n_recv,
+    .barrier = n_barrier,
+    .abort = n_abort,
+    .failed = n_failed,
+};
+
+/* ---- making it ---- */
+
+/* the axis sets of the plan's collectives (every program), in ascending order */
+static int axis_sets(const ptc_plan *p, unsigned *out, int cap)
+{
+    int n = 0;
+    for (int q = 0; q < p->nprograms; q++)
+        for (int i = 0; i < p->programs[q].ninstrs; i++) {
+            const ptc_instr *in = &p->programs[q].instrs[i];
+            if (in->kind != PTC_INSTR_COLL)
+                continue;
+            bool seen = false;
+            for (int k = 0; k < n && !seen; k++)
+                seen = out[k] == in->coll.axes;
+            if (!seen && n < cap)
+                out[n++] = in->coll.axes;
+        }
+    for (int a = 1; a < n; a++) /* insertion sort: every rank splits in one order */
+        for (int b = a; b > 0 && out[b] < out[b - 1]; b--) {
+            unsigned t = out[b];
+            out[b] = out[b - 1];
+            out[b - 1] = t;
+        }
+    return n;
+}
+
+/* the bytes a rank's collectives pack: in and out of its largest */
+static size_t scratch_of(const ptc_plan *p, int rank)
+{
+    const ptc_program *pg = &p->programs[p->rank_program[rank]];
+    size_t most = 0;
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        if (in->kind != PTC_INSTR_COLL)
+            continue;
+        size_t b = (size_t)(pg->bufs[in->in[0]].bytes + pg->bufs[in->out[0]].bytes);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_comm *host,
+                          char *err, size_t errn)
+{
+    int n = plan->nranks;
+    for (int r = 0; r < n; r++) /* each rank's GPU started (its context, for the scratch) */
+        if (!be->bind || be->bind(r, err, errn) < 0)
+            return NULL;
+    int gpus = ptrt_cuda_gpu_count();
+    if (n > gpus) {
+        ptc_fmt(err, errn, "%d ranks on %d GPU%s: NCCL takes one rank per GPU", n, gpus,
+                gpus == 1 ? "" : "s");
+        return NULL;
+    }
+    const ptrt_nccl *nc = ptrt_cuda_nccl_now(err, errn);
+    if (!nc)
+        return NULL;
+    ptrt_ncclc *c = ptc_xcalloc(1, sizeof *c);
+    c->host = host;
+    c->be = be;
+    c->nc = nc;
+    c->d = ptrt_cuda_driver_now();
+    c->nranks = n;
+    c->r = ptc_xcalloc((size_t)n, sizeof(rank_state));
+    void **world = ptc_xcalloc((size_t)n, sizeof(void *));
+    int *devs = ptc_xmalloc(sizeof(int) * (size_t)n);
+    for (int r = 0; r < n; r++)
+        devs[r] = r;
+    int rc = nc->ncclCommInitAll(world, n, devs);
+    free(devs);
+    if (rc) {
+        ptc_fmt(err, errn, "ncclCommInitAll over %d GPUs: %s", n, nc->ncclGetErrorString(rc));
+        free(world);
+        free(c->r);
+        free(c);
+        return NULL;
+    }
+    for (int r = 0; r < n; r++)
+        c->r[r].world = world[r];
+    free(world);
+    unsigned sets[32];
+    int nsets = axis_sets(plan, sets, 32);
+    int *buf = ptc_xmalloc(sizeof(int) * (size_t)n);
+    for (int r = 0; r < n; r++)
+        c->r[r].groups = ptc_xcalloc((size_t)(nsets ? nsets : 1), sizeof(group));
+    for (int k = 0; k < nsets && !rc; k++) {
+        /* every rank in one group call; a group's color is its smallest member */
+        rc = nc->ncclGroupStart();
+        for (int r = 0; r < n && !rc; r++) {
+            group *g = &c->r[r].groups[k];
+            g->axes = sets[k];
+            g->n = ptc_plan_group(&plan->mesh, r, sets[k], buf);
+            g->members = ptc_xmalloc(sizeof(int) * (size_t)g->n);
+            memcpy(g->members, buf, sizeof(int) * (size_t)g->n);
+            rc = nc->ncclCommSplit(c->r[r].world, buf[0], r, &g->comm, NULL);
+            c->r[r].ngroups = k + 1;
+        }
+        int erc = nc->ncclGroupEnd();
+        rc = rc ? rc : erc;
+    }
+    free(buf);
+    if (rc) {
+        ptc_fmt(err, errn, "ncclCommSplit: %s", nc->ncclGetErrorString(rc));
+        ptrt_nccl_free(c);
+        return NULL;
+    }
+    for (int r = 0; r < n; r++) {
+        size_t b = scratch_of(plan, r);
+        if (!b)
+            continue;
+        be->bind(r, err, errn);
+        if (!(c->r[r].scratch = be->alloc(b))) {
+            ptc_fmt(err, errn, "rank %d: cannot allocate %zu bytes for packing collectives", r,
+                    b);
+            ptrt_nccl_free(c);
+            return NULL;
+        }
+        c->r[r].scratch_bytes = b;
+    }
+    c->p2p = ptrt_staged_new(host, be, n);
+    c->comm = (ptrt_comm){.ops = &nccl_ops, .impl = c, .nranks = n, .device = true};
+    return c;
+}
+
+void ptrt_nccl_free(ptrt_ncclc *c)
+{
+    if (!c)
+        return;
+    char e[256];
+    for (int r = 0; r < c->nranks; r++) {
+        rank_state *s = &c->r[r];
+        for (int g = 0; g < s->ngroups; g++) {
+            if (s->groups[g].comm)
+                c->nc->ncclCommDestroy(s->groups[g].comm);
+            free(s->groups[g].members);
+        }
+        free(s->groups);
+        if (s->world)
+            c->nc->ncclCommDestroy(s->world);
+        if (s->scratch) {
+            c->be->bind(r, e, sizeof e);
+            c->be->free(s->scratch, s->scratch_bytes);
+        }
+    }
+    ptrt_staged_free(c->p2p);
+    free(c->r);
+    free(c);
+}
+
+ptrt_comm *ptrt_nccl_comm(ptrt_ncclc *c)
+{
+    return &c->comm;
+}
