@@ -337,6 +337,8 @@ void k_f6_adamw_x28__emu(void *const *a)
 #define attn0_G 4LL
 #define attn0_DH 16
 #define attn0_CAUSAL 1
+#define attn0_H0 0LL
+#define attn0_R 1LL
 #define attn0_SCALE 2.500000000e-01f
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || (defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)
 #define attn0_BK 64
@@ -350,7 +352,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
-        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const long long kh = (h + attn0_H0) / attn0_R, i = i0 + threadIdx.x;
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
@@ -408,7 +410,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
-        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const long long kh = (h + attn0_H0) / attn0_R, i = i0 + threadIdx.x;
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
@@ -478,7 +480,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
             vr[d] = live ? v[at] : 0.0f;
             gk[d] = gv[d] = 0.0f;
         }
-        for (long long h = kh * (attn0_H / attn0_G); h < (kh + 1) * (attn0_H / attn0_G); h++) {
+        for (long long h = PTC_IMAX(kh * attn0_R - attn0_H0, 0); h < PTC_IMIN((kh + 1) * attn0_R - attn0_H0, attn0_H); h++) {
             /* causal: queries before the tile's first key see none of its keys */
             for (long long i0 = attn0_CAUSAL ? j0 : 0; i0 < attn0_S; i0 += attn0_BK) {
                 __syncthreads();
@@ -530,7 +532,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
-        const long long kh = h / (attn0_H / attn0_G), i = i0 + threadIdx.x;
+        const long long kh = (h + attn0_H0) / attn0_R, i = i0 + threadIdx.x;
         const int live = i < attn0_S;
         const long long qo = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH;
         float qr[attn0_DH], dr[attn0_DH], gq[attn0_DH];
