@@ -453,31 +453,33 @@ static void build_clip_coef(ob *b, const ptc_type *it, const ptc_type *ot)
 
 /* layernorm_grad (x, g, dy) -> (dx, dg, db): a kernel over rows (dx, and each row's mean and
  * 1/std into scratch), then one over columns (dg, db) */
-typedef struct ln {
+/* a row r of d columns of x (and g, dy), its statistics, a column j (layernorm and rmsnorm,
+ * forward and backward) */
+typedef struct nrm {
     int x, g, dy, s;
     int64_t d, rows;
     int r, mean, inv, j;
-} ln;
-static int ln_x(ob *b, int j, void *c)
+} nrm;
+static int n_x(ob *b, int j, void *c)
 {
-    ln *l = c;
+    nrm *l = c;
     return L(b, l->x, MA(b->k, l->r, l->d, j));
 }
-static int ln_var(ob *b, int j, void *c)
+static int n_var(ob *b, int j, void *c)
 {
-    ln *l = c;
-    int v = B(b->k, PTC_KX_SUB, ln_x(b, j, c), l->mean);
+    nrm *l = c;
+    int v = B(b->k, PTC_KX_SUB, n_x(b, j, c), l->mean);
     return B(b->k, PTC_KX_MUL, v, v);
 }
 static int ln_e(ob *b, int j, void *c) /* dy g */
 {
-    ln *l = c;
+    nrm *l = c;
     return B(b->k, PTC_KX_MUL, L(b, l->dy, MA(b->k, l->r, l->d, j)), L(b, l->g, j));
 }
 static int ln_xh(ob *b, int j, void *c)
 {
-    ln *l = c;
-    return B(b->k, PTC_KX_MUL, B(b->k, PTC_KX_SUB, ln_x(b, j, c), l->mean), l->inv);
+    nrm *l = c;
+    return B(b->k, PTC_KX_MUL, B(b->k, PTC_KX_SUB, n_x(b, j, c), l->mean), l->inv);
 }
 static int ln_exh(ob *b, int j, void *c)
 {
@@ -485,7 +487,7 @@ static int ln_exh(ob *b, int j, void *c)
 }
 static int ln_dg(ob *b, int r, void *c) /* over rows r, column l->j */
 {
-    ln *l = c;
+    nrm *l = c;
     ptc_kir *k = b->k;
     int at = MA(k, r, l->d, l->j);
     int mean = L(b, l->s, B(k, PTC_KX_MUL, r, I(k, 2)));
@@ -494,13 +496,13 @@ static int ln_dg(ob *b, int r, void *c) /* over rows r, column l->j */
 }
 static int ln_db(ob *b, int r, void *c)
 {
-    ln *l = c;
+    nrm *l = c;
     return L(b, l->dy, MA(b->k, r, l->d, l->j));
 }
 
 static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const ptc_type *ot)
 {
-    ln l = {.d = it[0].dims[it[0].rank - 1]};
+    nrm l = {.d = it[0].dims[it[0].rank - 1]};
     l.rows = ptc_type_numel(&it[0]) / l.d;
     b->ok->scratch = 2 * l.rows;
     begin(b);
@@ -512,8 +514,8 @@ static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const pt
     ptc_kir *k = b->k;
     l.r = par(b, "r", l.rows);
     double inv_d = 1.0 / (double)l.d;
-    l.mean = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j0", l.d, ln_x, &l), F(k, inv_d)));
-    int var = B(k, PTC_KX_MUL, sum(b, "j1", l.d, ln_var, &l), F(k, inv_d));
+    l.mean = ptc_kir_bind(k, B(k, PTC_KX_MUL, sum(b, "j0", l.d, n_x, &l), F(k, inv_d)));
+    int var = B(k, PTC_KX_MUL, sum(b, "j1", l.d, n_var, &l), F(k, inv_d));
     l.inv = ptc_kir_bind(k, B(k, PTC_KX_DIV, F(k, 1.0), U(k, PTC_KX_SQRT, B(k, PTC_KX_ADD, var, F(k, eps)))));
     ptc_kir_store(k, l.s, B(k, PTC_KX_MUL, l.r, I(k, 2)), l.mean);
     ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, l.r, I(k, 2)), I(k, 1)), l.inv);
@@ -887,22 +889,6 @@ static void build_broadcast_to(ob *b, const ptc_type *it, const ptc_type *ot)
 
 /* ---- norms over the last axis ---- */
 
-typedef struct nrm {
-    int x, g, dy, s;
-    int64_t d, rows;
-    int r, mean, inv, j;
-} nrm;
-static int n_x(ob *b, int j, void *c)
-{
-    nrm *l = c;
-    return L(b, l->x, MA(b->k, l->r, l->d, j));
-}
-static int n_var(ob *b, int j, void *c)
-{
-    nrm *l = c;
-    int v = B(b->k, PTC_KX_SUB, n_x(b, j, c), l->mean);
-    return B(b->k, PTC_KX_MUL, v, v);
-}
 static int n_sq(ob *b, int j, void *c)
 {
     int v = n_x(b, j, c);

@@ -41,8 +41,9 @@ typedef struct rt_result {
     char err[512];
 } rt_result;
 
-static inline rt_result rt_run(ptc_op op, ptc_attrs at, int nin, const ptc_type *it,
-                               void *const *in)
+/* ... at coordinate coord on the op's mesh axis (the rank-dependent ops) */
+static inline rt_result rt_run_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type *it,
+                                  void *const *in)
 {
     rt_result r;
     char err[512] = "";
@@ -61,8 +62,15 @@ static inline rt_result rt_run(ptc_op op, ptc_attrs at, int nin, const ptc_type 
     node.nin = nin;
     node.nout = r.nout;
     node.attrs = at;
+    node.coord = coord;
     r.rc = ptrt_ref_run(&node, it, in, r.ot, r.out, r.err, sizeof r.err);
     return r;
+}
+
+static inline rt_result rt_run(ptc_op op, ptc_attrs at, int nin, const ptc_type *it,
+                               void *const *in)
+{
+    return rt_run_at(op, at, 0, nin, it, in);
 }
 
 static inline void rt_free(rt_result *r)

@@ -17,32 +17,6 @@ static float urand(void)
     return (float)((rng >> 8) & 0xffff) / 65536.0f;
 }
 
-/* the reference kernel at coordinate coord */
-static rt_result ref_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type *it,
-                        void *const *in)
-{
-    rt_result r;
-    memset(&r, 0, sizeof r);
-    char err[512] = "";
-    r.nout = ptc_infer(op, it, nin, &at, r.ot, err, sizeof err);
-    cr_assert(r.nout > 0, "shape inference of %s failed: %s", ptc_ops[op].name, err);
-    for (int j = 0; j < r.nout; j++) {
-        size_t bytes = (size_t)ptc_type_numel(&r.ot[j]) * 4;
-        r.out[j] = malloc(bytes ? bytes : 4);
-        memset(r.out[j], 0xff, bytes);
-    }
-    ptrt_kcall node;
-    memset(&node, 0, sizeof node);
-    node.op = op;
-    node.nin = nin;
-    node.nout = r.nout;
-    node.attrs = at;
-    node.coord = coord;
-    r.rc = ptrt_ref_run(&node, it, in, r.ot, r.out, r.err, sizeof r.err);
-    cr_assert_eq(r.rc, 0, "%s failed: %s", ptc_ops[op].name, r.err);
-    return r;
-}
-
 /* the op through the kernels at coordinate coord, against the reference; ids (i32 operands)
  * below bound; the operands in mask positive are in [0.5, 1.5), the others in [-1, 1) */
 static void check_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type *it,
@@ -59,7 +33,8 @@ static void check_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type
                 ((float *)in[i])[e] = positive >> i & 1 ? 0.5f + urand() : 2.0f * urand() - 1.0f;
         }
     }
-    rt_result want = ref_at(op, at, coord, nin, it, in);
+    rt_result want = rt_run_at(op, at, coord, nin, it, in);
+    cr_assert_eq(want.rc, 0, "%s failed: %s", ptc_ops[op].name, want.err);
     ptc_op_kernels ok;
     char why[512];
     int rc = ptc_op_kernels_build("t", op, &at, coord, nin, it, want.nout, want.ot, &ok, why, sizeof why);
