@@ -137,7 +137,7 @@ float ptrt_exec_get(ptrt_exec *x, int b, int64_t i)
 {
     ptc_dtype dt = x->pg->bufs[b].type.dtype;
     int64_t es = ptc_dtype_size(dt);
-    unsigned char v[4];
+    unsigned char v[4] = {0};
     ptrt_exec_read(x, b, i * es, v, es);
     uint16_t h;
     float f;
