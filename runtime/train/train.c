@@ -1169,8 +1169,10 @@ static int setup(shared *sh, char *err, size_t errn)
         sh->comm = ptrt_inproc_comm(sh->inproc);
     }
     ptrt_cpu_set_threads(o->threads);
+    /* (a GPU's peak is not the CPU's GEMM: on a device, MFU only with --peak-flops) */
     sh->peak_flops = o->peak_flops > 0 ? o->peak_flops
-                     : sh->plan->model_flops > 0 && !o->eval && !o->sample_only
+                     : sh->plan->model_flops > 0 && !o->eval && !o->sample_only &&
+                               o->device == PTRT_DEVICE_CPU
                          ? measure_peak(o->threads)
                          : 0;
     sh->first = 1;
