@@ -227,21 +227,51 @@ static void build_const(ob *b, double value, const ptc_type *ot)
 
 typedef struct sq {
     int x;
+    int64_t n, chunk;
+    int blk; /* the chunk's index */
 } sq;
 static int sq_body(ob *b, int j, void *c)
 {
-    int v = L(b, ((sq *)c)->x, j);
-    return B(b->k, PTC_KX_MUL, v, v);
+    sq *q = c;
+    ptc_kir *k = b->k;
+    /* element blk x chunk + j, where it exists */
+    int at = MA(k, q->blk, q->chunk, j); /* (no let: j is the reduction's own) */
+    if (q->n % q->chunk == 0) { /* whole chunks: every element exists */
+        int v = L(b, q->x, at);
+        return B(k, PTC_KX_MUL, v, v);
+    }
+    int live = B(k, PTC_KX_LT, at, I(k, q->n));
+    int v = L(b, q->x, ptc_kx_select(k, live, at, I(k, 0)));
+    return ptc_kx_select(k, live, B(k, PTC_KX_MUL, v, v), F(k, 0.0));
+}
+static int sq_part(ob *b, int i, void *c)
+{
+    return L(b, ((sq *)c)->x, i);
 }
 
-/* sum of squares: one block's reduction (a row loop of one row) */
+#define SUMSQ_CHUNK 8192 /* elements a block sums in the first pass */
+
+/* sum of squares in two passes, so that a GPU spreads a large tensor over its blocks: chunks'
+ * sums into scratch, then their sum (one chunk: one pass) */
 static void build_sumsq(ob *b, const ptc_type *it, const ptc_type *ot)
 {
+    int64_t n = ptc_type_numel(it), nb = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    nb = nb ? nb : 1;
+    sq c = {.n = n, .chunk = nb > 1 ? SUMSQ_CHUNK : n};
     begin(b);
-    sq c = {in(b, 0, it)};
+    c.x = in(b, 0, it);
+    int dst = nb > 1 ? param(b, PTC_OPK_SCRATCH, "s", PTC_F32, nb, true) : out(b, 0, ot);
+    c.blk = par(b, "r", nb);
+    ptc_kir_store(b->k, dst, c.blk, sum(b, "j", c.chunk, sq_body, &c));
+    ptc_kir_end(b->k);
+    if (nb == 1)
+        return;
+    b->ok->scratch = nb;
+    begin(b);
+    sq parts = {.x = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, nb, false)};
     int y = out(b, 0, ot);
-    par(b, "r", 1);
-    ptc_kir_store(b->k, y, I(b->k, 0), sum(b, "j", ptc_type_numel(it), sq_body, &c));
+    par(b, "o", 1);
+    ptc_kir_store(b->k, y, I(b->k, 0), sum(b, "i", nb, sq_part, &parts));
     ptc_kir_end(b->k);
 }
 

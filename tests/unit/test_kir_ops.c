@@ -121,6 +121,8 @@ Test(kir_ops, reductions)
     check(PTC_OP_SUMSQ, none(), 1, big, 0);
     ptc_type one[] = {TY(PTC_F32, 1)};
     check(PTC_OP_SUMSQ, none(), 1, one, 0);
+    ptc_type many[] = {TY(PTC_F32, 3, 8191)}; /* three chunks, the last not full */
+    check(PTC_OP_SUMSQ, none(), 1, many, 0);
     for (int axis = 0; axis < 3; axis++) {
         ptc_attrs a = none();
         a.axis = axis;

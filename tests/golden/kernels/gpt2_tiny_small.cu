@@ -909,19 +909,19 @@ void k_op17_0__emu(void *const *a)
     k_op17_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 16384LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+    for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
+        float r9 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
+            float y = (p_x0[((v_r * 8192LL) + v_j)] * p_x0[((v_r * 8192LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_s[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -930,108 +930,108 @@ void k_op18_0__emu(void *const *a)
     k_op18_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op18_1(const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+        float r5 = 0.0f;
+        for (long long v_i = threadIdx.x; v_i < 2LL; v_i += blockDim.x) {
+            float y = p_s[v_i];
+            r5 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r5 = ptc_block_sum(r5, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[0LL] = r5;
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op19_0__emu(void *const *a)
+void k_op18_1__emu(void *const *a)
 {
-    k_op19_0((const float *)a[0], (float *)a[1]);
+    k_op18_1((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r9 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
+            float y = (p_x0[((v_r * 4096LL) + v_j)] * p_x0[((v_r * 4096LL) + v_j)]);
+            r9 += y;
+        }
+        r9 = ptc_block_sum(r9, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
 void k_op20_0__emu(void *const *a)
 {
-    k_op20_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
-}
-#endif
-/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
-{
-    __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
-        }
-        r6 = ptc_block_sum(r6, ptc_smem);
-        if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
-    }
-}
-#ifdef PTC_CUDA_EMULATE
-void k_op21_0__emu(void *const *a)
-{
-    k_op21_0((const float *)a[0], (float *)a[1]);
+    k_op20_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op22_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op21_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op22_0__emu(void *const *a)
+void k_op21_0__emu(void *const *a)
 {
-    k_op22_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op21_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op22_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 12288LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+        float r9 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+            float y = (p_x0[((v_r * 64LL) + v_j)] * p_x0[((v_r * 64LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op22_0__emu(void *const *a)
+{
+    k_op22_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op23_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+{
+    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
+        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
 void k_op23_0__emu(void *const *a)
 {
-    k_op23_0((const float *)a[0], (float *)a[1]);
+    k_op23_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 192, sm_90: grid 1, block 192 */
-PTC_KERNEL __launch_bounds__(192) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+    for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
+        float r15 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
+            float y = ((((v_r * 8192LL) + v_j) < 12288LL) ? (p_x0[((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL)] * p_x0[((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL)]) : 0.0f);
+            r15 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r15 = ptc_block_sum(r15, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_s[v_r] = r15;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1040,19 +1040,19 @@ void k_op24_0__emu(void *const *a)
     k_op24_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 192, sm_90: grid 1, block 192 */
+PTC_KERNEL __launch_bounds__(192) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+        float r9 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
+            float y = (p_x0[((v_r * 192LL) + v_j)] * p_x0[((v_r * 192LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1062,7 +1062,28 @@ void k_op25_0__emu(void *const *a)
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+{
+    __shared__ float ptc_smem[32];
+    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+        float r9 = 0.0f;
+        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+            float y = (p_x0[((v_r * 256LL) + v_j)] * p_x0[((v_r * 256LL) + v_j)]);
+            r9 += y;
+        }
+        r9 = ptc_block_sum(r9, ptc_smem);
+        if (threadIdx.x == 0)
+            p_y0[v_r] = r9;
+    }
+}
+#ifdef PTC_CUDA_EMULATE
+void k_op26_0__emu(void *const *a)
+{
+    k_op26_0((const float *)a[0], (float *)a[1]);
+}
+#endif
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op27_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
         const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
@@ -1070,8 +1091,8 @@ PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, const
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op26_0__emu(void *const *a)
+void k_op27_0__emu(void *const *a)
 {
-    k_op26_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op27_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif

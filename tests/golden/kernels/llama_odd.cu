@@ -774,14 +774,14 @@ PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
+        float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 3584LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+            float y = (p_x0[((v_r * 3584LL) + v_j)] * p_x0[((v_r * 3584LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -795,14 +795,14 @@ PTC_KERNEL __launch_bounds__(32) k_op18_0(const float *PTC_RESTRICT p_x0, float 
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
+        float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+            float y = (p_x0[((v_r * 14LL) + v_j)] * p_x0[((v_r * 14LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -829,14 +829,14 @@ PTC_KERNEL __launch_bounds__(224) k_op20_0(const float *PTC_RESTRICT p_x0, float
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
+        float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 196LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+            float y = (p_x0[((v_r * 196LL) + v_j)] * p_x0[((v_r * 196LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -863,14 +863,14 @@ PTC_KERNEL __launch_bounds__(32) k_op22_0(const float *PTC_RESTRICT p_x0, float 
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
+        float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 28LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+            float y = (p_x0[((v_r * 28LL) + v_j)] * p_x0[((v_r * 28LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -884,14 +884,14 @@ PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
-        float r6 = 0.0f;
+        float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 1792LL; v_j += blockDim.x) {
-            float y = (p_x0[v_j] * p_x0[v_j]);
-            r6 += y;
+            float y = (p_x0[((v_r * 1792LL) + v_j)] * p_x0[((v_r * 1792LL) + v_j)]);
+            r9 += y;
         }
-        r6 = ptc_block_sum(r6, ptc_smem);
+        r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r6;
+            p_y0[v_r] = r9;
     }
 }
 #ifdef PTC_CUDA_EMULATE
