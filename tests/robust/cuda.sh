@@ -4,7 +4,8 @@
 #     sm_90 (where nvcc is installed; the unit test test_cuda compiles every kernel with NVRTC
 #     and ptxas, and runs it through the host emulation);
 #   - `--device cuda` without a driver exits 1 naming the missing driver library, before any
-#     output is written; a wrong --device value is a usage error.
+#     output is written (with a driver, it trains a step); a wrong --device value is a usage
+#     error.
 source "$(dirname "$0")/lib.sh"
 nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 
@@ -41,7 +42,7 @@ fi
 check "ptc -o g" 0 "" "$ptc" "$src/examples/gpt2_tiny.ptm" -o g
 if [ -e /dev/nvidiactl ] || ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   echo "SKIP --device cuda without a driver: this machine has an NVIDIA driver"
-  check "--device cuda with a driver says what it found" 1 "--device cuda: (found|the CUDA driver)" ./g --device cuda --steps 1
+  check "--device cuda with a driver trains a step" 0 "" ./g --device cuda --steps 1 --quiet
 else
   check "--device cuda without a driver names it" 1 "^\./g: error: --device cuda: the CUDA driver \(libcuda\.so\.1\) was not found" ./g --device cuda --steps 1 --save w.safetensors
   [ ! -s out.txt ] && [ ! -e w.safetensors ] && ok "--device cuda fails before any step" "" \
