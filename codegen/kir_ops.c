@@ -182,11 +182,18 @@ static int par(ob *b, const char *v, int64_t n)
     return ptc_kir_for(b->k, v, ptc_kx_i(b->k, n), true);
 }
 
-static int sum(ob *b, const char *v, int64_t n, int (*body)(ob *, int, void *), void *ctx)
+/* a reduction of body(b, index, ctx) over n, by kind (PTC_KX_SUM or PTC_KX_RMAX) */
+static int reduce(ob *b, ptc_kx_kind kind, const char *v, int64_t n, int (*body)(ob *, int, void *),
+                  void *ctx)
 {
     int var = ptc_kir_var(b->k, v, PTC_KT_I64);
     int e = body(b, ptc_kx_v(b->k, var), ctx);
-    return ptc_kx_reduce(b->k, PTC_KX_SUM, var, ptc_kx_i(b->k, n), e);
+    return ptc_kx_reduce(b->k, kind, var, ptc_kx_i(b->k, n), e);
+}
+
+static int sum(ob *b, const char *v, int64_t n, int (*body)(ob *, int, void *), void *ctx)
+{
+    return reduce(b, PTC_KX_SUM, v, n, body, ctx);
 }
 
 static void axis_view(const ptc_type *t, int axis, int64_t *outer, int64_t *n, int64_t *inner)
@@ -590,15 +597,6 @@ static int IN(ptc_kir *k, int v, int64_t lo, int64_t hi)
 static int LOADF(ob *b, int p, int64_t i)
 {
     return L(b, p, I(b->k, i));
-}
-
-/* a reduction of body(b, index, ctx) over n, by kind (PTC_KX_SUM or PTC_KX_RMAX) */
-static int reduce(ob *b, ptc_kx_kind kind, const char *v, int64_t n, int (*body)(ob *, int, void *),
-                  void *ctx)
-{
-    int var = ptc_kir_var(b->k, v, PTC_KT_I64);
-    int e = body(b, ptc_kx_v(b->k, var), ctx);
-    return ptc_kx_reduce(b->k, kind, var, ptc_kx_i(b->k, n), e);
 }
 
 /* ---- rank-dependent ops (c: the rank's coordinate on the op's mesh axis) ---- */

@@ -40,7 +40,6 @@ static struct {
     const ptrt_cuda_driver *d;
     int count;
     gpu gpus[MAX_GPUS];
-    int64_t scratch_bytes;
     /* the first error since the last sync */
     int err_rc;
     char err_call[160];
@@ -143,6 +142,10 @@ static int start_gpu_locked(int i)
  * where it is not yet). 0, or -1 with why. */
 static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
 {
+    /* already bound there (the executor binds before its every call): no lock. A thread that
+     * bound once saw the driver's start and G.count under the lock, set once. */
+    if (cur >= 0 && G.impl == impl && cur == (rank > 0 ? rank : 0) % G.count)
+        return 0;
     pthread_mutex_lock(&G.lock);
     if (G.state == 0) {
         G.impl = impl;
@@ -195,17 +198,6 @@ static gpu *here(void)
 static void current(void)
 {
     (void)here();
-}
-
-const char *ptrt_cuda_device_name(void)
-{
-    return G.state > 0 && G.gpus[cur >= 0 ? cur : 0].state > 0 ? G.gpus[cur >= 0 ? cur : 0].name
-                                                               : "(not started)";
-}
-
-int64_t ptrt_cuda_scratch_bytes(void)
-{
-    return G.scratch_bytes;
 }
 
 const ptrt_cuda_driver *ptrt_cuda_driver_now(void)
@@ -599,10 +591,6 @@ static int prepare(const ptc_plan *p, void **state, char *err, size_t errn)
     char *unit = NULL;
     names nm = {0};
     int rc = build_unit(s, p, &h->arch, &unit, &nm, err, errn);
-    pthread_mutex_lock(&G.lock);
-    if (s->scratch_bytes > G.scratch_bytes)
-        G.scratch_bytes = s->scratch_bytes;
-    pthread_mutex_unlock(&G.lock);
     if (rc == 0 && s->scratch_bytes > 0 &&
         (rc = G.d->cuMemAlloc(&s->scratch, (size_t)s->scratch_bytes)) != 0) {
         ptc_fmt(err, errn, "cannot allocate the kernels' scratch of %lld bytes: %s",

@@ -3,7 +3,7 @@
  *   memory     one cuMemAlloc arena per region of the static memory plan (the executor's alloc
  *              hook), and one scratch allocation made when the plan's kernels are prepared (the
  *              row statistics of layernorm's backward, attention's softmax statistics: sized
- *              for the largest, reported by ptrt_cuda_scratch_bytes); nothing per tensor;
+ *              for the largest instruction); nothing per tensor;
  *   kernels    one translation unit per plan, compiled by NVRTC for the device's architecture
  *              (PTX cached on disk, cudalib.h) and loaded with cuModuleLoadData: the plan's fused
  *              kernels, the flash-style attention kernels of each attention shape, and every
@@ -37,11 +37,6 @@
 
 extern const ptrt_backend ptrt_backend_cuda;
 extern const ptrt_backend ptrt_backend_cuda_emulated;
-
-/* The device the backend runs on ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)"), once started. */
-const char *ptrt_cuda_device_name(void);
-/* Bytes of the scratch allocation of the plans prepared so far (the largest). */
-int64_t ptrt_cuda_scratch_bytes(void);
 
 struct ptrt_cuda_driver;
 struct ptrt_nccl;
