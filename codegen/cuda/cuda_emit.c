@@ -935,6 +935,53 @@ void ptc_cuda_emit_prelude(FILE *f)
           f);
 }
 
+void ptc_cuda_emit_comm(FILE *f)
+{
+    ptc_cuda_emit_prelude(f);
+    fprintf(f,
+            "\n/* The device communicator's reduction (runtime/comm/inproc.h, ptrt_inproc_new_on),\n"
+            " * its arguments a block of device memory: a[0] the destination, a[1] the length, a[2]\n"
+            " * the number n of sources, a[3] op (0 sum, 1 max) | dtype << 8, a[4 .. 4 + n) the\n"
+            " * sources. Element i is src0[i] op src1[i] op ... in float, left to right, rounded once\n"
+            " * to the dtype: the in-process communicator's reduction, bit for bit. An address kept\n"
+            " * in memory goes through PTC_DEVPTR (the host emulation's addresses carry a tag). */\n"
+            "#ifndef PTC_CUDA_EMULATE\n"
+            "#define PTC_DEVPTR(u) ((void *)(u))\n"
+            "#endif\n"
+            "PTC_DEVICE float ptc_comm_load(unsigned long long p, int dt, long long i)\n"
+            "{\n"
+            "    if (dt == %d)\n"
+            "        return ((const float *)PTC_DEVPTR(p))[i];\n"
+            "    unsigned short h = ((const unsigned short *)PTC_DEVPTR(p))[i];\n"
+            "    return dt == %d ? ptc_bf16_f(h) : ptc_f16_f(h);\n"
+            "}\n"
+            "PTC_KERNEL __launch_bounds__(256) k_ptc_comm_reduce(const unsigned long long *PTC_RESTRICT a)\n"
+            "{\n"
+            "    long long len = (long long)a[1];\n"
+            "    int n = (int)a[2], op = (int)(a[3] & 255u), dt = (int)(a[3] >> 8);\n"
+            "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len;\n"
+            "         i += (long long)gridDim.x * blockDim.x) {\n"
+            "        float acc = ptc_comm_load(a[4], dt, i);\n"
+            "        for (int j = 1; j < n; j++) {\n"
+            "            float v = ptc_comm_load(a[4 + j], dt, i);\n"
+            "            acc = op ? (acc > v || acc != acc ? acc : v) : acc + v;\n"
+            "        }\n"
+            "        if (dt == %d)\n"
+            "            ((float *)PTC_DEVPTR(a[0]))[i] = acc;\n"
+            "        else\n"
+            "            ((unsigned short *)PTC_DEVPTR(a[0]))[i] =\n"
+            "                dt == %d ? ptc_f_bf16(acc) : ptc_f_f16(acc);\n"
+            "    }\n"
+            "}\n"
+            "#ifdef PTC_CUDA_EMULATE\n"
+            "void k_ptc_comm_reduce__emu(void *const *a)\n"
+            "{\n"
+            "    k_ptc_comm_reduce((const unsigned long long *)a[0]);\n"
+            "}\n"
+            "#endif\n",
+            (int)PTC_F32, (int)PTC_BF16, (int)PTC_F32, (int)PTC_BF16);
+}
+
 void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f)
 {
     ptc_cuda_emit_prelude(f);

@@ -53,6 +53,10 @@ void ptc_cuda_emit_prelude(FILE *f);
  * entry `k_<name>__emu(void *const *args)` taking one pointer per parameter. */
 void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f);
 
+/* The device communicator's unit: the prelude and k_ptc_comm_reduce, which reduces any number
+ * of same-length sources (f32, bf16, f16) as the in-process communicator does (see there). */
+void ptc_cuda_emit_comm(FILE *f);
+
 /* A whole translation unit: the prelude and the n kernels. */
 void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
 

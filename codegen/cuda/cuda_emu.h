@@ -51,6 +51,9 @@ static inline float ptc_emu_u2f(unsigned int u)
     memcpy(&x, &u, sizeof x);
     return x;
 }
+/* an address kept in device memory (the device communicator's argument block) is the emulated
+ * driver's: the host address below bit 48, a tag and the GPU's number above */
+#define PTC_DEVPTR(u) ((void *)(uintptr_t)((u) & (((unsigned long long)1 << 48) - 1)))
 #define PTC_F2U(x) ptc_emu_f2u(x)
 #define PTC_U2F(x) ptc_emu_u2f(x)
 #define __launch_bounds__(n)

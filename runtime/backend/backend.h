@@ -57,6 +57,18 @@ typedef struct ptrt_backend {
     void (*move)(void *dst, const void *src, size_t n);
     void (*zero)(void *dst, size_t n);
     int (*sync)(char *err, size_t errn);
+    /* Device backends whose ranks may share one device's memory, for the device communicator
+     * (ptrt_inproc_new_on: inproc.h); NULL elsewhere. copy2d: height rows of width bytes, rows
+     * spitch bytes apart in src and dpitch in dst (no overlap). reduce: dst[i] = src[0][i] op
+     * src[1][i] op ... op src[n-1][i] for i < len, elements of dt (f32, bf16, f16) widened to
+     * float, taken left to right and rounded once, op 0 a sum and 1 a maximum that propagates
+     * NaN (the in-process communicator's reduction, bit for bit); dst may be one of the
+     * sources. Both queue on the device's one stream, in order with its kernels; reduce
+     * returns 0, or -1 with why (its kernels could not be had). */
+    void (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                   size_t height);
+    int (*reduce)(void *dst, const void *const *src, int n, int64_t len, int op, ptc_dtype dt,
+                  char *err, size_t errn);
 } ptrt_backend;
 
 extern const ptrt_backend ptrt_backend_ref;

@@ -1,4 +1,5 @@
-/* comm.c - the in-process communicator (see comm.h): ranks are threads, data moves by memcpy.
+/* inproc.c - the in-process communicator (see inproc.h): ranks are threads, data moves by memcpy
+ * (a device communicator: by its backend's copies and reduction kernel, mem_* below).
  *
  * One mutex guards all bookkeeping; data moves outside it. Every rank has one condition variable
  * (on CLOCK_MONOTONIC, so timeouts ignore changes of the wall clock) on which only that rank waits,
@@ -36,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "half.h"
 #include "util.h"
 
@@ -90,6 +92,7 @@ typedef struct group {
 
 typedef struct msg {
     struct msg *next;
+    void *dev; /* the data, in device memory (a device communicator); else data[] holds it */
     int64_t count, step;
     ptc_dtype dt;
     int index;
@@ -134,6 +137,8 @@ struct ptrt_inproc {
     size_t nbuckets, ngroups;
     chan **chans; /* chans[receiver][sender], a row allocated on first use */
     whereabouts *where;
+    const ptrt_backend *be; /* a device communicator's backend, whose memory the buffers are in;
+                             * NULL: host memory */
     ptrt_comm iface; /* the interface over this communicator (ptrt_inproc_comm) */
 };
 
@@ -621,6 +626,101 @@ static const void *celem(const void *p, int64_t i, size_t es)
     return (const char *)p + (size_t)i * es;
 }
 
+/* Memory. A host communicator moves data with memcpy and reduces on the calling thread; a device
+ * communicator (c->be) queues the same moves and reductions on the device through its backend,
+ * and its temporaries are device memory. */
+static void *mem_alloc(const ptrt_inproc *c, size_t n)
+{
+    if (!c->be)
+        return ptc_xmalloc(n + 1);
+    void *p = c->be->alloc(n ? n : 1);
+    if (!p) { /* (a temporary of an overlapping call, or a message in flight; as ptc_xmalloc) */
+        fprintf(stderr, "ptc: the device communicator is out of device memory allocating %zu "
+                        "bytes\n", n);
+        abort();
+    }
+    return p;
+}
+
+static void mem_free(const ptrt_inproc *c, void *p, size_t n)
+{
+    if (!c->be)
+        free(p);
+    else if (p)
+        c->be->free(p, n ? n : 1);
+}
+
+static void mem_copy(const ptrt_inproc *c, void *dst, const void *src, size_t n)
+{
+    if (!n)
+        return;
+    if (c->be)
+        c->be->move(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
+/* reduce_run on the communicator's memory: 0, or -1 (the call failed, with a message) */
+static int mem_reduce(call *x, void *dst, const void *const *src, int n, int64_t len,
+                      ptrt_reduce op, ptc_dtype dt)
+{
+    const ptrt_inproc *c = x->c;
+    if (!c->be) {
+        reduce_run(dst, src, n, len, op, dt);
+        return 0;
+    }
+    char e[512];
+    if (len == 0 || c->be->reduce(dst, src, n, len, op == PTRT_RED_MAX, dt, e, sizeof e) == 0)
+        return 0;
+    char buf[REASON_MAX];
+    ptc_fmt(buf, sizeof buf, "rank %d: %s: %s", x->me, kind_name[x->k], e);
+    pthread_mutex_lock(&x->c->mu);
+    fail_call(x, buf);
+    pthread_mutex_unlock(&x->c->mu);
+    return -1;
+}
+
+/* copy_part on the communicator's memory: on a device, runs of equal length at equal pitches
+ * go as one strided copy (a part of whole blocks as one, a block's runs of a finer layout as
+ * one each), else run by run */
+static void mem_copy_part(const ptrt_inproc *c, void *dst, int64_t dc, int64_t dstride,
+                          const void *src, int64_t sc, int64_t sstride, int64_t len, size_t es)
+{
+    if (!c->be) {
+        copy_part(dst, dc, dstride, src, sc, sstride, len, es);
+        return;
+    }
+    if (len <= 0)
+        return;
+    char *d = dst;
+    const char *s = src;
+    if (sc == dc && len % sc == 0) {
+        c->be->copy2d(d, (size_t)dstride * es, s, (size_t)sstride * es, (size_t)sc * es,
+                      (size_t)(len / sc));
+    } else if (dc % sc == 0 && len % dc == 0) { /* a destination row holds dc / sc source rows */
+        for (int64_t r = 0; r < len / dc; r++)
+            c->be->copy2d(d + (size_t)(r * dstride) * es, (size_t)sc * es,
+                          s + (size_t)(r * (dc / sc) * sstride) * es, (size_t)sstride * es,
+                          (size_t)sc * es, (size_t)(dc / sc));
+    } else if (sc % dc == 0 && len % sc == 0) { /* a source row fills sc / dc destination rows */
+        for (int64_t r = 0; r < len / sc; r++)
+            c->be->copy2d(d + (size_t)(r * (sc / dc) * dstride) * es, (size_t)dstride * es,
+                          s + (size_t)(r * sstride) * es, (size_t)dc * es, (size_t)dc * es,
+                          (size_t)(sc / dc));
+    } else {
+        for (int64_t e = 0; e < len;) {
+            int64_t si = e % sc, di = e % dc, run = len - e;
+            if (run > sc - si)
+                run = sc - si;
+            if (run > dc - di)
+                run = dc - di;
+            c->be->move(d + (size_t)((e / dc) * dstride + di) * es,
+                        s + (size_t)((e / sc) * sstride + si) * es, (size_t)run * es);
+            e += run;
+        }
+    }
+}
+
 /* Start of slice q when len is cut into n nearly equal slices. */
 static int64_t slice_start(int64_t len, int n, int q)
 {
@@ -630,17 +730,18 @@ static int64_t slice_start(int64_t len, int n, int q)
 
 /* The data phases of each kind (mu not held; phase A done). mp: the members' slots in group
  * order; q: my position; a: my own slot. */
-static void run_allreduce(call *x, group *g, const post *const *mp, int q, post *a)
+static int run_allreduce(call *x, group *g, const post *const *mp, int q, post *a)
 {
     int n = x->n;
+    const ptrt_inproc *c = x->c;
     size_t es = esize(a->dt);
     int64_t count = a->size[0], lo = slice_start(count, n, q), hi = slice_start(count, n, q + 1);
     bool partial = a->in != a->out && overlap(a->in, count, a->out, count, es);
-    void *part = partial ? ptc_xmalloc((size_t)(hi - lo) * es + 1) : elem(a->out, lo, es);
+    void *part = partial ? mem_alloc(c, (size_t)(hi - lo) * es) : elem(a->out, lo, es);
     const void **src = ptc_xmalloc((size_t)n * sizeof *src);
     for (int j = 0; j < n; j++)
         src[j] = celem(mp[j]->in, lo, es);
-    reduce_run(part, src, n, hi - lo, a->op, a->dt);
+    int rc = mem_reduce(x, part, src, n, hi - lo, a->op, a->dt);
     pthread_mutex_lock(&x->c->mu);
     a->part = part;
     barrier(x, g, false);
@@ -650,33 +751,36 @@ static void run_allreduce(call *x, group *g, const post *const *mp, int q, post 
     for (int j = 0; j < n; j++) {
         int64_t jl = slice_start(count, n, j), jh = slice_start(count, n, j + 1);
         if (j != q || partial)
-            memcpy(elem(a->out, jl, es), src[j], (size_t)(jh - jl) * es);
+            mem_copy(c, elem(a->out, jl, es), src[j], (size_t)(jh - jl) * es);
     }
     barrier_unlocked(x, g);
     free(src);
     if (partial)
-        free(part);
+        mem_free(c, part, (size_t)(hi - lo) * es);
+    return rc;
 }
 
-static void run_reduce_scatter(call *x, group *g, const post *const *mp, int q, post *a)
+static int run_reduce_scatter(call *x, group *g, const post *const *mp, int q, post *a)
 {
-    int n = x->n;
+    int n = x->n, rc = 0;
+    const ptrt_inproc *c = x->c;
     size_t es = esize(a->dt);
     int64_t outer = a->size[0], chunk = a->size[1];
     bool partial = overlap(a->in, outer * n * chunk, a->out, outer * chunk, es);
-    void *dst = partial ? ptc_xmalloc((size_t)(outer * chunk) * es + 1) : a->out;
+    void *dst = partial ? mem_alloc(c, (size_t)(outer * chunk) * es) : a->out;
     const void **src = ptc_xmalloc((size_t)n * sizeof *src);
-    for (int64_t o = 0; o < outer; o++) {
+    for (int64_t o = 0; o < outer && rc == 0; o++) {
         for (int j = 0; j < n; j++)
             src[j] = celem(mp[j]->in, (o * n + q) * chunk, es);
-        reduce_run(elem(dst, o * chunk, es), src, n, chunk, a->op, a->dt);
+        rc = mem_reduce(x, elem(dst, o * chunk, es), src, n, chunk, a->op, a->dt);
     }
     barrier_unlocked(x, g);
     if (partial) {
-        memcpy(a->out, dst, (size_t)(outer * chunk) * es);
-        free(dst);
+        mem_copy(c, a->out, dst, (size_t)(outer * chunk) * es);
+        mem_free(c, dst, (size_t)(outer * chunk) * es);
     }
     free(src);
+    return rc;
 }
 
 static int position(const int *members, int n, int me)
@@ -689,9 +793,10 @@ static int position(const int *members, int n, int me)
 
 /* Allgather and all-to-all: part q of every member's input becomes part j of my output (for
  * allgather the input is a single part). */
-static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
+static int run_gather(call *x, group *g, const post *const *mp, int q, post *a)
 {
     int n = x->n;
+    const ptrt_inproc *c = x->c;
     const int64_t *s = a->size;
     int64_t outer_in = s[0], chunk_in = s[1], nparts_in = n;
     int64_t outer_out = s[0], chunk_out = s[1];
@@ -709,17 +814,18 @@ static void run_gather(call *x, group *g, const post *const *mp, int q, post *a)
     bool in_place = a->k == K_ALLGATHER && outer_in == 1 &&
                     a->in == celem(a->out, me * chunk_out, es);
     bool partial = !in_place && overlap(a->in, in_len, a->out, out_len, es);
-    void *dst = partial ? ptc_xmalloc((size_t)out_len * es + 1) : a->out;
+    void *dst = partial ? mem_alloc(c, (size_t)out_len * es) : a->out;
     for (int j = 0; j < n; j++)
         if (!(in_place && j == me))
-            copy_part(elem(dst, j * chunk_out, es), chunk_out, n * chunk_out,
-                      celem(mp[j]->in, q * chunk_in, es), chunk_in, nparts_in * chunk_in,
-                      outer_in * chunk_in, es);
+            mem_copy_part(c, elem(dst, j * chunk_out, es), chunk_out, n * chunk_out,
+                          celem(mp[j]->in, q * chunk_in, es), chunk_in, nparts_in * chunk_in,
+                          outer_in * chunk_in, es);
     barrier_unlocked(x, g);
     if (partial) {
-        memcpy(a->out, dst, (size_t)out_len * es);
-        free(dst);
+        mem_copy(c, a->out, dst, (size_t)out_len * es);
+        mem_free(c, dst, (size_t)out_len * es);
     }
+    return 0;
 }
 
 /* All-to-all with uneven counts: every member checks every pair (so all reach the same verdict:
@@ -744,21 +850,23 @@ static int check_uneven(call *x, const post *const *mp)
     return 0;
 }
 
-static void run_uneven(call *x, group *g, const post *const *mp, int q, post *a)
+static int run_uneven(call *x, group *g, const post *const *mp, int q, post *a)
 {
+    const ptrt_inproc *c = x->c;
     size_t es = esize(a->dt);
     bool partial = overlap(a->in, a->in_len, a->out, a->out_len, es);
-    void *dst = partial ? ptc_xmalloc((size_t)a->out_len * es + 1) : a->out;
+    void *dst = partial ? mem_alloc(c, (size_t)a->out_len * es) : a->out;
     for (int j = 0; j < x->n; j++)
-        memcpy(elem(dst, a->recv_off[j], es), celem(mp[j]->in, mp[j]->send_off[q], es),
-               (size_t)a->recv_count[j] * es);
+        mem_copy(c, elem(dst, a->recv_off[j], es), celem(mp[j]->in, mp[j]->send_off[q], es),
+                 (size_t)a->recv_count[j] * es);
     barrier_unlocked(x, g);
     if (partial) {
         for (int j = 0; j < x->n; j++) /* only the parts received: the rest keeps its bytes */
-            memcpy(elem(a->out, a->recv_off[j], es), celem(dst, a->recv_off[j], es),
-                   (size_t)a->recv_count[j] * es);
-        free(dst);
+            mem_copy(c, elem(a->out, a->recv_off[j], es), celem(dst, a->recv_off[j], es),
+                     (size_t)a->recv_count[j] * es);
+        mem_free(c, dst, (size_t)a->out_len * es);
     }
+    return 0;
 }
 
 /* ---- collectives ------------------------------------------------------------------------- */
@@ -916,19 +1024,20 @@ static int collective(ptrt_inproc *c, int me, const int *members, int n, const p
         a = NULL;
     }
     pthread_mutex_unlock(&c->mu);
+    int rc = a ? 0 : -1;
     if (a) {
         int q = position(members, n, me);
         switch (moves_nothing(a) ? K_BARRIER : a->k) {
-        case K_ALLREDUCE: run_allreduce(&x, g, mp, q, a); break;
-        case K_REDUCE_SCATTER: run_reduce_scatter(&x, g, mp, q, a); break;
+        case K_ALLREDUCE: rc = run_allreduce(&x, g, mp, q, a); break;
+        case K_REDUCE_SCATTER: rc = run_reduce_scatter(&x, g, mp, q, a); break;
         case K_ALLGATHER:
-        case K_ALL_TO_ALL: run_gather(&x, g, mp, q, a); break;
-        case K_ALL_TO_ALL_V: run_uneven(&x, g, mp, q, a); break;
+        case K_ALL_TO_ALL: rc = run_gather(&x, g, mp, q, a); break;
+        case K_ALL_TO_ALL_V: rc = run_uneven(&x, g, mp, q, a); break;
         default: barrier_unlocked(&x, g); break; /* phase B only */
         }
     }
     free(mp);
-    return a ? 0 : -1;
+    return rc;
 }
 
 static int post_call(ptrt_inproc *c, int me, const int *members, int n, post p,
@@ -1058,6 +1167,13 @@ static int check_p2p(call *x, const void *buf, int64_t count, ptc_dtype dt)
     return 0;
 }
 
+static void free_msg(const ptrt_inproc *c, msg *m)
+{
+    if (m && m->dev)
+        mem_free(c, m->dev, (size_t)m->count * esize(m->dt));
+    free(m);
+}
+
 static chan *chan_get(ptrt_inproc *c, int receiver, int sender)
 {
     if (!c->chans[receiver])
@@ -1080,19 +1196,20 @@ int ptrt_inproc_send_dt(ptrt_inproc *c, int me, int peer, const void *buf, int64
     pthread_mutex_unlock(&c->mu);
     if (rc)
         return -1;
-    msg *m = ptc_xmalloc(sizeof *m + (size_t)count * esize(dt));
+    size_t bytes = (size_t)count * esize(dt);
+    msg *m = ptc_xmalloc(sizeof *m + (c->be ? 0 : bytes));
     m->next = NULL;
+    m->dev = c->be ? mem_alloc(c, bytes) : NULL;
     m->count = count;
     m->dt = dt;
     m->step = x.step;
     m->index = x.index;
     memcpy(m->name, x.name, sizeof m->name);
-    if (count > 0)
-        memcpy(m->data, buf, (size_t)count * esize(dt));
+    mem_copy(c, c->be ? m->dev : m->data, buf, bytes);
     pthread_mutex_lock(&c->mu);
     if (c->failed) {
         rc = fail_failed(&x);
-        free(m);
+        free_msg(c, m);
     } else {
         chan *ch = chan_get(c, peer, me);
         if (ch->tail)
@@ -1189,8 +1306,8 @@ int ptrt_inproc_recv_dt(ptrt_inproc *c, int me, int peer, void *buf, int64_t cou
     }
     pthread_mutex_unlock(&c->mu);
     if (!rc && count > 0)
-        memcpy(buf, m->data, (size_t)count * esize(dt));
-    free(m);
+        mem_copy(c, buf, c->be ? m->dev : m->data, (size_t)count * esize(dt));
+    free_msg(c, m);
     return rc;
 }
 
@@ -1244,7 +1361,7 @@ void ptrt_inproc_free(ptrt_inproc *c)
         for (int s = 0; c->chans[r] && s < c->nranks; s++) {
             for (msg *m = c->chans[r][s].head, *next; m; m = next) {
                 next = m->next;
-                free(m);
+                free_msg(c, m);
             }
         }
         free(c->chans[r]);
@@ -1388,6 +1505,21 @@ static const ptrt_comm_ops inproc_ops = {
 
 ptrt_comm *ptrt_inproc_comm(ptrt_inproc *c)
 {
-    c->iface = (ptrt_comm){.ops = &inproc_ops, .impl = c, .nranks = c->nranks};
+    c->iface = (ptrt_comm){.ops = &inproc_ops, .impl = c, .nranks = c->nranks,
+                           .device = c->be != NULL};
     return &c->iface;
+}
+
+ptrt_inproc *ptrt_inproc_new_on(int nranks, double timeout_s, const ptrt_backend *be, char *err,
+                                size_t errn)
+{
+    if (be && !be->host && (!be->copy2d || !be->reduce || !be->move || !be->alloc)) {
+        ptc_fmt(err, errn, "communicator: the %s backend cannot move or reduce its memory itself",
+                be->name);
+        return NULL;
+    }
+    ptrt_inproc *c = ptrt_inproc_new(nranks, timeout_s, err, errn);
+    if (c && be && !be->host)
+        c->be = be;
+    return c;
 }

@@ -42,6 +42,18 @@ typedef struct ptrt_inproc ptrt_inproc;
  * other members to arrive at a collective, or for a message to arrive in ptrt_inproc_recv. Returns
  * NULL with a message when nranks < 1 or the timeout is not a positive finite number. */
 ptrt_inproc *ptrt_inproc_new(int nranks, double timeout_s, char *err, size_t errn);
+/* A device communicator: the same communicator over buffers in the memory of device backend be
+ * (cuda), for ranks that are threads of this process sharing one device (several ranks on one
+ * GPU, where NCCL takes one rank per GPU). Every rule above holds, results bit for bit included;
+ * the data moves and reductions are queued on the device through be's move, copy2d and reduce
+ * hooks (backend.h), on its one stream, so a member reading another's buffer after the phase-A
+ * barrier reads what that member's kernels wrote before it called; messages in flight and the
+ * temporaries of overlapping calls are device memory. The calling threads must be bound to
+ * their ranks' device. be NULL, or a host backend: ptrt_inproc_new. NULL with a message when
+ * be lacks the hooks. */
+struct ptrt_backend;
+ptrt_inproc *ptrt_inproc_new_on(int nranks, double timeout_s, const struct ptrt_backend *be,
+                                char *err, size_t errn);
 /* Frees the communicator and any messages sent but never received. No rank may be inside a call. */
 void ptrt_inproc_free(ptrt_inproc *c);
 /* The communicator interface over c (comm.h), with every dtype (see the _dt calls). The interface

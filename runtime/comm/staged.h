@@ -2,8 +2,9 @@
  * over a host communicator (in-process or MPI): each call copies its operands to host memory,
  * runs the host communicator's call, and copies the results back. The same results, bit for bit,
  * as the host communicator gives; slow (every byte crosses the bus twice and the reduction runs
- * on the CPU), but it runs any plan's collectives on GPUs, several ranks on one GPU included,
- * until NCCL does it directly.
+ * on the CPU), but it runs any plan's collectives on GPUs: ranks in several processes (MPI), or
+ * more ranks than GPUs on several GPUs. (One GPU per rank: NCCL, nccl_comm.h; all ranks on one
+ * GPU: the device communicator, inproc.h.)
  *
  * Host buffers: one per rank, grown to the largest call and kept (calls of one rank never
  * overlap: a rank's program runs on one thread).

@@ -119,8 +119,12 @@ struct shared {
     int nranks;
     run *runs;
     ptrt_inproc *inproc;
-    ptrt_staged *staged; /* the executors' communicator on a device backend: host-staged, */
-    ptrt_ncclc *nccl;    /* or NCCL where every rank has its own GPU */
+    /* the executors' communicator on a device backend: NCCL where every rank has its own GPU,
+     * in the GPU's memory where all share one, else host-staged */
+    ptrt_ncclc *nccl;
+    ptrt_inproc *devcomm;
+    ptrt_staged *staged;
+    ptrt_comm *xcomm; /* the executors' (sh->comm, or one of the above) */
     ptrt_mpi *mpi; /* ranks in several processes (mpirun, srun); NULL: all ranks are threads */
     ptrt_comm *comm;
     int first_local, nlocal; /* this process runs ranks [first_local, first_local + nlocal) */
@@ -153,6 +157,8 @@ static void fail(shared *sh, int rank, int rc, const char *msg)
     pthread_mutex_unlock(&sh->lock);
     if (sh->comm)
         sh->comm->ops->abort(sh->comm->impl, rank, msg);
+    if (sh->xcomm && sh->xcomm != sh->comm)
+        sh->xcomm->ops->abort(sh->xcomm->impl, rank, msg);
 }
 
 static int failed(shared *sh)
@@ -1190,6 +1196,15 @@ static int setup(shared *sh, char *err, size_t errn)
             xo.comm = ptrt_nccl_comm(sh->nccl);
             if (!o->quiet)
                 fprintf(stderr, "collectives: NCCL, one GPU per rank\n");
+        } else if (!sh->mpi && ptrt_cuda_gpu_count() == 1) {
+            /* (ptrt_nccl_new bound every rank, so the GPUs are counted) */
+            if (!(sh->devcomm = ptrt_inproc_new_on(sh->nranks, o->timeout_s, xo.backend, err,
+                                                   errn)))
+                return 1;
+            xo.comm = ptrt_inproc_comm(sh->devcomm);
+            if (!o->quiet)
+                fprintf(stderr, "collectives: in GPU memory, %d ranks on one GPU\n",
+                        sh->nranks);
         } else {
             sh->staged = ptrt_staged_new(sh->comm, xo.backend, sh->nranks);
             xo.comm = ptrt_staged_comm(sh->staged);
@@ -1197,6 +1212,7 @@ static int setup(shared *sh, char *err, size_t errn)
                 fprintf(stderr, "collectives: through host memory (%s)\n", why);
         }
     }
+    sh->xcomm = xo.comm;
     for (int k = 0; k < sh->nranks; k++) {
         run *r = &sh->runs[k];
         sh->all[k] = k;
@@ -1273,6 +1289,7 @@ static void teardown(shared *sh)
     free(sh->ents);
     ptrt_nccl_free(sh->nccl);
     ptrt_inproc_free(sh->inproc);
+    ptrt_inproc_free(sh->devcomm);
     ptrt_staged_free(sh->staged);
     ptrt_mpi_free(sh->mpi);
     if (sh->log)

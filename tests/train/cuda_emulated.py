@@ -6,9 +6,10 @@ syncs through the driver's calls), over the host emulation of the driver, agains
 backend on the same plan: every step's loss and gradient norm within 1e-5 (three steps: each
 loss after the updates before it; 2e-3 in 16 bits) and, on one device, the first step's
 gradients (--dump-grads) within 1e-4 of each tensor's largest (2e-2 in 16 bits), for each model
-and mesh below. Plans of several
-ranks run them as threads on the one emulated GPU, their collectives through the host-staged
-communicator (runtime/comm/staged.h).
+and mesh below. Plans of several ranks run them as threads; their collectives go through NCCL
+where each rank has its own (emulated) GPU, through the device communicator in the GPU's memory
+where all share one (runtime/comm/inproc.h, ptrt_inproc_new_on), else through host memory
+(runtime/comm/staged.h): each case checks the run chose the one it should.
 
 With --device cuda the same comparison runs on a real GPU (ctest label gpu: `ctest -L gpu`); it
 exits 77 (skipped), saying why, where the machine has no CUDA driver or GPU.
@@ -32,11 +33,11 @@ CASES = [  # (name, model, ptc flags)
     ('llama_tiny', 'llama_tiny.ptm', SMALL),
     ('mlp', 'mlp.ptm', []),
     # 4 ranks on the one (emulated) GPU: tensor and data parallel, sequence parallel, ZeRO-1;
-    # their collectives through the host-staged communicator
+    # their collectives in the GPU's memory (the device communicator)
     ('gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny.ptm',
      SMALL + ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1']),
     # the same 4 ranks on 2 GPUs (rank r on GPU r mod 2): each rank's memory, module and launches
-    # on its own GPU, which the emulation checks
+    # on its own GPU, which the emulation checks; collectives through host memory
     ('gpt2_tiny dp=2,tp=2 on 2 GPUs', 'gpt2_tiny.ptm',
      SMALL + ['--mesh', 'dp=2,tp=2', '--zero', '3'], {'PTC_CUDA_EMULATED_GPUS': '2'}),
     # one GPU per rank: the collectives through NCCL (emulated: runtime/backend/cuda/nccl_comm.c's
@@ -99,6 +100,19 @@ def run(exe, device, wd, dump, env=None):
     return p, [(float(a), float(b)) for a, b in steps], grads
 
 
+def communicator(flags, env):
+    """What the run should print: NCCL where every rank has its own GPU, the device
+    communicator where all share one, else host memory (None: one rank)."""
+    if '--mesh' not in flags:
+        return None
+    ranks = 1
+    for axis in flags[flags.index('--mesh') + 1].split(','):
+        ranks *= int(axis.split('=')[1])
+    gpus = int((env or {}).get('PTC_CUDA_EMULATED_GPUS', '1'))
+    return ('collectives: NCCL' if ranks <= gpus else 'collectives: in GPU memory' if gpus == 1
+            else 'collectives: through host memory')
+
+
 def main():
     with tempfile.TemporaryDirectory() as wd:
         for case in CASES:
@@ -118,9 +132,10 @@ def main():
                 sys.exit(77)
             check(cpu.returncode == 0 and len(cs) == STEPS,
                   '%s: the CPU run (%s)' % (name, cpu.stderr.strip()[:300]))
-            if 'NCCL' in name:
-                check('collectives: NCCL' in emu.stderr, '%s: NCCL chosen (%s)' % (
-                    name, emu.stderr.strip()[:200]))
+            want = communicator(flags, env)
+            if DEVICE == 'cuda-emulated' and want:  # (a real machine has its own GPU count)
+                check(want in emu.stderr, '%s: %s chosen (%s)' % (
+                    name, want, emu.stderr.strip()[:200]))
             check(emu.returncode == 0 and len(es) == STEPS,
                   '%s: the %s run (%s)' % (name, DEVICE, emu.stderr.strip()[:300]))
             if len(cs) != STEPS or len(es) != STEPS:

@@ -943,3 +943,217 @@ Test(cuda, nccl_communicator_emulated)
     ptc_graph_free(ctx.g);
     free(src);
 }
+
+/* ---- the device communicator (emulated) against the in-process communicator ----
+ *
+ * Four ranks on one emulated GPU, each a thread, call the device communicator (inproc.h,
+ * ptrt_inproc_new_on: the in-process communicator over GPU memory, its reductions a kernel of
+ * the comm unit) with device buffers, and the host communicator with host copies of the same
+ * data: the results must be the same bytes (the same reduction order), in f32, bf16 and f16,
+ * with NaN in max, in place and with overlapping buffers (device temporaries), for every layout
+ * of all_to_all's strided copies, all_to_all_v, and buffered sends between the ranks. */
+
+#define DC_RANKS 4
+
+typedef struct dcase {
+    ptrt_comm *dc, *ip;
+    int rank, fails;
+} dcase;
+
+static const ptrt_backend *const emu_be = &ptrt_backend_cuda_emulated;
+
+/* n elements of dt from seed (NaN at one place of rank 2's, for max) */
+static void *dc_data(int64_t n, ptc_dtype dt, unsigned seed, bool nan)
+{
+    float *f = random_floats(n, seed);
+    if (nan && n > 3)
+        f[3] = NAN;
+    if (dt == PTC_F32)
+        return f;
+    uint16_t *h = malloc((size_t)n * 2 + 2);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = dt == PTC_BF16 ? ptc_bf16_bits(f[i]) : ptc_f16_bits(f[i]);
+    free(f);
+    return h;
+}
+
+static void *dc_dev(const void *host, size_t bytes)
+{
+    void *d = emu_be->alloc(bytes ? bytes : 1);
+    cr_assert_not_null(d);
+    if (host)
+        emu_be->upload(d, host, bytes);
+    return d;
+}
+
+static int dc_same(const void *dev, const void *want, size_t bytes, const char *what, int rank)
+{
+    unsigned char *got = malloc(bytes + 1);
+    emu_be->download(got, dev, bytes);
+    int bad = memcmp(got, want, bytes) != 0;
+    if (bad) {
+        size_t i = 0;
+        while (i < bytes && got[i] == ((const unsigned char *)want)[i])
+            i++;
+        fprintf(stderr, "rank %d: %s: byte %zu differs (device %02x, host %02x)\n", rank, what, i,
+                got[i], ((const unsigned char *)want)[i]);
+    }
+    free(got);
+    return bad;
+}
+
+static void *dc_rank(void *arg)
+{
+    dcase *c = arg;
+    char err[512];
+    int me = c->rank, n = DC_RANKS, members[DC_RANKS] = {0, 1, 2, 3};
+    cr_assert_eq(emu_be->bind(me, err, sizeof err), 0, "%s", err);
+    static const ptc_dtype dts[] = {PTC_F32, PTC_BF16, PTC_F16};
+    for (int t = 0; t < 3; t++) {
+        ptc_dtype dt = dts[t];
+        size_t es = (size_t)ptc_dtype_size(dt);
+        const int64_t total = 4 * 3 * 5; /* n parts of (outer 3, chunk 5) */
+        void *x = dc_data(total, dt, 7 + (unsigned)me * 31 + (unsigned)t, me == 2);
+        void *h = malloc(total * es), *dx = dc_dev(x, total * es), *dy = dc_dev(NULL, total * es);
+        char what[64];
+        /* allreduce: sum and max, out of place, in place, and into an overlapping buffer */
+        for (int op = 0; op < 2; op++) {
+            ptrt_reduce red = op ? PTRT_RED_MAX : PTRT_RED_SUM;
+            snprintf(what, sizeof what, "allreduce %s %s", op ? "max" : "sum", ptc_dtype_name(dt));
+            cr_assert_eq(c->ip->ops->allreduce(c->ip->impl, me, members, n, x, h, total, dt, red,
+                                               NULL, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(c->dc->ops->allreduce(c->dc->impl, me, members, n, dx, dy, total, dt,
+                                               red, NULL, err, sizeof err), 0, "%s", err);
+            c->fails += dc_same(dy, h, total * es, what, me);
+        }
+        emu_be->upload(dy, x, total * es);
+        cr_assert_eq(c->dc->ops->allreduce(c->dc->impl, me, members, n, dy, dy, total, dt,
+                                           PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(c->ip->ops->allreduce(c->ip->impl, me, members, n, x, h, total, dt,
+                                           PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        c->fails += dc_same(dy, h, total * es, "allreduce in place", me);
+        /* overlapping: in = dy[0 .. 40), out = dy[8 .. 48) */
+        emu_be->upload(dy, x, total * es);
+        memcpy(h, x, total * es);
+        cr_assert_eq(c->ip->ops->allreduce(c->ip->impl, me, members, n, h, (char *)h + 8 * es, 40,
+                                           dt, PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(c->dc->ops->allreduce(c->dc->impl, me, members, n, dy, (char *)dy + 8 * es,
+                                           40, dt, PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        c->fails += dc_same(dy, h, 48 * es, "allreduce overlapping", me);
+        /* allgather and reduce_scatter of parts in blocks (outer 3, chunk 5) */
+        cr_assert_eq(c->ip->ops->allgather(c->ip->impl, me, members, n, x, h, 3, 5, dt, NULL, err,
+                                           sizeof err), 0, "%s", err);
+        cr_assert_eq(c->dc->ops->allgather(c->dc->impl, me, members, n, dx, dy, 3, 5, dt, NULL,
+                                           err, sizeof err), 0, "%s", err);
+        c->fails += dc_same(dy, h, total * es, "allgather", me);
+        cr_assert_eq(c->ip->ops->reduce_scatter(c->ip->impl, me, members, n, x, h, 3, 5, dt,
+                                                PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(c->dc->ops->reduce_scatter(c->dc->impl, me, members, n, dx, dy, 3, 5, dt,
+                                                PTRT_RED_SUM, NULL, err, sizeof err), 0, "%s", err);
+        c->fails += dc_same(dy, h, 15 * es, "reduce_scatter", me);
+        /* all_to_all: (outer_in, chunk_in) -> (outer_out, chunk_out) of every kind of copy:
+         * equal chunks, a destination row of whole source rows, a source row of whole
+         * destination rows, and neither (run by run) */
+        static const int64_t shapes[][4] = {{3, 5, 3, 5}, {5, 3, 1, 15}, {1, 15, 5, 3}, {3, 5, 5, 3}};
+        for (int s = 0; s < 4; s++) {
+            const int64_t *q = shapes[s];
+            snprintf(what, sizeof what, "all_to_all (%lld,%lld)->(%lld,%lld) %s", (long long)q[0],
+                     (long long)q[1], (long long)q[2], (long long)q[3], ptc_dtype_name(dt));
+            cr_assert_eq(c->ip->ops->all_to_all(c->ip->impl, me, members, n, x, h, q[0], q[1],
+                                                q[2], q[3], dt, NULL, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(c->dc->ops->all_to_all(c->dc->impl, me, members, n, dx, dy, q[0], q[1],
+                                                q[2], q[3], dt, NULL, err, sizeof err), 0, "%s", err);
+            c->fails += dc_same(dy, h, total * es, what, me);
+        }
+        /* all_to_all_v: member i sends i + j + 1 elements to member j; the rest of out keeps
+         * its bytes */
+        int64_t sc[DC_RANKS], so[DC_RANKS], rc[DC_RANKS], ro[DC_RANKS], so_far = 0, r = 0;
+        for (int j = 0; j < n; j++) {
+            sc[j] = me + j + 1, so[j] = so_far, so_far += sc[j];
+            rc[j] = j + me + 1, ro[j] = r, r += rc[j];
+        }
+        memset(h, 0x5a, total * es);
+        emu_be->upload(dy, h, total * es);
+        cr_assert_eq(c->ip->ops->all_to_all_v(c->ip->impl, me, members, n, x, sc, so, total, h, rc,
+                                              ro, total, dt, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(c->dc->ops->all_to_all_v(c->dc->impl, me, members, n, dx, sc, so, total, dy,
+                                              rc, ro, total, dt, NULL, err, sizeof err), 0, "%s", err);
+        c->fails += dc_same(dy, h, total * es, "all_to_all_v", me);
+        /* buffered sends: each rank sends to the next before it receives from the previous */
+        int next = (me + 1) % n, prev = (me + n - 1) % n;
+        cr_assert_eq(c->dc->ops->send(c->dc->impl, me, next, dx, 17, dt, NULL, err, sizeof err), 0,
+                     "%s", err);
+        emu_be->upload(dx, h, total * es); /* (the message holds its own copy) */
+        cr_assert_eq(c->ip->ops->send(c->ip->impl, me, next, x, 17, dt, NULL, err, sizeof err), 0,
+                     "%s", err);
+        cr_assert_eq(c->dc->ops->recv(c->dc->impl, me, prev, dy, 17, dt, NULL, err, sizeof err), 0,
+                     "%s", err);
+        cr_assert_eq(c->ip->ops->recv(c->ip->impl, me, prev, h, 17, dt, NULL, err, sizeof err), 0,
+                     "%s", err);
+        c->fails += dc_same(dy, h, 17 * es, "send/recv", me);
+        cr_assert_eq(emu_be->sync(err, sizeof err), 0, "%s", err);
+        emu_be->free(dx, 0);
+        emu_be->free(dy, 0);
+        free(x), free(h);
+    }
+    return NULL;
+}
+
+Test(cuda, device_communicator_emulated)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    setenv("PTC_CUDA_EMULATED_GPUS", "1", 1); /* (this test's own process) */
+    char err[1024];
+    ptrt_inproc *hc = ptrt_inproc_new_on(2, 30, &ptrt_backend_cpu, err, sizeof err);
+    cr_expect(hc && !ptrt_inproc_comm(hc)->device, "a host backend gives the host communicator");
+    ptrt_inproc_free(hc);
+    ptrt_inproc *ip = ptrt_inproc_new(DC_RANKS, 30, err, sizeof err);
+    ptrt_inproc *dv = ptrt_inproc_new_on(DC_RANKS, 30, emu_be, err, sizeof err);
+    cr_assert(ip && dv, "%s", err);
+    cr_expect(ptrt_inproc_comm(dv)->device);
+    cr_expect(!ptrt_inproc_comm(ip)->device);
+    dcase cs[DC_RANKS];
+    pthread_t th[DC_RANKS];
+    for (int r = 0; r < DC_RANKS; r++) {
+        cs[r] = (dcase){ptrt_inproc_comm(dv), ptrt_inproc_comm(ip), r, 0};
+        pthread_create(&th[r], NULL, dc_rank, &cs[r]);
+    }
+    int fails = 0;
+    for (int r = 0; r < DC_RANKS; r++) {
+        pthread_join(th[r], NULL);
+        fails += cs[r].fails;
+    }
+    cr_expect_eq(fails, 0, "%d results differ from the in-process communicator's", fails);
+    cr_expect_eq(ptrt_cuda_gpu_count(), 1);
+    ptrt_inproc_free(dv);
+    ptrt_inproc_free(ip);
+}
+
+Test(cuda, nvrtc_and_ptxas_comm_unit)
+{
+    char err[8192];
+    if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, sizeof err))
+        cr_skip_test("%s", err);
+    if (!ptxas())
+        cr_skip_test("no ptxas in $CUDA_HOME/bin or /usr/local/cuda/bin");
+    char *unit = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&unit, &len);
+    ptc_cuda_emit_comm(f);
+    fclose(f);
+    for (int a = 0; a < ptc_cuda_narchs; a++) {
+        int sm = ptc_cuda_archs[a].sm, cached;
+        char *ptx = ptrt_nvrtc_compile(unit, "comm", sm, "", &cached, err, sizeof err);
+        cr_assert_not_null(ptx, "%s", err);
+        cr_expect_not_null(strstr(ptx, ".entry k_ptc_comm_reduce("), "sm_%d", sm);
+        char path[512], cmd[1024];
+        snprintf(path, sizeof path, "%s/comm_sm%d.ptx", tmpdir, sm);
+        write_text(path, ptx);
+        snprintf(cmd, sizeof cmd, "%s -arch=sm_%d -o %s/comm_sm%d.cubin %s", ptxas(), sm, tmpdir,
+                 sm, path);
+        cr_expect_eq(system(cmd), 0, "ptxas refused the comm unit for sm_%d: %s", sm, cmd);
+        free(ptx);
+    }
+    free(unit);
+}

@@ -30,6 +30,11 @@ typedef struct gpu {
     void *lt;      /* cuBLASLt handle */
     ptrt_cudev ws; /* its workspace */
     size_t ws_bytes;
+    /* the device communicator's reduction (comm_reduce): its module, loaded on first use, and
+     * the block of device memory its arguments go through */
+    void *comm_module, *comm_fn;
+    ptrt_cudev comm_args;
+    size_t comm_cap; /* words */
 } gpu;
 
 static struct {
@@ -282,6 +287,112 @@ static int dev_sync(char *err, size_t errn)
     G.err_rc = 0;
     pthread_mutex_unlock(&G.lock);
     return rc ? -1 : 0;
+}
+
+static int launch(void *fn, int grid, int block, void *const *ptrs, int n, char *err,
+                  size_t errn);
+
+/* ---- the device communicator's hooks (backend.h) ---- */
+
+static void copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                   size_t height)
+{
+    if (!width || !height)
+        return;
+    current();
+    ptrt_cuda_copy2d k = {.src_type = PTRT_CU_MEMORYTYPE_DEVICE,
+                          .src = dev_of(src),
+                          .src_pitch = spitch,
+                          .dst_type = PTRT_CU_MEMORYTYPE_DEVICE,
+                          .dst = dev_of(dst),
+                          .dst_pitch = dpitch,
+                          .width = width,
+                          .height = height};
+    latch(G.d->cuMemcpy2D(&k), "cuMemcpy2D");
+}
+
+/* One reduction at a time per process: its arguments are uploaded to the GPU's block, then the
+ * kernel that reads them is queued (the stream orders the next upload after it). */
+static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* the comm unit's kernel on the bound GPU h, its argument block holding `words` (comm_lock
+ * held); 0, or -1 with why */
+static int comm_ready_locked(gpu *h, size_t words, char *err, size_t errn)
+{
+    int rc;
+    if (!h->comm_fn) {
+        char *unit = NULL, e[4096];
+        size_t len = 0;
+        FILE *f = open_memstream(&unit, &len);
+        ptc_cuda_emit_comm(f);
+        fclose(f);
+        char *image = G.impl->compile(unit, "comm", h->arch.sm, e, sizeof e);
+        free(unit);
+        if (!image) {
+            ptc_fmt(err, errn, "the device communicator's kernel: %s", e);
+            return -1;
+        }
+        rc = G.d->cuModuleLoadData(&h->comm_module, image);
+        free(image);
+        if (!rc)
+            rc = G.d->cuModuleGetFunction(&h->comm_fn, h->comm_module, "k_ptc_comm_reduce");
+        if (rc) {
+            ptc_fmt(err, errn, "loading the device communicator's kernel: %s", errstr(rc));
+            return -1;
+        }
+    }
+    if (words > h->comm_cap) {
+        /* the kernels that read the old block first finish */
+        if (h->comm_args && ((rc = G.d->cuCtxSynchronize()) || (rc = G.d->cuMemFree(h->comm_args)))) {
+            ptc_fmt(err, errn, "the device communicator's argument block: %s", errstr(rc));
+            return -1;
+        }
+        h->comm_args = 0;
+        h->comm_cap = 0;
+        size_t cap = words < 64 ? 64 : words;
+        if ((rc = G.d->cuMemAlloc(&h->comm_args, cap * 8))) {
+            ptc_fmt(err, errn, "the device communicator's argument block: %s", errstr(rc));
+            return -1;
+        }
+        h->comm_cap = cap;
+    }
+    return 0;
+}
+
+static int comm_reduce(void *dst, const void *const *src, int n, int64_t len, int op,
+                       ptc_dtype dt, char *err, size_t errn)
+{
+    if (n < 1 || len < 0 || (dt != PTC_F32 && dt != PTC_BF16 && dt != PTC_F16)) {
+        ptc_fmt(err, errn, "internal error: a device reduction of %d %s sources", n,
+                ptc_dtype_name(dt));
+        return -1;
+    }
+    if (len == 0)
+        return 0;
+    gpu *h = here();
+    size_t words = 4 + (size_t)n;
+    uint64_t stack[68], *a = words <= 68 ? stack : ptc_xmalloc(words * 8);
+    a[0] = dev_of(dst);
+    a[1] = (uint64_t)len;
+    a[2] = (uint64_t)n;
+    a[3] = (uint64_t)(op ? 1 : 0) | (uint64_t)dt << 8;
+    for (int j = 0; j < n; j++)
+        a[4 + j] = dev_of(src[j]);
+    int64_t blocks = (len + 255) / 256, most = 8 * (int64_t)(h->arch.sms > 0 ? h->arch.sms : 1);
+    pthread_mutex_lock(&comm_lock);
+    int rc = comm_ready_locked(h, words, err, errn);
+    if (rc == 0) {
+        int urc = G.d->cuMemcpyHtoD(h->comm_args, a, words * 8);
+        if (urc)
+            ptc_fmt(err, errn, "cuMemcpyHtoD: %s (%d)", errstr(urc), urc);
+        rc = urc ? -1
+                 : launch(h->comm_fn, (int)(blocks < most ? blocks : most), 256,
+                          (void *[]){(void *)(uintptr_t)h->comm_args}, 1, err, errn);
+    }
+    pthread_mutex_unlock(&comm_lock);
+    if (a != stack)
+        free(a);
+    return rc;
 }
 
 /* ---- GEMMs ---- */
@@ -762,6 +873,8 @@ const ptrt_backend ptrt_backend_cuda = {
     .move = move,
     .zero = zero,
     .sync = dev_sync,
+    .copy2d = copy2d,
+    .reduce = comm_reduce,
 };
 
 const ptrt_backend ptrt_backend_cuda_emulated = {
@@ -781,4 +894,6 @@ const ptrt_backend ptrt_backend_cuda_emulated = {
     .move = move,
     .zero = zero,
     .sync = dev_sync,
+    .copy2d = copy2d,
+    .reduce = comm_reduce,
 };

@@ -23,8 +23,11 @@
  * cuBLASLt gets), so that everything but the libraries themselves runs in CI without a GPU.
  * One process uses one of the two.
  *
- * Not yet: several ranks (NCCL, the device communicator), separate streams for communication,
- * 16-bit op kernels, moe ops.
+ * Several ranks: NCCL where each has its own GPU (nccl_comm.h), the device communicator where
+ * all share one (inproc.h, ptrt_inproc_new_on, over this backend's copy2d and reduce hooks:
+ * the reduction is a kernel of a small unit of its own, ptc_cuda_emit_comm, compiled and loaded
+ * per GPU on first use), else through host memory (staged.h). Not yet: separate streams for
+ * communication, moe ops.
  */
 #ifndef PTRT_CUDA_H
 #define PTRT_CUDA_H

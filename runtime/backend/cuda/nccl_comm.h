@@ -15,8 +15,9 @@
  *                  buffered sends.
  * Sums are NCCL's (ring or tree order): every member gets the same bits, but not the order of
  * the in-process communicator, so results differ from the CPU's by float rounding. A plan with
- * more ranks than GPUs (NCCL takes one rank per GPU) or without NCCL runs on the host-staged
- * communicator instead.
+ * more ranks than GPUs (NCCL takes one rank per GPU) runs on the device communicator where all
+ * share one GPU (inproc.h, ptrt_inproc_new_on), else, like a run without NCCL, on the
+ * host-staged one.
  */
 #ifndef PTRT_NCCL_COMM_H
 #define PTRT_NCCL_COMM_H
