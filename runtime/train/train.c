@@ -1188,14 +1188,17 @@ static int setup(shared *sh, char *err, size_t errn)
     if (sh->comm && !xo.backend->host) {
         /* tensors in device memory: NCCL where every rank of this process has its own GPU,
          * else collectives through host memory */
-        char why[512];
-        if (sh->mpi)
-            ptc_fmt(why, sizeof why, "ranks in several processes");
-        if (!sh->mpi && (sh->nccl = ptrt_nccl_new(sh->plan, xo.backend, sh->comm, why,
-                                                  sizeof why))) {
+        char why[768];
+        bool nccl_failed = false;
+        if ((sh->nccl = ptrt_nccl_new(sh->plan, xo.backend, sh->comm, sh->first_local,
+                                      sh->nlocal, &nccl_failed, why, sizeof why))) {
             xo.comm = ptrt_nccl_comm(sh->nccl);
-            if (!o->quiet)
-                fprintf(stderr, "collectives: NCCL, one GPU per rank\n");
+            if (!o->quiet && sh->first_local == 0)
+                fprintf(stderr, "collectives: NCCL, one GPU per rank%s\n",
+                        sh->mpi ? ", across processes" : "");
+        } else if (nccl_failed) {
+            ptc_fmt(err, errn, "%s", why);
+            return 1;
         } else if (!sh->mpi && ptrt_cuda_gpu_count() == 1) {
             /* (ptrt_nccl_new bound every rank, so the GPUs are counted) */
             if (!(sh->devcomm = ptrt_inproc_new_on(sh->nranks, o->timeout_s, xo.backend, err,
@@ -1208,7 +1211,7 @@ static int setup(shared *sh, char *err, size_t errn)
         } else {
             sh->staged = ptrt_staged_new(sh->comm, xo.backend, sh->nranks);
             xo.comm = ptrt_staged_comm(sh->staged);
-            if (!o->quiet)
+            if (!o->quiet && sh->first_local == 0)
                 fprintf(stderr, "collectives: through host memory (%s)\n", why);
         }
     }

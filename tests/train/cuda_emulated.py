@@ -11,6 +11,11 @@ where each rank has its own (emulated) GPU, through the device communicator in t
 where all share one (runtime/comm/inproc.h, ptrt_inproc_new_on), else through host memory
 (runtime/comm/staged.h): each case checks the run chose the one it should.
 
+Under mpirun (where the machine has it and the build has MPI), the ranks run as processes: NCCL
+across processes (each group's ncclUniqueId through MPI, the emulated NCCL moving its bytes over
+MPI), 2 processes x 2 ranks, and the fallback to host memory when the processes' ranks share a
+GPU; each against the CPU run.
+
 With --device cuda the same comparison runs on a real GPU (ctest label gpu: `ctest -L gpu`); it
 exits 77 (skipped), saying why, where the machine has no CUDA driver or GPU.
 
@@ -19,6 +24,7 @@ Usage: cuda_emulated.py PTC SOURCE_DIR [--device cuda-emulated|cuda]
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -113,6 +119,51 @@ def communicator(flags, env):
             else 'collectives: through host memory')
 
 
+def mpi_cases(wd):
+    """dp=2,tp=2 SP ZeRO-3 with the ranks as MPI processes, against the CPU run on threads."""
+    exe = os.path.join(wd, 'mpi_g')
+    b = subprocess.run([PTC, os.path.join(SRC, 'examples', 'gpt2_tiny.ptm'), '-o', exe] + SMALL +
+                       ['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '3'],
+                       capture_output=True, text=True)
+    if b.returncode:
+        check(False, 'mpi: ptc -o: %s' % b.stderr.strip())
+        return
+    if not shutil.which('mpirun') or b'libmpi' not in subprocess.run(
+            ['ldd', exe], capture_output=True).stdout:
+        print('SKIP mpi: no mpirun, or no MPI in this build')
+        return
+    cpu, cs, _ = run(exe, 'cpu', wd, False)
+    # (Open MPI refuses root without these; more processes than cores: oversubscribe; Open MPI
+    # keeps allocations past MPI_Finalize that LeakSanitizer cannot attribute, as in mpi.sh)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
+               OMPI_MCA_rmaps_base_oversubscribe='1',
+               ASAN_OPTIONS=(os.environ.get('ASAN_OPTIONS', '') + ':detect_leaks=0').lstrip(':'))
+    for what, np, extra, gpus, want in (
+            ('4 processes on 4 GPUs', 4, [], '4', 'collectives: NCCL, one GPU per rank, across '
+             'processes'),
+            ('2 processes x 2 ranks on 4 GPUs', 2, ['--ranks-per-process', '2'], '4',
+             'collectives: NCCL, one GPU per rank, across processes'),
+            ('4 processes sharing GPU 0', 4, [], '1', 'share GPU')):
+        cmd = ['mpirun', '-np', str(np), exe, '--device', 'cuda-emulated', '--steps', str(STEPS),
+               '--threads', '1', '--seed', '7'] + extra
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=wd, timeout=600,
+                               env=dict(env, PTC_CUDA_EMULATED_GPUS=gpus))
+        except subprocess.TimeoutExpired:
+            check(False, 'mpi %s: timed out' % what)
+            continue
+        steps = [(float(a), float(b)) for a, b in re.findall(
+            r'step +\d+/\d+ \| loss ([0-9.eE+-]+|nan) \| lr \S+ \| norm ([0-9.eE+-]+|nan)',
+            p.stdout)]
+        check(p.returncode == 0 and want in p.stderr and len(steps) == STEPS,
+              'mpi %s: ran, %r (%s)' % (what, want, p.stderr.strip()[-300:]))
+        if len(steps) == STEPS and len(cs) == STEPS:
+            worst = max(abs(e - c) / (abs(c) + 1e-12) for (c0, c1), (e0, e1) in zip(cs, steps)
+                        for c, e in ((c0, e0), (c1, e1)))
+            check(worst <= 1e-5, 'mpi %s: losses and gradient norms within 1e-5 of the CPU '
+                  'run on threads (worst %.2e)' % (what, worst))
+
+
 def main():
     with tempfile.TemporaryDirectory() as wd:
         for case in CASES:
@@ -159,6 +210,8 @@ def main():
                     worst, where = d, k
             check(worst <= (1e-4 if tol < 1e-4 else 2e-2), '%s: step-1 gradients, worst difference %.2e of the tensor\'s '
                   'largest (%s)' % (name, worst, where or '-'))
+        if DEVICE == 'cuda-emulated':
+            mpi_cases(wd)
         # what the backend has no kernel for yet fails the start, naming the op and where in the
         # model it comes from, before any step
         exe = os.path.join(wd, 'moe_tiny')

@@ -913,8 +913,9 @@ Test(cuda, nccl_communicator_emulated)
     cr_assert_not_null(p, "%s", err);
     cr_assert_eq(p->nranks, 4);
     ptrt_inproc *ip = ptrt_inproc_new(4, 30, err, sizeof err);
-    ptrt_ncclc *nc = ptrt_nccl_new(p, &ptrt_backend_cuda_emulated, ptrt_inproc_comm(ip), err,
-                                   sizeof err);
+    bool failed = false;
+    ptrt_ncclc *nc = ptrt_nccl_new(p, &ptrt_backend_cuda_emulated, ptrt_inproc_comm(ip), 0, 4,
+                                   &failed, err, sizeof err);
     cr_assert_not_null(nc, "%s", err);
     /* the group of the first collective of rank 0's program, and each rank's own */
     const ptc_program *pg = &p->programs[p->rank_program[0]];

@@ -27,6 +27,7 @@ typedef struct gpu {
     int sm; /* compute capability, 80 for 8.0 */
     ptc_cuda_arch arch;
     char name[256];
+    char bus[64]; /* PCI bus id */
     void *lt;      /* cuBLASLt handle */
     ptrt_cudev ws; /* its workspace */
     size_t ws_bytes;
@@ -50,7 +51,8 @@ static struct {
     char err_call[160];
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local int cur = -1; /* the GPU this thread is bound to */
+static _Thread_local int cur = -1;      /* the GPU this thread is bound to */
+static _Thread_local int cur_rank = -1; /* and the rank it was bound for */
 
 static void latch(int rc, const char *call)
 {
@@ -107,6 +109,8 @@ static int start_gpu_locked(int i)
     d->cuDeviceGetAttribute(&major, PTRT_CU_ATTR_CC_MAJOR, dev);
     d->cuDeviceGetAttribute(&minor, PTRT_CU_ATTR_CC_MINOR, dev);
     d->cuDeviceGetAttribute(&sms, PTRT_CU_ATTR_SMS, dev);
+    if (d->cuDeviceGetPCIBusId(g->bus, (int)sizeof g->bus, dev) != 0)
+        ptc_fmt(g->bus, sizeof g->bus, "?");
     g->sm = major * 10 + minor;
     if (g->sm < 80) {
         ptc_fmt(g->msg, sizeof g->msg,
@@ -149,8 +153,10 @@ static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
 {
     /* already bound there (the executor binds before its every call): no lock. A thread that
      * bound once saw the driver's start and G.count under the lock, set once. */
-    if (cur >= 0 && G.impl == impl && cur == (rank > 0 ? rank : 0) % G.count)
+    if (cur >= 0 && G.impl == impl && cur == (rank > 0 ? rank : 0) % G.count) {
+        cur_rank = rank;
         return 0;
+    }
     pthread_mutex_lock(&G.lock);
     if (G.state == 0) {
         G.impl = impl;
@@ -176,6 +182,8 @@ static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
         latch(G.d->cuCtxSetCurrent(G.gpus[i].ctx), "cuCtxSetCurrent");
         cur = i;
     }
+    if (rc == 0)
+        cur_rank = rank;
     return rc;
 }
 
@@ -213,6 +221,22 @@ const ptrt_cuda_driver *ptrt_cuda_driver_now(void)
 int ptrt_cuda_gpu_count(void)
 {
     return G.state > 0 ? G.count : 0;
+}
+
+int ptrt_cuda_bound_rank(void)
+{
+    return cur_rank;
+}
+
+const char *ptrt_cuda_bus_id(void)
+{
+    return G.state > 0 && cur >= 0 ? G.gpus[cur].bus : "?";
+}
+
+void ptrt_cuda_nccl_transport(ptrt_comm *host)
+{
+    if (G.state > 0 && G.impl->nccl_transport)
+        G.impl->nccl_transport(host);
 }
 
 const ptrt_nccl *ptrt_cuda_nccl_now(char *err, size_t errn)

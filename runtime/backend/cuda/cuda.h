@@ -48,6 +48,13 @@ struct ptrt_nccl;
 const struct ptrt_cuda_driver *ptrt_cuda_driver_now(void);
 int ptrt_cuda_gpu_count(void);
 const struct ptrt_nccl *ptrt_cuda_nccl_now(char *err, size_t errn);
+/* The PCI bus id of the GPU the calling thread is bound to ("0000:41:00.0"; "?" when the driver
+ * does not say): with the host's name, which GPU a rank has, across processes. */
+const char *ptrt_cuda_bus_id(void);
+struct ptrt_comm;
+/* Before NCCL communicators are made: the host communicator of the job (the emulation's NCCL
+ * moves its bytes over it; the real NCCL has its own network). */
+void ptrt_cuda_nccl_transport(struct ptrt_comm *host);
 
 /* The translation unit the backend compiles for plan p on architecture sm (80, 90): the plan's
  * fused kernels, its attention kernels, and a kernel of every other kernel instruction

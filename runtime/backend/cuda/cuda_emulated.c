@@ -110,6 +110,12 @@ static int e_name(char *name, int len, int dev)
     return E_OK;
 }
 
+static int e_bus_id(char *id, int len, int dev)
+{
+    snprintf(id, (size_t)len, "0000:%02x:00.0", dev + 1);
+    return E_OK;
+}
+
 static int e_attr(int *v, int attr, int dev)
 {
     (void)dev;
@@ -358,34 +364,38 @@ static const ptrt_cuda_driver emulated_driver = {
     .cuLaunchKernel = e_launch,
     .cuCtxSynchronize = e_sync,
     .cuMemcpy2D = e_memcpy2d,
+    .cuDeviceGetPCIBusId = e_bus_id,
 };
 
-/* ---- NCCL, emulated: communicators over one in-process communicator of every rank (threads
- * of this process, one per emulated GPU), with the global ranks of their members; the calls
- * take device addresses. Splits made inside a group (one thread for every communicator, as
- * ptc makes them) are formed at ncclGroupEnd. Sends are buffered (NCCL's are not: runtime/comm/
- * nccl.c never relies on it, sending point-to-point through the host). ---- */
-
-typedef struct eworld {
-    ptrt_inproc *ip;
-    int refs; /* communicators over it; the last destroyed frees it */
-} eworld;
+/* ---- NCCL, emulated: communicators whose calls move bytes over the job's host communicator
+ * (the transport: in-process among threads, MPI among processes, handed over by nccl_comm.c),
+ * with the global ranks of their members; the calls take device addresses. ncclGetUniqueId
+ * makes a random key; ncclCommInitRank learns its group by a gather of every rank's (key,
+ * communicator rank) over the transport, so every rank of the job joins the same number of
+ * communicators in the same order (as ptc does: one per set of mesh axes), each from its own
+ * thread, bound to its rank. Sends are buffered (NCCL's are not: nccl_comm.c never relies on
+ * it, sending point-to-point through the host). ---- */
 
 typedef struct ecomm {
-    eworld *w;
-    ptrt_inproc *ip;
     int *members; /* global ranks, in communicator rank order */
     int n, me;    /* size, this member's communicator rank */
 } ecomm;
 
-static pthread_mutex_t world_lock = PTHREAD_MUTEX_INITIALIZER;
+static ptrt_comm *transport;
 
-enum { N_OK = 0, N_INVALID_ARGUMENT = 4, N_INTERNAL = 3 };
+static void e_transport(ptrt_comm *host)
+{
+    transport = host;
+}
+
+enum { N_OK = 0, N_INTERNAL = 3, N_INVALID_ARGUMENT = 4, N_INVALID_USAGE = 5 };
 
 static const char *n_error(int rc)
 {
-    return rc == N_OK ? "no error" : rc == N_INVALID_ARGUMENT ? "invalid argument (emulated NCCL)"
-                                                                : "internal error (emulated NCCL)";
+    return rc == N_OK                 ? "no error"
+           : rc == N_INVALID_ARGUMENT ? "invalid argument (emulated NCCL)"
+           : rc == N_INVALID_USAGE    ? "invalid usage (emulated NCCL)"
+                                      : "internal error (emulated NCCL)";
 }
 
 static int n_version(int *v)
@@ -394,124 +404,95 @@ static int n_version(int *v)
     return N_OK;
 }
 
-static int n_init_all(void **comms, int ndev, const int *devlist)
+#define ID_MAGIC "ptc emulated nccl"
+
+static int n_unique_id(ptrt_nccl_id *id)
 {
-    (void)devlist;
-    char err[256];
-    ptrt_inproc *ip = ptrt_inproc_new(ndev, 120, err, sizeof err);
-    if (!ip)
-        return N_INTERNAL;
-    eworld *w = ptc_xcalloc(1, sizeof *w);
-    w->ip = ip;
-    w->refs = ndev;
-    for (int r = 0; r < ndev; r++) {
-        ecomm *c = ptc_xcalloc(1, sizeof *c);
-        c->w = w;
-        c->ip = ip;
-        c->n = ndev;
-        c->me = r;
-        c->members = ptc_xmalloc(sizeof(int) * (size_t)ndev);
-        for (int k = 0; k < ndev; k++)
-            c->members[k] = k;
-        comms[r] = c;
-    }
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t counter;
+    pthread_mutex_lock(&lock);
+    uint64_t k = ++counter;
+    pthread_mutex_unlock(&lock);
+    memset(id, 0, sizeof *id);
+    memcpy(id->internal, ID_MAGIC, sizeof ID_MAGIC);
+    /* unique in the job: this process's id and a count */
+    uint64_t key = (uint64_t)getpid() << 32 ^ k;
+    char host[32] = "";
+    gethostname(host, sizeof host - 1);
+    memcpy(id->internal + 32, &key, sizeof key);
+    memcpy(id->internal + 40, host, sizeof host);
     return N_OK;
 }
 
-static _Thread_local int group_depth;
-static _Thread_local struct pending {
-    ecomm *parent;
-    int color, key;
-    void **out;
-} *pending;
-static _Thread_local int npending, cappending;
-
-static int by_key(const void *a, const void *b)
+static int n_init_rank(void **comm, int n, ptrt_nccl_id id, int rank)
 {
-    const struct pending *x = *(struct pending *const *)a, *y = *(struct pending *const *)b;
-    return x->key != y->key ? (x->key > y->key) - (x->key < y->key)
-                            : (x->parent->me > y->parent->me) - (x->parent->me < y->parent->me);
-}
-
-/* the splits of this group: members of one parent set and color, ordered by key */
-static void form_splits(void)
-{
-    struct pending **ps = ptc_xmalloc(sizeof *ps * (size_t)(npending + 1));
-    for (int i = 0; i < npending; i++) {
-        if (!pending[i].out)
+    int g = ptrt_cuda_bound_rank();
+    if (!transport || g < 0 || n < 1 || rank < 0 || rank >= n ||
+        memcmp(id.internal, ID_MAGIC, sizeof ID_MAGIC) != 0)
+        return N_INVALID_USAGE;
+    int N = transport->nranks;
+    /* (key: the id's 8 key bytes and 32 host bytes, as 10 words; then n and rank) */
+    int32_t mine[12], *all = ptc_xmalloc(sizeof mine * (size_t)N);
+    int *world = ptc_xmalloc(sizeof(int) * (size_t)N);
+    memcpy(mine, id.internal + 32, 40);
+    mine[10] = n;
+    mine[11] = rank;
+    for (int r = 0; r < N; r++)
+        world[r] = r;
+    char err[512];
+    int rc = transport->ops->allgather(transport->impl, g, world, N, mine, all, 1, 12, PTC_I32,
+                                       NULL, err, sizeof err);
+    ecomm *c = ptc_xcalloc(1, sizeof *c);
+    c->n = n;
+    c->me = rank;
+    c->members = ptc_xmalloc(sizeof(int) * (size_t)n);
+    for (int k = 0; k < n; k++)
+        c->members[k] = -1;
+    int found = 0;
+    for (int r = 0; r < N && rc == 0; r++) {
+        const int32_t *o = all + 12 * r;
+        if (memcmp(o, mine, 40) != 0)
             continue;
-        if (pending[i].color < 0) {
-            *pending[i].out = NULL;
-            pending[i].out = NULL;
-            continue;
+        if (o[10] != n || o[11] < 0 || o[11] >= n || c->members[o[11]] >= 0) {
+            ptc_fmt(err, sizeof err, "rank %d joins a communicator of %d as rank %d, which does "
+                    "not fit", r, o[10], o[11]);
+            rc = -1;
+            break;
         }
-        int m = 0;
-        for (int j = i; j < npending; j++)
-            if (pending[j].out && pending[j].color == pending[i].color &&
-                pending[j].parent->ip == pending[i].parent->ip)
-                ps[m++] = &pending[j];
-        qsort(ps, (size_t)m, sizeof *ps, by_key);
-        int *members = ptc_xmalloc(sizeof(int) * (size_t)m);
-        for (int k = 0; k < m; k++)
-            members[k] = ps[k]->parent->members[ps[k]->parent->me];
-        pthread_mutex_lock(&world_lock);
-        ps[0]->parent->w->refs += m;
-        pthread_mutex_unlock(&world_lock);
-        for (int k = 0; k < m; k++) {
-            ecomm *c = ptc_xcalloc(1, sizeof *c);
-            c->w = ps[k]->parent->w;
-            c->ip = ps[k]->parent->ip;
-            c->n = m;
-            c->me = k;
-            c->members = ptc_xmalloc(sizeof(int) * (size_t)m);
-            memcpy(c->members, members, sizeof(int) * (size_t)m);
-            *ps[k]->out = c;
-            ps[k]->out = NULL;
-        }
-        free(members);
+        c->members[o[11]] = r;
+        found++;
     }
-    free(ps);
-    npending = 0;
-}
-
-static int n_split(void *comm, int color, int key, void **newcomm, void *config)
-{
-    (void)config;
-    if (!group_depth) /* (ptc splits inside a group only) */
-        return N_INVALID_ARGUMENT;
-    PTC_GROW(pending, cappending, npending);
-    pending[npending++] = (struct pending){comm, color, key, newcomm};
+    if (rc == 0 && found != n) {
+        ptc_fmt(err, sizeof err, "%d ranks joined a communicator of %d", found, n);
+        rc = -1;
+    }
+    free(all);
+    free(world);
+    if (rc) {
+        fprintf(stderr, "ptc: emulated NCCL: rank %d: ncclCommInitRank: %s\n", g, err);
+        free(c->members);
+        free(c);
+        return N_INTERNAL;
+    }
+    *comm = c;
     return N_OK;
 }
 
 static int n_group_start(void)
 {
-    group_depth++;
     return N_OK;
 }
 
 static int n_group_end(void)
 {
-    if (group_depth <= 0)
-        return N_INVALID_ARGUMENT;
-    if (--group_depth == 0 && npending)
-        form_splits();
     return N_OK;
 }
 
 static int n_destroy(void *comm)
 {
     ecomm *c = comm;
-    if (!c)
-        return N_OK;
-    pthread_mutex_lock(&world_lock);
-    bool last = --c->w->refs == 0;
-    pthread_mutex_unlock(&world_lock);
-    if (last) {
-        ptrt_inproc_free(c->w->ip);
-        free(c->w);
-    }
-    free(c->members);
+    if (c)
+        free(c->members);
     free(c);
     return N_OK;
 }
@@ -540,11 +521,11 @@ static int n_allreduce(const void *send, void *recv, size_t count, int dtype, in
     (void)stream;
     ecomm *c = comm;
     char err[512];
-    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
-    return n_result(o->allreduce(c->ip, c->members[c->me], c->members, c->n, host_of(send),
-                                 host_of(recv), (int64_t)count, n_dtype(dtype),
-                                 op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL, err,
-                                 sizeof err),
+    return n_result(transport->ops->allreduce(transport->impl, c->members[c->me], c->members,
+                                              c->n, host_of(send), host_of(recv),
+                                              (int64_t)count, n_dtype(dtype),
+                                              op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM,
+                                              NULL, err, sizeof err),
                     err);
 }
 
@@ -554,10 +535,10 @@ static int n_allgather(const void *send, void *recv, size_t count, int dtype, vo
     (void)stream;
     ecomm *c = comm;
     char err[512];
-    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
-    return n_result(o->allgather(c->ip, c->members[c->me], c->members, c->n, host_of(send),
-                                 host_of(recv), 1, (int64_t)count, n_dtype(dtype), NULL, err,
-                                 sizeof err),
+    return n_result(transport->ops->allgather(transport->impl, c->members[c->me], c->members,
+                                              c->n, host_of(send), host_of(recv), 1,
+                                              (int64_t)count, n_dtype(dtype), NULL, err,
+                                              sizeof err),
                     err);
 }
 
@@ -567,11 +548,10 @@ static int n_reduce_scatter(const void *send, void *recv, size_t count, int dtyp
     (void)stream;
     ecomm *c = comm;
     char err[512];
-    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
-    return n_result(o->reduce_scatter(c->ip, c->members[c->me], c->members, c->n, host_of(send),
-                                      host_of(recv), 1, (int64_t)count, n_dtype(dtype),
-                                      op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL,
-                                      err, sizeof err),
+    return n_result(transport->ops->reduce_scatter(
+                        transport->impl, c->members[c->me], c->members, c->n, host_of(send),
+                        host_of(recv), 1, (int64_t)count, n_dtype(dtype),
+                        op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL, err, sizeof err),
                     err);
 }
 
@@ -580,9 +560,9 @@ static int n_send(const void *send, size_t count, int dtype, int peer, void *com
     (void)stream;
     ecomm *c = comm;
     char err[512];
-    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
-    return n_result(o->send(c->ip, c->members[c->me], c->members[peer], host_of(send),
-                            (int64_t)count, n_dtype(dtype), NULL, err, sizeof err),
+    return n_result(transport->ops->send(transport->impl, c->members[c->me], c->members[peer],
+                                         host_of(send), (int64_t)count, n_dtype(dtype), NULL,
+                                         err, sizeof err),
                     err);
 }
 
@@ -591,17 +571,17 @@ static int n_recv(void *recv, size_t count, int dtype, int peer, void *comm, voi
     (void)stream;
     ecomm *c = comm;
     char err[512];
-    const ptrt_comm_ops *o = ptrt_inproc_comm(c->ip)->ops;
-    return n_result(o->recv(c->ip, c->members[c->me], c->members[peer], host_of(recv),
-                            (int64_t)count, n_dtype(dtype), NULL, err, sizeof err),
+    return n_result(transport->ops->recv(transport->impl, c->members[c->me], c->members[peer],
+                                         host_of(recv), (int64_t)count, n_dtype(dtype), NULL,
+                                         err, sizeof err),
                     err);
 }
 
 static const ptrt_nccl emulated_nccl = {
     .ncclGetVersion = n_version,
     .ncclGetErrorString = n_error,
-    .ncclCommInitAll = n_init_all,
-    .ncclCommSplit = n_split,
+    .ncclGetUniqueId = n_unique_id,
+    .ncclCommInitRank = n_init_rank,
     .ncclCommDestroy = n_destroy,
     .ncclAllReduce = n_allreduce,
     .ncclAllGather = n_allgather,
@@ -760,4 +740,5 @@ const ptrt_cuda_impl ptrt_cuda_emulation = {
     .gemm_start = emu_gemm_start,
     .gemm = emu_gemm,
     .nccl = emu_nccl,
+    .nccl_transport = e_transport,
 };

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "comm.h"
 #include "cuda.h"
 #include "cudalib.h"
 
@@ -25,10 +26,17 @@ typedef struct ptrt_cuda_impl {
                 size_t calln);
     /* NCCL's functions, or NULL with why */
     const ptrt_nccl *(*nccl)(char *err, size_t errn);
+    /* the emulation's NCCL has no network of its own: it moves bytes over the job's host
+     * communicator (in-process or MPI), given here before any communicator is made; NULL on
+     * the real libraries */
+    void (*nccl_transport)(ptrt_comm *host);
 } ptrt_cuda_impl;
 
 extern const ptrt_cuda_impl ptrt_cuda_real;
 extern const ptrt_cuda_impl ptrt_cuda_emulation;
+
+/* the rank the calling thread was last bound to (-1: none) */
+int ptrt_cuda_bound_rank(void);
 
 /* the address tag of the emulation's device memory (cuda_emulated.c) */
 void *ptrt_cuda_emu_host(ptrt_cudev p);

@@ -33,7 +33,7 @@ static const char *const driver_syms[] = {
     "cuDeviceGetAttribute", "cuGetErrorString", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
     "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2",
     "cuMemsetD8_v2", "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload",
-    "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", NULL};
+    "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", "cuDeviceGetPCIBusId", NULL};
 static const char *const nvrtc_syms[] = {
     "nvrtcVersion", "nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcCompileProgram",
     "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcGetPTXSize", "nvrtcGetPTX",
@@ -43,7 +43,7 @@ static const char *const cublaslt_syms[] = {
     "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate",
     "cublasLtMatrixLayoutDestroy", "cublasLtMatrixLayoutSetAttribute", "cublasLtMatmul", NULL};
 static const char *const nccl_syms[] = {
-    "ncclGetVersion", "ncclGetErrorString", "ncclCommInitAll", "ncclCommSplit", "ncclCommDestroy",
+    "ncclGetVersion", "ncclGetErrorString", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommDestroy",
     "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclSend", "ncclRecv",
     "ncclGroupStart", "ncclGroupEnd", NULL};
 

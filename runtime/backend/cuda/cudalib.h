@@ -70,15 +70,19 @@ typedef struct ptrt_cuda_driver {
                           void **extra);
     int (*cuCtxSynchronize)(void);
     int (*cuMemcpy2D)(const ptrt_cuda_copy2d *c); /* cuMemcpy2D_v2 */
+    int (*cuDeviceGetPCIBusId)(char *id, int len, int device);
 } ptrt_cuda_driver;
 
 
 /* NCCL (nccl.h): communicators as pointers, enums as int */
+typedef struct ptrt_nccl_id { /* ncclUniqueId, passed by value */
+    char internal[128];
+} ptrt_nccl_id;
 typedef struct ptrt_nccl {
     int (*ncclGetVersion)(int *version);
     const char *(*ncclGetErrorString)(int result);
-    int (*ncclCommInitAll)(void **comms, int ndev, const int *devlist);
-    int (*ncclCommSplit)(void *comm, int color, int key, void **newcomm, void *config);
+    int (*ncclGetUniqueId)(ptrt_nccl_id *id);
+    int (*ncclCommInitRank)(void **comm, int nranks, ptrt_nccl_id id, int rank);
     int (*ncclCommDestroy)(void *comm);
     int (*ncclAllReduce)(const void *send, void *recv, size_t count, int dtype, int op, void *comm,
                          void *stream);

@@ -1,9 +1,11 @@
 /* nccl_comm.c - collectives of ranks on distinct GPUs through NCCL (see nccl_comm.h). */
 #include "nccl_comm.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda.h"
 #include "cudalib.h"
@@ -18,7 +20,6 @@ typedef struct group {
 } group;
 
 typedef struct rank_state {
-    void *world;
     group *groups;
     int ngroups;
     void *scratch; /* device memory of the rank's GPU */
@@ -312,22 +313,169 @@ static size_t scratch_of(const ptc_plan *p, int rank)
     return most;
 }
 
-ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_comm *host,
-                          char *err, size_t errn)
+/* Making the communicators. Every rank of this process gets a thread of its own (NCCL's
+ * one-device-per-thread way: ncclCommInitRank waits for the other members), in which it:
+ *   1. binds to its GPU;
+ *   2. gathers, over the host communicator, every rank's host name, GPU bus id and whether its
+ *      process has NCCL, and decides with every other rank (on the same data) whether NCCL can
+ *      serve: one rank per GPU, NCCL everywhere. If not, nothing has failed: the caller falls
+ *      back, the same way in every process;
+ *   3. for each set of mesh axes the plan's collectives use (in one order everywhere), gets its
+ *      group's ncclUniqueId from the group's first member, through the host communicator (the
+ *      launcher's channel: in-process, or MPI under mpirun and srun), and joins the group's
+ *      communicator with ncclCommInitRank;
+ *   4. allocates its packing scratch on its GPU.
+ * A failure after the decision fails the start, and aborts the host communicator so that no
+ * other rank waits for this one. */
+
+#define ID_WORDS 16 /* a rank's identity record: 64 bytes */
+
+typedef struct init_arg {
+    ptrt_ncclc *c;
+    const ptc_plan *plan;
+    int rank;
+    const unsigned *sets;
+    int nsets;
+    bool nccl_ok;     /* this process has NCCL */
+    char nccl_why[256];
+    int usable;       /* out: 1 NCCL serves, 0 it cannot (why), -1 failed (why) */
+    char why[768];
+} init_arg;
+
+static void identity(int32_t *rec, bool ok)
 {
-    int n = plan->nranks;
-    for (int r = 0; r < n; r++) /* each rank's GPU started (its context, for the scratch) */
-        if (!be->bind || be->bind(r, err, errn) < 0)
-            return NULL;
-    int gpus = ptrt_cuda_gpu_count();
-    if (n > gpus) {
-        ptc_fmt(err, errn, "%d ranks on %d GPU%s: NCCL takes one rank per GPU", n, gpus,
-                gpus == 1 ? "" : "s");
+    char host[64] = "?", text[ID_WORDS * 4 - 4];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    memset(rec, 0, ID_WORDS * 4);
+    rec[0] = ok;
+    ptc_fmt(text, sizeof text, "%s|%s", host, ptrt_cuda_bus_id());
+    memcpy(rec + 1, text, sizeof text);
+}
+
+static int init_fail(init_arg *a, const char *fmt, const char *what)
+{
+    ptc_fmt(a->why, sizeof a->why, fmt, a->rank, what);
+    a->usable = -1;
+    a->c->host->ops->abort(a->c->host->impl, a->rank, a->why);
+    return -1;
+}
+
+/* step 2: 1 when NCCL serves every rank, else 0 with why (the same verdict on every rank) */
+static int decide(init_arg *a, int32_t *all, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (!all[r * ID_WORDS]) {
+            if (r == a->rank)
+                ptc_fmt(a->why, sizeof a->why, "%s", a->nccl_why);
+            else
+                ptc_fmt(a->why, sizeof a->why, "rank %d's process has no NCCL", r);
+            return 0;
+        }
+    for (int r = 0; r < n; r++)
+        for (int q = r + 1; q < n; q++)
+            if (!memcmp(all + r * ID_WORDS + 1, all + q * ID_WORDS + 1, (ID_WORDS - 1) * 4)) {
+                char id[ID_WORDS * 4];
+                memcpy(id, all + r * ID_WORDS + 1, (ID_WORDS - 1) * 4);
+                id[(ID_WORDS - 1) * 4] = '\0';
+                char *bar = strchr(id, '|');
+                if (bar)
+                    *bar = '\0';
+                ptc_fmt(a->why, sizeof a->why,
+                        "ranks %d and %d share GPU %s on %s: NCCL takes one rank per GPU", r, q,
+                        bar ? bar + 1 : "?", id);
+                return 0;
+            }
+    return 1;
+}
+
+static void *init_rank(void *p)
+{
+    init_arg *a = p;
+    ptrt_ncclc *c = a->c;
+    const ptc_plan *plan = a->plan;
+    int me = a->rank, n = plan->nranks;
+    char err[512];
+    ptrt_comm *h = c->host;
+    if (c->be->bind(me, err, sizeof err) < 0) {
+        init_fail(a, "rank %d: %s", err);
         return NULL;
     }
-    const ptrt_nccl *nc = ptrt_cuda_nccl_now(err, errn);
-    if (!nc)
+    int32_t mine[ID_WORDS], *all = ptc_xmalloc(sizeof(int32_t) * ID_WORDS * (size_t)n);
+    int *world = ptc_xmalloc(sizeof(int) * (size_t)n);
+    for (int r = 0; r < n; r++)
+        world[r] = r;
+    identity(mine, a->nccl_ok);
+    ptrt_coll_desc d = {.group_name = "nccl start", .step = -1, .index = -1};
+    if (h->ops->allgather(h->impl, me, world, n, mine, all, 1, ID_WORDS, PTC_I32, &d, err,
+                          sizeof err) < 0) {
+        init_fail(a, "rank %d: %s", err);
+        goto out;
+    }
+    if ((a->usable = decide(a, all, n)) == 0)
+        goto out;
+    rank_state *rs = &c->r[me];
+    rs->groups = ptc_xcalloc((size_t)(a->nsets ? a->nsets : 1), sizeof(group));
+    int *buf = ptc_xmalloc(sizeof(int) * (size_t)n);
+    int32_t *ids = ptc_xmalloc(sizeof(ptrt_nccl_id) * (size_t)n);
+    for (int k = 0; k < a->nsets && a->usable > 0; k++) {
+        group *g = &rs->groups[k];
+        g->axes = a->sets[k];
+        g->n = ptc_plan_group(&plan->mesh, me, a->sets[k], buf);
+        g->members = ptc_xmalloc(sizeof(int) * (size_t)g->n);
+        memcpy(g->members, buf, sizeof(int) * (size_t)g->n);
+        rs->ngroups = k + 1;
+        int pos = 0;
+        while (pos < g->n && g->members[pos] != me)
+            pos++;
+        ptrt_nccl_id id;
+        memset(&id, 0, sizeof id);
+        int rc = pos == 0 ? c->nc->ncclGetUniqueId(&id) : 0;
+        if (rc) {
+            init_fail(a, "rank %d: ncclGetUniqueId: %s", c->nc->ncclGetErrorString(rc));
+            break;
+        }
+        /* the first member's id to every member (an allgather: the host communicators have no
+         * broadcast) */
+        if (h->ops->allgather(h->impl, me, g->members, g->n, &id, ids, 1,
+                              (int64_t)(sizeof id / 4), PTC_I32, &d, err, sizeof err) < 0) {
+            init_fail(a, "rank %d: %s", err);
+            break;
+        }
+        memcpy(&id, ids, sizeof id);
+        if ((rc = c->nc->ncclCommInitRank(&g->comm, g->n, id, pos))) {
+            g->comm = NULL;
+            init_fail(a, "rank %d: ncclCommInitRank: %s", c->nc->ncclGetErrorString(rc));
+        }
+    }
+    free(ids);
+    free(buf);
+    size_t b = a->usable > 0 ? scratch_of(plan, me) : 0;
+    if (b && !(rs->scratch = c->be->alloc(b))) {
+        char what[64];
+        ptc_fmt(what, sizeof what, "%zu", b);
+        init_fail(a, "rank %d: cannot allocate %s bytes for packing collectives", what);
+    } else if (b) {
+        rs->scratch_bytes = b;
+    }
+out:
+    free(all);
+    free(world);
+    return NULL;
+}
+
+ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_comm *host,
+                          int first, int nlocal, bool *failed, char *err, size_t errn)
+{
+    int n = plan->nranks;
+    *failed = false;
+    if (!be->bind || be->bind(first, err, errn) < 0) { /* (the backend started) */
+        *failed = true;
         return NULL;
+    }
+    char why[256] = "";
+    const ptrt_nccl *nc = ptrt_cuda_nccl_now(why, sizeof why);
+    ptrt_cuda_nccl_transport(host);
     ptrt_ncclc *c = ptc_xcalloc(1, sizeof *c);
     c->host = host;
     c->be = be;
@@ -335,60 +483,37 @@ ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_com
     c->d = ptrt_cuda_driver_now();
     c->nranks = n;
     c->r = ptc_xcalloc((size_t)n, sizeof(rank_state));
-    void **world = ptc_xcalloc((size_t)n, sizeof(void *));
-    int *devs = ptc_xmalloc(sizeof(int) * (size_t)n);
-    for (int r = 0; r < n; r++)
-        devs[r] = r;
-    int rc = nc->ncclCommInitAll(world, n, devs);
-    free(devs);
-    if (rc) {
-        ptc_fmt(err, errn, "ncclCommInitAll over %d GPUs: %s", n, nc->ncclGetErrorString(rc));
-        free(world);
-        free(c->r);
-        free(c);
-        return NULL;
-    }
-    for (int r = 0; r < n; r++)
-        c->r[r].world = world[r];
-    free(world);
     unsigned sets[32];
     int nsets = axis_sets(plan, sets, 32);
-    int *buf = ptc_xmalloc(sizeof(int) * (size_t)n);
-    for (int r = 0; r < n; r++)
-        c->r[r].groups = ptc_xcalloc((size_t)(nsets ? nsets : 1), sizeof(group));
-    for (int k = 0; k < nsets && !rc; k++) {
-        /* every rank in one group call; a group's color is its smallest member */
-        rc = nc->ncclGroupStart();
-        for (int r = 0; r < n && !rc; r++) {
-            group *g = &c->r[r].groups[k];
-            g->axes = sets[k];
-            g->n = ptc_plan_group(&plan->mesh, r, sets[k], buf);
-            g->members = ptc_xmalloc(sizeof(int) * (size_t)g->n);
-            memcpy(g->members, buf, sizeof(int) * (size_t)g->n);
-            rc = nc->ncclCommSplit(c->r[r].world, buf[0], r, &g->comm, NULL);
-            c->r[r].ngroups = k + 1;
+    init_arg *args = ptc_xcalloc((size_t)nlocal, sizeof *args);
+    pthread_t *th = ptc_xcalloc((size_t)nlocal, sizeof *th);
+    for (int k = 0; k < nlocal; k++) {
+        args[k] = (init_arg){.c = c, .plan = plan, .rank = first + k, .sets = sets,
+                             .nsets = nsets, .nccl_ok = nc != NULL};
+        ptc_fmt(args[k].nccl_why, sizeof args[k].nccl_why, "%s", why);
+        if (pthread_create(&th[k], NULL, init_rank, &args[k]) != 0) {
+            args[k].usable = -1;
+            ptc_fmt(args[k].why, sizeof args[k].why, "rank %d: cannot start a thread",
+                    first + k);
+            host->ops->abort(host->impl, first + k, args[k].why);
+            th[k] = 0;
         }
-        int erc = nc->ncclGroupEnd();
-        rc = rc ? rc : erc;
     }
-    free(buf);
-    if (rc) {
-        ptc_fmt(err, errn, "ncclCommSplit: %s", nc->ncclGetErrorString(rc));
+    int verdict = 1;
+    for (int k = 0; k < nlocal; k++) {
+        if (th[k])
+            pthread_join(th[k], NULL);
+        if (args[k].usable < verdict) {
+            verdict = args[k].usable;
+            ptc_fmt(err, errn, "%s", args[k].why);
+        }
+    }
+    free(args);
+    free(th);
+    *failed = verdict < 0;
+    if (verdict <= 0) {
         ptrt_nccl_free(c);
         return NULL;
-    }
-    for (int r = 0; r < n; r++) {
-        size_t b = scratch_of(plan, r);
-        if (!b)
-            continue;
-        be->bind(r, err, errn);
-        if (!(c->r[r].scratch = be->alloc(b))) {
-            ptc_fmt(err, errn, "rank %d: cannot allocate %zu bytes for packing collectives", r,
-                    b);
-            ptrt_nccl_free(c);
-            return NULL;
-        }
-        c->r[r].scratch_bytes = b;
     }
     c->p2p = ptrt_staged_new(host, be, n);
     c->comm = (ptrt_comm){.ops = &nccl_ops, .impl = c, .nranks = n, .device = true};
@@ -408,8 +533,6 @@ void ptrt_nccl_free(ptrt_ncclc *c)
             free(s->groups[g].members);
         }
         free(s->groups);
-        if (s->world)
-            c->nc->ncclCommDestroy(s->world);
         if (s->scratch) {
             c->be->bind(r, e, sizeof e);
             c->be->free(s->scratch, s->scratch_bytes);

@@ -1,9 +1,12 @@
-/* nccl_comm.h - the communicator of ranks on distinct GPUs of this process (threads), over NCCL:
- * collectives stay on the GPUs.
+/* nccl_comm.h - the communicator of ranks on distinct GPUs, over NCCL: collectives stay on the
+ * GPUs. The ranks are threads of one process, or of several processes under an MPI launcher
+ * (mpirun, srun: one process per GPU, or several GPUs per process with --ranks-per-process).
  *
- *   communicators  one per rank made with ncclCommInitAll, then one per set of mesh axes the
- *                  plan's collectives use, split from it (ncclCommSplit in one group, every rank
- *                  at once, at start);
+ *   communicators  one per set of mesh axes the plan's collectives use, for each group of it:
+ *                  the group's first member makes an ncclUniqueId, which travels to the other
+ *                  members over the host communicator (the in-process one, or MPI: the
+ *                  launcher's channel), and every member joins with ncclCommInitRank from a
+ *                  thread of its own, at start;
  *   layouts        allreduce, and allgather and reduce_scatter of whole parts (outer 1), go to
  *                  NCCL as they are; parts interleaved in blocks (outer > 1) and all_to_all's
  *                  parts are packed into a scratch buffer of the rank's GPU with strided copies
@@ -28,11 +31,16 @@
 
 typedef struct ptrt_ncclc ptrt_ncclc;
 
-/* The communicator of plan's ranks on backend be (cuda or cuda-emulated), host being the host
- * communicator of the same ranks (barriers, failures, point to point). NULL with why where NCCL
- * cannot serve the plan. */
+/* The communicator of plan's ranks on backend be (cuda or cuda-emulated), this process running
+ * ranks [first, first + nlocal) (all of them on threads; a share of them under an MPI launcher),
+ * host being the host communicator of all ranks (the ncclUniqueIds travel over it; barriers,
+ * failures, point to point). Every process calls it at the same point. NULL with why and
+ * *failed false where NCCL cannot serve the plan (a GPU shared by two ranks, a process without
+ * NCCL: every process comes to the same verdict, nothing has failed and another communicator
+ * may serve); NULL with *failed true where the start failed (the host communicator is then
+ * aborted). */
 ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_comm *host,
-                          char *err, size_t errn);
+                          int first, int nlocal, bool *failed, char *err, size_t errn);
 void ptrt_nccl_free(ptrt_ncclc *c);
 ptrt_comm *ptrt_nccl_comm(ptrt_ncclc *c);
 
