@@ -104,6 +104,10 @@ const char ptrt_runner_usage_backend[] =
     "                         CPU; on a GPU (--device cuda), no MFU without it\n"
     "  --profile              after the run, print the time spent per op kind (per step, the\n"
     "                         first step left out: it warms up)\n"
+    "  --no-overlap           every collective completes before the next instruction starts\n"
+    "                         (by default, on GPUs with NCCL, allreduce, allgather and\n"
+    "                         reduce_scatter run on a stream of their own beside the kernels\n"
+    "                         until one needs their buffers)\n"
     "  --check-memory         fill every arena with a canary at start and, after the run,\n"
     "                         compare each rank's measured high-water mark per arena with the\n"
     "                         plan (printed, and in --log); a difference fails the run\n"
@@ -471,6 +475,8 @@ int ptrt_runner_parse(int argc, char **argv, double model_lr, ptrt_train_opts *o
             o->profile = true;
         } else if (strcmp(a, "--check-memory") == 0) {
             o->check_memory = true;
+        } else if (strcmp(a, "--no-overlap") == 0) {
+            o->no_overlap = true;
         } else if (strcmp(a, "--quiet") == 0) {
             o->quiet = true;
         } else if (strcmp(a, "--print-plan") == 0) {

@@ -43,6 +43,12 @@ typedef struct ptrt_coll_desc {
     const char *group_name; /* the mesh axes, e.g. "tp", "dp" (may be NULL) */
     int64_t step;           /* training step: must agree between the members of a collective */
     int index;              /* position of this call in the rank's program: messages only */
+    /* Non-NULL: the caller lets allreduce, allgather or reduce_scatter finish in the background.
+     * A communicator that does (one with `wait`: NCCL on a stream of its own) sets *token > 0
+     * and the call returns once it is queued; its buffers must then stay untouched (in unwritten,
+     * out neither read nor written) until wait(token). Otherwise *token = 0 and the call is
+     * complete on return, as always. */
+    int64_t *token;
 } ptrt_coll_desc;
 
 typedef struct ptrt_comm_ops {
@@ -75,6 +81,10 @@ typedef struct ptrt_comm_ops {
     void (*abort)(void *impl, int rank, const char *msg);
     /* true once the communicator has failed, with the first reason */
     bool (*failed)(void *impl, char *reason, size_t n);
+    /* Optional (NULL: no call finishes in the background). Everything after this returns (the
+     * device's later work, or the host's reads) sees the background calls of rank me up to
+     * token (tokens finish in order), or all of them with token < 0. 0, or -1 with why. */
+    int (*wait)(void *impl, int me, int64_t token, char *err, size_t errn);
 } ptrt_comm_ops;
 
 typedef struct ptrt_comm {

@@ -27,6 +27,14 @@ typedef struct prepared {
     char group[64];
 } prepared;
 
+/* A collective finishing in the background (its communicator's token), and its buffers' bytes:
+ * nothing may write [in0, in1) or touch [out0, out1) until it is waited for. */
+typedef struct inflight {
+    int64_t token;
+    uintptr_t in0, in1, out0, out1;
+    int at; /* the instruction that started it */
+} inflight;
+
 struct ptrt_exec {
     const ptc_plan *plan;
     const ptc_program *pg;
@@ -53,6 +61,12 @@ struct ptrt_exec {
     int ntrace, captrace, maxtrace;
     double prof_s[PTC_NOPS + 1]; /* by op; fused kernels last */
     int64_t prof_calls[PTC_NOPS + 1];
+    /* collectives in the background (a communicator with wait, unless no_overlap) */
+    bool no_overlap;
+    inflight *fl;
+    int nfl, capfl;
+    int cur; /* the instruction running (ninstrs between runs) */
+    int64_t bg_started, bg_overlapped; /* counts; instructions they ran beside, summed */
 };
 
 const ptc_program *ptrt_exec_program(const ptrt_exec *x)
@@ -79,6 +93,59 @@ static void bind(const ptrt_exec *x)
     char e[256];
     if (x->be->bind)
         x->be->bind(x->rank, e, sizeof e);
+}
+
+/* ---- collectives in the background ----
+ * A collective the communicator runs in the background (comm.h: token) stays in x->fl until an
+ * instruction needs its buffers: one that reads or writes its output's bytes, or writes its
+ * input's (bytes, not buffer ids: the memory plan gives a dead buffer's bytes to later ones).
+ * That instruction waits for it first (and for every earlier one: tokens finish in order); the
+ * host's reads and writes, and the end of a run, wait for all. */
+
+static bool meets(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1)
+{
+    return a0 < b1 && b0 < a1;
+}
+
+static int wait_upto(ptrt_exec *x, int64_t token, int at, char *err, size_t errn)
+{
+    int keep = 0;
+    for (int k = 0; k < x->nfl; k++) {
+        if (token < 0 || x->fl[k].token <= token)
+            x->bg_overlapped += (at > x->fl[k].at ? at : x->fl[k].at + 1) - x->fl[k].at - 1;
+        else
+            x->fl[keep++] = x->fl[k];
+    }
+    x->nfl = keep;
+    return x->comm->ops->wait(x->comm->impl, x->rank, token, err, errn);
+}
+
+/* before instruction i: the background collectives it needs finished */
+static int settle(ptrt_exec *x, int i, char *err, size_t errn)
+{
+    const ptc_instr *in = &x->pg->instrs[i];
+    int64_t need = 0;
+    for (int k = 0; k < x->nfl; k++) {
+        const inflight *f = &x->fl[k];
+        bool hit = false;
+        for (int j = 0; j < in->nin + in->nout && !hit; j++) {
+            bool w = j >= in->nin;
+            int b = w ? in->out[j - in->nin] : in->in[j];
+            uintptr_t p0 = (uintptr_t)x->ptr[b], p1 = p0 + (uintptr_t)x->pg->bufs[b].bytes;
+            hit = meets(p0, p1, f->out0, f->out1) || (w && meets(p0, p1, f->in0, f->in1));
+        }
+        if (hit && f->token > need)
+            need = f->token;
+    }
+    return need ? wait_upto(x, need, i, err, errn) : 0;
+}
+
+/* the host is about to read or write the arenas, or the run ends */
+static void settle_all(ptrt_exec *x)
+{
+    char e[256];
+    if (x->nfl)
+        wait_upto(x, -1, x->cur, e, sizeof e); /* (a failure shows at the sync) */
 }
 
 static void to_arena(const ptrt_exec *x, void *dst, const void *src, size_t n)
@@ -124,12 +191,14 @@ static void zero_in_arena(const ptrt_exec *x, void *dst, size_t n)
 void ptrt_exec_read(ptrt_exec *x, int b, int64_t off, void *dst, int64_t n)
 {
     bind(x);
+    settle_all(x);
     from_arena(x, dst, (const char *)x->ptr[b] + off, (size_t)n);
 }
 
 void ptrt_exec_write(ptrt_exec *x, int b, int64_t off, const void *src, int64_t n)
 {
     bind(x);
+    settle_all(x);
     to_arena(x, (char *)x->ptr[b] + off, src, (size_t)n);
 }
 
@@ -285,6 +354,7 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
     x->be = o && o->backend ? o->backend : &ptrt_backend_ref;
     x->comm = o ? o->comm : NULL;
     x->canary = o && o->canary;
+    x->no_overlap = o && o->no_overlap;
     x->drop = o ? o->drop : -1;
     if (!x->be->host && x->comm && !x->comm->device && plan->nranks > 1) {
         ptc_fmt(err, errn,
@@ -349,6 +419,8 @@ void ptrt_exec_free(ptrt_exec *x)
         free(x->prep[i].args);
     }
     bind(x);
+    settle_all(x);
+    free(x->fl);
     if (x->be->release && x->be_state)
         x->be->release(x->be_state);
     for (int r = 0; r < PTC_NREGIONS; r++)
@@ -513,7 +585,13 @@ static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, 
                           size_t errn)
 {
     const ptc_coll *c = &in->coll;
+    int64_t token = 0;
     ptrt_coll_desc d = {.group_name = p->group, .step = x->step, .index = x->coll_index++};
+    /* allreduce, allgather and reduce_scatter may finish in the background */
+    if (x->comm && x->comm->ops->wait && !x->no_overlap && c->kind != PTC_COLL_ALL_TO_ALL_V &&
+        (c->kind == PTC_COLL_ALLREDUCE || c->kind == PTC_COLL_ALLGATHER ||
+         c->kind == PTC_COLL_REDUCE_SCATTER))
+        d.token = &token;
     if (d.index == x->drop || p->nmembers == 1) {
         local_collective(x, in, p, d.index == x->drop);
         return 0;
@@ -526,21 +604,35 @@ static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, 
     void *impl = x->comm->impl;
     ptc_dtype dt = x->pg->bufs[in->in[0]].type.dtype;
     ptrt_reduce op = c->reduce ? PTRT_RED_MAX : PTRT_RED_SUM;
+    int rc;
     switch (c->kind) {
     case PTC_COLL_ALLREDUCE:
-        return ops->allreduce(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
-                              c->count, dt, op, &d, err, errn);
+        rc = ops->allreduce(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0], c->count,
+                            dt, op, &d, err, errn);
+        break;
     case PTC_COLL_ALLGATHER:
-        return ops->allgather(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
-                              c->outer, c->chunk, dt, &d, err, errn);
+        rc = ops->allgather(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                            c->outer, c->chunk, dt, &d, err, errn);
+        break;
     case PTC_COLL_REDUCE_SCATTER:
-        return ops->reduce_scatter(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
-                                   c->outer, c->chunk, dt, op, &d, err, errn);
+        rc = ops->reduce_scatter(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
+                                 c->outer, c->chunk, dt, op, &d, err, errn);
+        break;
     case PTC_COLL_ALL_TO_ALL_V: return run_uneven(x, in, p, &d, err, errn);
     default:
         return ops->all_to_all(impl, x->rank, p->members, p->nmembers, p->in[0], p->out[0],
                                c->outer, c->chunk, c->outer2, c->chunk2, dt, &d, err, errn);
     }
+    if (rc == 0 && token > 0) {
+        const ptc_program *pg = x->pg;
+        uintptr_t i0 = (uintptr_t)p->in[0], o0 = (uintptr_t)p->out[0];
+        PTC_GROW(x->fl, x->capfl, x->nfl);
+        x->fl[x->nfl++] = (inflight){token, i0, i0 + (uintptr_t)pg->bufs[in->in[0]].bytes, o0,
+                                     o0 + (uintptr_t)pg->bufs[in->out[0]].bytes,
+                                     (int)(in - pg->instrs)};
+        x->bg_started++;
+    }
+    return rc;
 }
 
 static int run_p2p(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *err, size_t errn)
@@ -598,7 +690,10 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
         char msg[1536];
         msg[0] = 0;
         double t0 = x->profile || x->tracing ? seconds() : 0;
-        int rc = run_instr(x, i, msg, sizeof msg);
+        x->cur = i;
+        int rc = x->nfl ? settle(x, i, msg, sizeof msg) : 0;
+        if (rc == 0)
+            rc = run_instr(x, i, msg, sizeof msg);
         int slot = in->kind == PTC_INSTR_FUSED ? PTC_NOPS : (int)in->op;
         if (x->profile) {
             x->prof_s[slot] += seconds() - t0;
@@ -629,9 +724,17 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
             x->skipped_update = !isfinite(norm);
         }
     }
+    x->cur = pg->ninstrs;
+    settle_all(x);
     if (x->be->sync && x->be->sync(err, errn) < 0)
         return -1;
     return 0;
+}
+
+void ptrt_exec_overlap(const ptrt_exec *x, int64_t *started, int64_t *beside)
+{
+    *started = x->bg_started;
+    *beside = x->bg_overlapped;
 }
 
 bool ptrt_exec_skipped_update(const ptrt_exec *x)

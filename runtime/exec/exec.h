@@ -32,12 +32,17 @@ typedef struct ptrt_exec_opts {
     ptrt_comm *comm;             /* NULL for a single-rank plan */
     bool canary;                 /* fill the arenas with the canary pattern (memory check) */
     int drop;                    /* test hook: leave out this collective of every step; -1 none */
+    bool no_overlap;             /* every collective complete before the next instruction, even
+                                  * on a communicator that can finish them in the background */
 } ptrt_exec_opts;
 
 /* The executor of rank's program. NULL with a message when an arena cannot be allocated. */
 ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o, char *err,
                          size_t errn);
 void ptrt_exec_free(ptrt_exec *x);
+/* Collectives that ran in the background since the executor was made (a communicator with wait,
+ * comm.h: NCCL), and the instructions they ran beside, summed over them. */
+void ptrt_exec_overlap(const ptrt_exec *x, int64_t *started, int64_t *beside);
 const ptc_program *ptrt_exec_program(const ptrt_exec *x);
 int ptrt_exec_rank(const ptrt_exec *x);
 

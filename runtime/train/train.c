@@ -1017,6 +1017,12 @@ static void loop(run *r)
                     o->peak_flops > 0 ? "" : ptrt_cpu_blas_name(),
                     o->peak_flops > 0 ? "" : " GEMM");
         fputc('\n', out);
+        int64_t bg, beside;
+        ptrt_exec_overlap(r->x, &bg, &beside);
+        if (bg > 0 && !o->quiet) /* (counted over the steps run, the first included) */
+            fprintf(out, "overlap: %.1f collectives a step ran in the background (rank %d), "
+                         "beside %.1f instructions each on average (--no-overlap: none)\n",
+                    (double)bg / (double)done, r->rank, (double)beside / (double)bg);
     }
     if (lead && o->profile && done > 1)
         ptrt_exec_print_profile(r->x, out, done - 1);
@@ -1184,7 +1190,8 @@ static int setup(shared *sh, char *err, size_t errn)
     sh->first = 1;
     ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
                          .comm = sh->comm,
-                         .canary = o->check_memory};
+                         .canary = o->check_memory,
+                         .no_overlap = o->no_overlap};
     if (sh->comm && !xo.backend->host) {
         /* tensors in device memory: NCCL where every rank of this process has its own GPU,
          * else collectives through host memory */

@@ -69,6 +69,7 @@ typedef struct ptrt_train_opts {
     bool profile;     /* print the time per op kind after the run (the first step left out) */
     bool quiet;
     bool check_memory; /* compare every arena's measured high-water mark with the plan */
+    bool no_overlap;   /* --no-overlap: no collective finishes in the background */
     FILE *out;         /* progress lines (stdout when NULL) */
 } ptrt_train_opts;
 

@@ -14,7 +14,9 @@ where all share one (runtime/comm/inproc.h, ptrt_inproc_new_on), else through ho
 Under mpirun (where the machine has it and the build has MPI), the ranks run as processes: NCCL
 across processes (each group's ncclUniqueId through MPI, the emulated NCCL moving its bytes over
 MPI), 2 processes x 2 ranks, and the fallback to host memory when the processes' ranks share a
-GPU; each against the CPU run.
+GPU; each against the CPU run. With NCCL the collectives run in the background (their own stream,
+which the emulation runs only when the kernels' stream waits for it): the comparisons then also
+check that the executor waits wherever an instruction needs a collective's buffers.
 
 With --device cuda the same comparison runs on a real GPU (ctest label gpu: `ctest -L gpu`); it
 exits 77 (skipped), saying why, where the machine has no CUDA driver or GPU.
@@ -187,6 +189,14 @@ def main():
             if DEVICE == 'cuda-emulated' and want:  # (a real machine has its own GPU count)
                 check(want in emu.stderr, '%s: %s chosen (%s)' % (
                     name, want, emu.stderr.strip()[:200]))
+            if DEVICE == 'cuda-emulated' and want == 'collectives: NCCL':
+                # NCCL's calls on a stream of their own, beside the kernels until one needs
+                # their buffers: the emulation runs them only when the default stream waits for
+                # them, so a wait the executor leaves out changes the results checked below
+                m = re.search(r'overlap: ([0-9.]+) collectives a step ran in the background '
+                              r'\(rank 0\), beside ([0-9.]+) instructions', emu.stdout)
+                check(m and float(m.group(1)) > 0, '%s: collectives in the background (%s)' % (
+                    name, m.group(0) if m else 'no overlap line'))
             check(emu.returncode == 0 and len(es) == STEPS,
                   '%s: the %s run (%s)' % (name, DEVICE, emu.stderr.strip()[:300]))
             if len(cs) != STEPS or len(es) != STEPS:

@@ -151,7 +151,7 @@ static void ar_rank(rank_ctx *r)
 {
     ar_job *j = r->job;
     for (int round = 0; round < j->rounds && !r->rc; round++) {
-        ptrt_coll_desc d = {"dp", round, 0};
+        ptrt_coll_desc d = {"dp", round, 0, NULL};
         float *out = j->out[r->rank];
         if (j->in_place)
             memcpy(out, j->in[r->rank], (size_t)j->count * sizeof(float));
@@ -288,7 +288,7 @@ static void allgather_rank(rank_ctx *r)
     shard_job *j = r->job;
     int members[MAXR] = {0};
     iota(members, j->n, 0);
-    ptrt_coll_desc d = {"tp", 1, 4};
+    ptrt_coll_desc d = {"tp", 1, 4, NULL};
     r->rc = ptrt_inproc_allgather(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                 j->outer, j->chunk, &d, r->err, sizeof r->err);
 }
@@ -334,7 +334,7 @@ static void reduce_scatter_rank(rank_ctx *r)
     shard_job *j = r->job;
     int members[MAXR] = {0};
     iota(members, j->n, 0);
-    ptrt_coll_desc d = {"tp", 1, 5};
+    ptrt_coll_desc d = {"tp", 1, 5, NULL};
     r->rc = ptrt_inproc_reduce_scatter(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                      j->outer, j->chunk, PTRT_RED_SUM, &d, r->err, sizeof r->err);
 }
@@ -388,7 +388,7 @@ static void all_to_all_rank(rank_ctx *r)
     shard_job *j = r->job;
     int members[MAXR] = {0};
     iota(members, j->n, 0);
-    ptrt_coll_desc d = {"sp", 2, 6};
+    ptrt_coll_desc d = {"sp", 2, 6, NULL};
     r->rc = ptrt_inproc_all_to_all(r->c, r->rank, members, j->n, j->in[r->rank], j->out[r->rank],
                                  j->outer, j->chunk, j->outer_out, j->chunk_out, &d, r->err,
                                  sizeof r->err);
@@ -474,7 +474,7 @@ static void mesh_rank(rank_ctx *r)
         colm[i] = i * j->cols + col;
     float *v = ptc_xmalloc((size_t)j->count * sizeof(float));
     for (int it = 0; it < j->iters && !r->rc; it++) {
-        ptrt_coll_desc tp = {"tp", it, 2 * it}, dp = {"dp", it, 2 * it + 1};
+        ptrt_coll_desc tp = {"tp", it, 2 * it, NULL}, dp = {"dp", it, 2 * it + 1, NULL};
         float *g = j->got[r->rank] + (int64_t)it * j->rows * j->count;
         fill(v, j->count, (uint64_t)it, r->rank);
         /* the row sum, then gathered down the column: but odd ranks first do an unrelated
@@ -571,13 +571,13 @@ static void ring_rank(rank_ctx *r)
     for (int round = 0; round < 20 && !r->rc; round += 2) {
         /* two sends before the receives: sends are buffered, and arrive in order */
         for (int k = 0; k < 2 && !r->rc; k++) {
-            ptrt_coll_desc d = {"pp", round + k, round + k};
+            ptrt_coll_desc d = {"pp", round + k, round + k, NULL};
             fill(buf, 10 + round + k, (uint64_t)(round + k), r->rank);
             r->rc =
                 ptrt_inproc_send(r->c, r->rank, next, buf, 10 + round + k, &d, r->err, sizeof r->err);
         }
         for (int k = 0; k < 2 && !r->rc; k++) {
-            ptrt_coll_desc d = {"pp", round + k, 100 + round + k};
+            ptrt_coll_desc d = {"pp", round + k, 100 + round + k, NULL};
             r->rc =
                 ptrt_inproc_recv(r->c, r->rank, prev, got, 10 + round + k, &d, r->err, sizeof r->err);
             fill(buf, 10 + round + k, (uint64_t)(round + k), prev);
@@ -603,10 +603,10 @@ static void p2p_mismatch_rank(rank_ctx *r)
 {
     float buf[16] = {0};
     if (r->rank == 0) {
-        ptrt_coll_desc d = {"pp", 3, 7};
+        ptrt_coll_desc d = {"pp", 3, 7, NULL};
         r->rc = ptrt_inproc_send(r->c, 0, 1, buf, 16, &d, r->err, sizeof r->err);
     } else {
-        ptrt_coll_desc d = {"pp", 3, 9};
+        ptrt_coll_desc d = {"pp", 3, 9, NULL};
         r->rc = ptrt_inproc_recv(r->c, 1, 0, buf, 12, &d, r->err, sizeof r->err);
     }
 }
@@ -636,7 +636,7 @@ static void mismatch_rank(rank_ctx *r)
 {
     int m[4] = {0, 1, 2, 3};
     float *in = ptc_xcalloc(4096, sizeof(float)), *out = ptc_xcalloc(4 * 4096, sizeof(float));
-    ptrt_coll_desc d = {"tp", 3, 12};
+    ptrt_coll_desc d = {"tp", 3, 12, NULL};
     if (r->rank == 2)
         r->rc = ptrt_inproc_allgather(r->c, 2, m, 4, in, out, 1, 4096, &d, r->err, sizeof r->err);
     else
@@ -681,7 +681,7 @@ static void mismatch2_rank(rank_ctx *r)
     int v = ((mm_job *)r->job)->variant, odd = r->rank == 1;
     int m[2] = {0, 1}, rev[2] = {1, 0};
     float in[8] = {0}, out[8];
-    ptrt_coll_desc d = {"dp", v == 1 && odd ? 5 : 4, 0};
+    ptrt_coll_desc d = {"dp", v == 1 && odd ? 5 : 4, 0, NULL};
     r->rc = ptrt_inproc_allreduce(r->c, r->rank, v == 2 && odd ? rev : m, 2, in, out,
                                 v == 0 && odd ? 7 : 8, v == 3 && odd ? PTRT_RED_MAX : PTRT_RED_SUM,
                                 &d, r->err, sizeof r->err);
@@ -724,7 +724,7 @@ static void timeout_rank(rank_ctx *r)
         return;
     int m[4] = {4, 5, 6, 7};
     float x[3] = {1, 2, 3};
-    ptrt_coll_desc d = {"tp", 3, 12};
+    ptrt_coll_desc d = {"tp", 3, 12, NULL};
     r->rc =
         ptrt_inproc_allreduce(r->c, r->rank, m, 4, x, x, 3, PTRT_RED_SUM, &d, r->err, sizeof r->err);
 }
@@ -754,7 +754,7 @@ Test(comm, timeout_names_the_missing_rank)
     char err[1024];
     int m[4] = {4, 5, 6, 7};
     float x[3] = {0};
-    ptrt_coll_desc d = {"tp", 3, 12};
+    ptrt_coll_desc d = {"tp", 3, 12, NULL};
     t0 = now();
     cr_assert_eq(ptrt_inproc_allreduce(c, 6, m, 4, x, x, 3, PTRT_RED_SUM, &d, err, sizeof err), -1);
     cr_assert_lt(now() - t0, 0.1);
@@ -771,13 +771,13 @@ static void deadlock_rank(rank_ctx *r)
     float x = 1;
     if (r->rank == 0) {
         int row[2] = {0, 1};
-        ptrt_coll_desc d = {"tp", 0, 3};
+        ptrt_coll_desc d = {"tp", 0, 3, NULL};
         r->rc = ptrt_inproc_allreduce(r->c, 0, row, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
                                     sizeof r->err);
     } else if (r->rank == 1) {
         sleep_s(0.1);
         int col[2] = {1, 3};
-        ptrt_coll_desc d = {"dp", 0, 1};
+        ptrt_coll_desc d = {"dp", 0, 1, NULL};
         r->rc = ptrt_inproc_allreduce(r->c, 1, col, 2, &x, &x, 1, PTRT_RED_SUM, &d, r->err,
                                     sizeof r->err);
     }
@@ -803,7 +803,7 @@ static void recv_timeout_rank(rank_ctx *r)
 {
     float x;
     if (r->rank == 1) {
-        ptrt_coll_desc d = {"pp", 2, 5};
+        ptrt_coll_desc d = {"pp", 2, 5, NULL};
         r->rc = ptrt_inproc_recv(r->c, 1, 0, &x, 1, &d, r->err, sizeof r->err);
     }
 }
@@ -825,7 +825,7 @@ static void abort_rank(rank_ctx *r)
 {
     int m[4] = {0, 1, 2, 3}, pair[2] = {0, 1};
     float x[2] = {0};
-    ptrt_coll_desc d = {"dp", 9, 1};
+    ptrt_coll_desc d = {"dp", 9, 1, NULL};
     if (r->rank == 3) {
         sleep_s(0.05);
         ptrt_inproc_abort(r->c, 3, "out of memory in matmul");
@@ -898,7 +898,7 @@ Test(comm, invalid_arguments)
     float buf[64] = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ptrt_inproc *c = new_comm(4, LONG_TIMEOUT);
-        ptrt_coll_desc d = {"t", -1, -1};
+        ptrt_coll_desc d = {"t", -1, -1, NULL};
         int rc = ptrt_inproc_all_to_all(c, cases[i].me, cases[i].members, cases[i].n, buf, buf,
                                       cases[i].oi, cases[i].ci, cases[i].oo, cases[i].co, &d, err,
                                       sizeof err);

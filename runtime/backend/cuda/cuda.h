@@ -26,8 +26,9 @@
  * Several ranks: NCCL where each has its own GPU (nccl_comm.h), the device communicator where
  * all share one (inproc.h, ptrt_inproc_new_on, over this backend's copy2d and reduce hooks:
  * the reduction is a kernel of a small unit of its own, ptc_cuda_emit_comm, compiled and loaded
- * per GPU on first use), else through host memory (staged.h). Not yet: separate streams for
- * communication, moe ops.
+ * per GPU on first use), else through host memory (staged.h). NCCL's calls run on a stream of
+ * their own, beside the kernels (nccl_comm.h); the kernels, GEMMs and copies are on the default
+ * stream. Not yet: moe ops.
  */
 #ifndef PTRT_CUDA_H
 #define PTRT_CUDA_H

@@ -325,9 +325,11 @@ static int e_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     return rc ? E_LAUNCH_FAILED : E_OK;
 }
 
+static int flush_gpu(void);
+
 static int e_sync(void)
 {
-    return E_OK;
+    return flush_gpu();
 }
 
 static int e_memcpy2d(const ptrt_cuda_copy2d *c)
@@ -341,6 +343,14 @@ static int e_memcpy2d(const ptrt_cuda_copy2d *c)
         memmove(dst + r * c->dst_pitch, src + r * c->src_pitch, c->width);
     return E_OK;
 }
+
+/* (streams and events: with NCCL's emulation below) */
+static int e_stream_create(void **stream, unsigned flags);
+static int e_stream_destroy(void *stream);
+static int e_event_create(void **event, unsigned flags);
+static int e_event_destroy(void *event);
+static int e_event_record(void *event, void *stream);
+static int e_stream_wait_event(void *stream, void *event, unsigned flags);
 
 static const ptrt_cuda_driver emulated_driver = {
     .cuInit = e_init,
@@ -365,6 +375,12 @@ static const ptrt_cuda_driver emulated_driver = {
     .cuCtxSynchronize = e_sync,
     .cuMemcpy2D = e_memcpy2d,
     .cuDeviceGetPCIBusId = e_bus_id,
+    .cuStreamCreate = e_stream_create,
+    .cuStreamDestroy = e_stream_destroy,
+    .cuEventCreate = e_event_create,
+    .cuEventDestroy = e_event_destroy,
+    .cuEventRecord = e_event_record,
+    .cuStreamWaitEvent = e_stream_wait_event,
 };
 
 /* ---- NCCL, emulated: communicators whose calls move bytes over the job's host communicator
@@ -515,66 +531,211 @@ static int n_result(int rc, const char *err)
     return rc < 0 ? N_INTERNAL : N_OK;
 }
 
+/* An NCCL call, run now (the default stream) or queued on a stream of its own (below). */
+enum { Q_ALLREDUCE, Q_ALLGATHER, Q_REDUCE_SCATTER, Q_SEND, Q_RECV };
+typedef struct eop {
+    int kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    int dtype, op, peer;
+    ecomm *c;
+} eop;
+
+static int n_run(const eop *q)
+{
+    ecomm *c = q->c;
+    char err[512];
+    void *impl = transport->impl;
+    int me = c->members[c->me], rc = -1;
+    ptc_dtype dt = n_dtype(q->dtype);
+    ptrt_reduce red = q->op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM;
+    const ptrt_comm_ops *o = transport->ops;
+    switch (q->kind) {
+    case Q_ALLREDUCE:
+        rc = o->allreduce(impl, me, c->members, c->n, host_of(q->send), host_of(q->recv),
+                          (int64_t)q->count, dt, red, NULL, err, sizeof err);
+        break;
+    case Q_ALLGATHER:
+        rc = o->allgather(impl, me, c->members, c->n, host_of(q->send), host_of(q->recv), 1,
+                          (int64_t)q->count, dt, NULL, err, sizeof err);
+        break;
+    case Q_REDUCE_SCATTER:
+        rc = o->reduce_scatter(impl, me, c->members, c->n, host_of(q->send), host_of(q->recv), 1,
+                               (int64_t)q->count, dt, red, NULL, err, sizeof err);
+        break;
+    case Q_SEND:
+        rc = o->send(impl, me, c->members[q->peer], host_of(q->send), (int64_t)q->count, dt, NULL,
+                     err, sizeof err);
+        break;
+    default:
+        rc = o->recv(impl, me, c->members[q->peer], host_of(q->recv), (int64_t)q->count, dt, NULL,
+                     err, sizeof err);
+        break;
+    }
+    return n_result(rc, err);
+}
+
+/* ---- streams and events. The default stream (NULL) runs every call at once, as above. A
+ * stream of its own (cuStreamCreate; ptc queues only NCCL's calls there) defers what is queued
+ * on it until the default stream waits for an event recorded after it (cuStreamWaitEvent), or
+ * the context synchronizes: a kernel that reads a collective's output, or overwrites its input,
+ * without that wait sees the buffers as they were before the collective, as on a GPU where the
+ * collective has not run yet. A stream belongs to one rank's thread (nccl_comm.c makes one per
+ * rank, one rank per GPU). ---- */
+
+typedef struct estream {
+    int gpu;
+    eop *q;
+    int n, cap, done; /* queued [done, n) */
+    bool failed;
+} estream;
+
+typedef struct eevent {
+    estream *s; /* NULL: complete when recorded */
+    int pos;    /* the stream's calls before it */
+} eevent;
+
+static pthread_mutex_t stream_lock = PTHREAD_MUTEX_INITIALIZER;
+static estream **streams;
+static int nstreams, capstreams;
+
+static int flush(estream *s, int upto)
+{
+    for (; s->done < upto; s->done++)
+        if (n_run(&s->q[s->done]) != N_OK)
+            s->failed = true;
+    if (s->done == s->n)
+        s->done = s->n = 0;
+    return s->failed ? E_LAUNCH_FAILED : E_OK;
+}
+
+static int e_stream_create(void **stream, unsigned flags)
+{
+    (void)flags;
+    if (current_gpu < 0)
+        return E_INVALID_CONTEXT;
+    estream *s = ptc_xcalloc(1, sizeof *s);
+    s->gpu = current_gpu;
+    pthread_mutex_lock(&stream_lock);
+    PTC_GROW(streams, capstreams, nstreams);
+    streams[nstreams++] = s;
+    pthread_mutex_unlock(&stream_lock);
+    *stream = s;
+    return E_OK;
+}
+
+static int e_stream_destroy(void *stream)
+{
+    estream *s = stream;
+    if (!s)
+        return E_INVALID_HANDLE;
+    int rc = flush(s, s->n);
+    pthread_mutex_lock(&stream_lock);
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i] == s)
+            streams[i] = streams[--nstreams];
+    pthread_mutex_unlock(&stream_lock);
+    free(s->q);
+    free(s);
+    return rc;
+}
+
+static int e_event_create(void **event, unsigned flags)
+{
+    (void)flags;
+    *event = ptc_xcalloc(1, sizeof(eevent));
+    return E_OK;
+}
+
+static int e_event_destroy(void *event)
+{
+    free(event);
+    return E_OK;
+}
+
+static int e_event_record(void *event, void *stream)
+{
+    eevent *e = event;
+    estream *s = stream;
+    if (!e)
+        return E_INVALID_HANDLE;
+    e->s = s;
+    e->pos = s ? s->n : 0;
+    return E_OK;
+}
+
+static int e_stream_wait_event(void *stream, void *event, unsigned flags)
+{
+    (void)flags;
+    eevent *e = event;
+    if (!e)
+        return E_INVALID_HANDLE;
+    /* a stream of its own waiting for the default stream: what it queues later runs later
+     * anyway; the default stream waiting for a stream: that stream's calls up to the event run
+     * now */
+    if (stream || !e->s)
+        return E_OK;
+    return flush(e->s, e->pos);
+}
+
+/* everything queued on the current GPU's streams */
+static int flush_gpu(void)
+{
+    int rc = E_OK;
+    pthread_mutex_lock(&stream_lock);
+    int n = nstreams;
+    estream **mine = ptc_xmalloc(sizeof *mine * (size_t)(n + 1));
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (streams[i]->gpu == current_gpu)
+            mine[k++] = streams[i];
+    pthread_mutex_unlock(&stream_lock);
+    for (int i = 0; i < k; i++)
+        if (flush(mine[i], mine[i]->n) != E_OK)
+            rc = E_LAUNCH_FAILED;
+    free(mine);
+    return rc;
+}
+
+static int n_call(eop q, void *stream)
+{
+    estream *s = stream;
+    if (!s)
+        return n_run(&q);
+    if (s->gpu != current_gpu)
+        return N_INVALID_ARGUMENT;
+    PTC_GROW(s->q, s->cap, s->n);
+    s->q[s->n++] = q;
+    return N_OK;
+}
+
 static int n_allreduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm,
                        void *stream)
 {
-    (void)stream;
-    ecomm *c = comm;
-    char err[512];
-    return n_result(transport->ops->allreduce(transport->impl, c->members[c->me], c->members,
-                                              c->n, host_of(send), host_of(recv),
-                                              (int64_t)count, n_dtype(dtype),
-                                              op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM,
-                                              NULL, err, sizeof err),
-                    err);
+    return n_call((eop){Q_ALLREDUCE, send, recv, count, dtype, op, 0, comm}, stream);
 }
 
 static int n_allgather(const void *send, void *recv, size_t count, int dtype, void *comm,
                        void *stream)
 {
-    (void)stream;
-    ecomm *c = comm;
-    char err[512];
-    return n_result(transport->ops->allgather(transport->impl, c->members[c->me], c->members,
-                                              c->n, host_of(send), host_of(recv), 1,
-                                              (int64_t)count, n_dtype(dtype), NULL, err,
-                                              sizeof err),
-                    err);
+    return n_call((eop){Q_ALLGATHER, send, recv, count, dtype, 0, 0, comm}, stream);
 }
 
 static int n_reduce_scatter(const void *send, void *recv, size_t count, int dtype, int op,
                             void *comm, void *stream)
 {
-    (void)stream;
-    ecomm *c = comm;
-    char err[512];
-    return n_result(transport->ops->reduce_scatter(
-                        transport->impl, c->members[c->me], c->members, c->n, host_of(send),
-                        host_of(recv), 1, (int64_t)count, n_dtype(dtype),
-                        op == PTRT_NCCL_MAX ? PTRT_RED_MAX : PTRT_RED_SUM, NULL, err, sizeof err),
-                    err);
+    return n_call((eop){Q_REDUCE_SCATTER, send, recv, count, dtype, op, 0, comm}, stream);
 }
 
 static int n_send(const void *send, size_t count, int dtype, int peer, void *comm, void *stream)
 {
-    (void)stream;
-    ecomm *c = comm;
-    char err[512];
-    return n_result(transport->ops->send(transport->impl, c->members[c->me], c->members[peer],
-                                         host_of(send), (int64_t)count, n_dtype(dtype), NULL,
-                                         err, sizeof err),
-                    err);
+    return n_call((eop){Q_SEND, send, NULL, count, dtype, 0, peer, comm}, stream);
 }
 
 static int n_recv(void *recv, size_t count, int dtype, int peer, void *comm, void *stream)
 {
-    (void)stream;
-    ecomm *c = comm;
-    char err[512];
-    return n_result(transport->ops->recv(transport->impl, c->members[c->me], c->members[peer],
-                                         host_of(recv), (int64_t)count, n_dtype(dtype), NULL,
-                                         err, sizeof err),
-                    err);
+    return n_call((eop){Q_RECV, NULL, recv, count, dtype, 0, peer, comm}, stream);
 }
 
 static const ptrt_nccl emulated_nccl = {

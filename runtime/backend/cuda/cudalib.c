@@ -33,7 +33,9 @@ static const char *const driver_syms[] = {
     "cuDeviceGetAttribute", "cuGetErrorString", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
     "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2",
     "cuMemsetD8_v2", "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload",
-    "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", "cuDeviceGetPCIBusId", NULL};
+    "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", "cuDeviceGetPCIBusId",
+    "cuStreamCreate", "cuStreamDestroy_v2", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord",
+    "cuStreamWaitEvent", NULL};
 static const char *const nvrtc_syms[] = {
     "nvrtcVersion", "nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcCompileProgram",
     "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcGetPTXSize", "nvrtcGetPTX",

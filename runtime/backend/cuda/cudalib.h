@@ -71,7 +71,16 @@ typedef struct ptrt_cuda_driver {
     int (*cuCtxSynchronize)(void);
     int (*cuMemcpy2D)(const ptrt_cuda_copy2d *c); /* cuMemcpy2D_v2 */
     int (*cuDeviceGetPCIBusId)(char *id, int len, int device);
+    /* streams and events (nccl_comm.c: collectives on a stream of their own, ordered with the
+     * default stream's kernels by events) */
+    int (*cuStreamCreate)(void **stream, unsigned flags);
+    int (*cuStreamDestroy)(void *stream); /* cuStreamDestroy_v2 */
+    int (*cuEventCreate)(void **event, unsigned flags);
+    int (*cuEventDestroy)(void *event); /* cuEventDestroy_v2 */
+    int (*cuEventRecord)(void *event, void *stream);
+    int (*cuStreamWaitEvent)(void *stream, void *event, unsigned flags);
 } ptrt_cuda_driver;
+enum { PTRT_CU_STREAM_NON_BLOCKING = 1, PTRT_CU_EVENT_DISABLE_TIMING = 2 };
 
 
 /* NCCL (nccl.h): communicators as pointers, enums as int */

@@ -24,6 +24,13 @@ typedef struct rank_state {
     int ngroups;
     void *scratch; /* device memory of the rank's GPU */
     size_t scratch_bytes;
+    /* the rank's NCCL calls go on a stream of their own: it waits for ev_in, recorded on the
+     * default stream (the kernels before the call); the call's done event ev[k] is its token
+     * k + 1, which the default stream waits for at once (a call complete on return) or when the
+     * executor asks (one finishing in the background) */
+    void *stream, *ev_in;
+    void **ev;
+    int nev, issued; /* events made; tokens issued since the last wait for all */
 } rank_state;
 
 struct ptrt_ncclc {
@@ -70,6 +77,67 @@ static int no_group(int me, const char *what, char *err, size_t errn)
     return -1;
 }
 
+/* the driver's failure rc at call, as the call's error */
+static int drv_fail(const ptrt_ncclc *c, int me, const char *call, int rc, char *err, size_t errn)
+{
+    const char *s = NULL;
+    if (c->d->cuGetErrorString(rc, &s) != 0 || !s)
+        s = "unknown error";
+    ptc_fmt(err, errn, "rank %d: %s: %s (%d)", me, call, s, rc);
+    return -1;
+}
+
+/* before an NCCL call of rank me: its stream waits for the default stream's work so far */
+static int enter(const ptrt_ncclc *c, int me, char *err, size_t errn)
+{
+    const rank_state *s = &c->r[me];
+    int rc = c->d->cuEventRecord(s->ev_in, NULL);
+    if (!rc)
+        rc = c->d->cuStreamWaitEvent(s->stream, s->ev_in, 0);
+    return rc ? drv_fail(c, me, "ordering a collective after the kernels", rc, err, errn) : 0;
+}
+
+/* after it: its done event; a token where the caller asked for one and `background` (the call
+ * leaves nothing for the host to do after it), else the default stream waits for it now */
+static int leave(ptrt_ncclc *c, int me, const ptrt_coll_desc *d, bool background, char *err,
+                 size_t errn)
+{
+    rank_state *s = &c->r[me];
+    int rc = 0;
+    if (s->issued == s->nev) {
+        int had = s->nev;
+        PTC_GROW(s->ev, s->nev, s->issued);
+        for (int k = had; k < s->nev && !rc; k++)
+            if ((rc = c->d->cuEventCreate(&s->ev[k], PTRT_CU_EVENT_DISABLE_TIMING)))
+                s->ev[k] = NULL;
+        if (rc)
+            return drv_fail(c, me, "cuEventCreate", rc, err, errn);
+    }
+    void *ev = s->ev[s->issued++];
+    if ((rc = c->d->cuEventRecord(ev, s->stream)))
+        return drv_fail(c, me, "cuEventRecord", rc, err, errn);
+    bool token = background && d && d->token;
+    if (d && d->token)
+        *d->token = token ? s->issued : 0;
+    if (!token && (rc = c->d->cuStreamWaitEvent(NULL, ev, 0)))
+        return drv_fail(c, me, "cuStreamWaitEvent", rc, err, errn);
+    return 0;
+}
+
+static int n_wait(void *impl, int me, int64_t token, char *err, size_t errn)
+{
+    ptrt_ncclc *c = impl;
+    rank_state *s = &c->r[me];
+    if (token < 0 || token > s->issued)
+        token = s->issued;
+    if (token == 0)
+        return 0;
+    int rc = c->d->cuStreamWaitEvent(NULL, s->ev[token - 1], 0);
+    if (token == s->issued) /* (every event waited for: they are free again) */
+        s->issued = 0;
+    return rc ? drv_fail(c, me, "cuStreamWaitEvent", rc, err, errn) : 0;
+}
+
 /* height rows of width bytes from src (rows pitch spitch apart) to dst (dpitch) on the GPU */
 static int copy2d(const ptrt_ncclc *c, void *dst, size_t dpitch, const void *src, size_t spitch,
                   size_t width, size_t height)
@@ -95,9 +163,14 @@ static int n_allreduce(void *impl, int me, const int *members, int n, const void
     const group *g = group_of(c, me, members, n);
     if (!g)
         return no_group(me, "allreduce", err, errn);
+    if (enter(c, me, err, errn) < 0)
+        return -1;
     int rc = c->nc->ncclAllReduce(in, out, (size_t)count, nccl_dtype(dt),
-                                  op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm, NULL);
-    return rc ? fail(c, me, "allreduce", d, rc, err, errn) : 0;
+                                  op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
+                                  c->r[me].stream);
+    if (rc)
+        return fail(c, me, "allreduce", d, rc, err, errn);
+    return leave(c, me, d, true, err, errn);
 }
 
 /* out: outer blocks of n parts of chunk; NCCL gathers [n][outer x chunk], unpacked from scratch */
@@ -111,9 +184,13 @@ static int n_allgather(void *impl, int me, const int *members, int n, const void
         return no_group(me, "allgather", err, errn);
     size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer * chunk);
     void *dst = outer == 1 ? out : c->r[me].scratch;
-    int rc = c->nc->ncclAllGather(in, dst, part, nccl_dtype(dt), g->comm, NULL);
+    if (enter(c, me, err, errn) < 0)
+        return -1;
+    int rc = c->nc->ncclAllGather(in, dst, part, nccl_dtype(dt), g->comm, c->r[me].stream);
     if (rc)
         return fail(c, me, "allgather", d, rc, err, errn);
+    if (leave(c, me, d, outer == 1, err, errn) < 0) /* (interleaved parts: unpacked here) */
+        return -1;
     for (int j = 0; j < n && outer != 1; j++) {
         int crc = copy2d(c, (char *)out + (size_t)j * (size_t)chunk * es, (size_t)(n * chunk) * es,
                          (char *)dst + (size_t)j * part * es, (size_t)chunk * es,
@@ -146,10 +223,14 @@ static int n_reduce_scatter(void *impl, int me, const int *members, int n, const
             return -1;
         }
     }
+    if (enter(c, me, err, errn) < 0)
+        return -1;
     int rc = c->nc->ncclReduceScatter(src, out, part, nccl_dtype(dt),
                                       op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
-                                      NULL);
-    return rc ? fail(c, me, "reduce_scatter", d, rc, err, errn) : 0;
+                                      c->r[me].stream);
+    if (rc)
+        return fail(c, me, "reduce_scatter", d, rc, err, errn);
+    return leave(c, me, d, true, err, errn);
 }
 
 /* part p of in (outer_in blocks, at p x chunk_in in each) to members[p]; part j of out from
@@ -169,19 +250,26 @@ static int n_all_to_all(void *impl, int me, const int *members, int n, const voi
         crc = copy2d(c, sin + (size_t)p * part * es, (size_t)chunk_in * es,
                      (const char *)in + (size_t)p * (size_t)chunk_in * es,
                      (size_t)(n * chunk_in) * es, (size_t)chunk_in * es, (size_t)outer_in);
-    int rc = crc ? 0 : c->nc->ncclGroupStart();
-    for (int p = 0; p < n && !rc && !crc; p++) {
-        rc = c->nc->ncclSend(sin + (size_t)p * part * es, part, nccl_dtype(dt), p, g->comm, NULL);
+    if (crc) {
+        ptc_fmt(err, errn, "rank %d: all_to_all: cuMemcpy2D failed (%d)", me, crc);
+        return -1;
+    }
+    void *st = c->r[me].stream;
+    if (enter(c, me, err, errn) < 0)
+        return -1;
+    int rc = c->nc->ncclGroupStart();
+    for (int p = 0; p < n && !rc; p++) {
+        rc = c->nc->ncclSend(sin + (size_t)p * part * es, part, nccl_dtype(dt), p, g->comm, st);
         if (!rc)
             rc = c->nc->ncclRecv(sout + (size_t)p * part * es, part, nccl_dtype(dt), p, g->comm,
-                                 NULL);
+                                 st);
     }
-    if (!crc) {
-        int erc = c->nc->ncclGroupEnd();
-        rc = rc ? rc : erc;
-    }
+    int erc = c->nc->ncclGroupEnd();
+    rc = rc ? rc : erc;
     if (rc)
         return fail(c, me, "all_to_all", d, rc, err, errn);
+    if (leave(c, me, d, false, err, errn) < 0)
+        return -1;
     for (int j = 0; j < n && !crc; j++)
         crc = copy2d(c, (char *)out + (size_t)j * (size_t)chunk_out * es,
                      (size_t)(n * chunk_out) * es, sout + (size_t)j * part * es,
@@ -209,18 +297,23 @@ static int n_all_to_all_v(void *impl, int me, const int *members, int n, const v
             return -1;
         }
     size_t es = (size_t)ptc_dtype_size(dt);
+    void *st = c->r[me].stream;
+    if (enter(c, me, err, errn) < 0)
+        return -1;
     int rc = c->nc->ncclGroupStart();
     for (int p = 0; p < n && !rc; p++) {
         if (send_count[p])
             rc = c->nc->ncclSend((const char *)in + (size_t)send_off[p] * es,
-                                 (size_t)send_count[p], nccl_dtype(dt), p, g->comm, NULL);
+                                 (size_t)send_count[p], nccl_dtype(dt), p, g->comm, st);
         if (!rc && recv_count[p])
             rc = c->nc->ncclRecv((char *)out + (size_t)recv_off[p] * es, (size_t)recv_count[p],
-                                 nccl_dtype(dt), p, g->comm, NULL);
+                                 nccl_dtype(dt), p, g->comm, st);
     }
     int erc = c->nc->ncclGroupEnd();
     rc = rc ? rc : erc;
-    return rc ? fail(c, me, "all_to_all_v", d, rc, err, errn) : 0;
+    if (rc)
+        return fail(c, me, "all_to_all_v", d, rc, err, errn);
+    return leave(c, me, d, false, err, errn);
 }
 
 static int n_send(void *impl, int me, int peer, const void *buf, int64_t count, ptc_dtype dt,
@@ -228,6 +321,9 @@ static int n_send(void *impl, int me, int peer, const void *buf, int64_t count, 
 {
     ptrt_ncclc *c = impl;
     ptrt_comm *p = ptrt_staged_comm(c->p2p);
+    /* (the host waits here: the background calls first, which a GPU finishes on its own) */
+    if (n_wait(c, me, -1, err, errn) < 0)
+        return -1;
     return p->ops->send(p->impl, me, peer, buf, count, dt, d, err, errn);
 }
 
@@ -236,6 +332,8 @@ static int n_recv(void *impl, int me, int peer, void *buf, int64_t count, ptc_dt
 {
     ptrt_ncclc *c = impl;
     ptrt_comm *p = ptrt_staged_comm(c->p2p);
+    if (n_wait(c, me, -1, err, errn) < 0)
+        return -1;
     return p->ops->recv(p->impl, me, peer, buf, count, dt, d, err, errn);
 }
 
@@ -243,6 +341,8 @@ static int n_barrier(void *impl, int me, const int *members, int n, const ptrt_c
                      char *err, size_t errn)
 {
     ptrt_ncclc *c = impl;
+    if (n_wait(c, me, -1, err, errn) < 0)
+        return -1;
     return c->host->ops->barrier(c->host->impl, me, members, n, d, err, errn);
 }
 
@@ -270,6 +370,7 @@ static const ptrt_comm_ops nccl_ops = {
     .barrier = n_barrier,
     .abort = n_abort,
     .failed = n_failed,
+    .wait = n_wait,
 };
 
 /* ---- making it ---- */
@@ -415,6 +516,14 @@ static void *init_rank(void *p)
     if ((a->usable = decide(a, all, n)) == 0)
         goto out;
     rank_state *rs = &c->r[me];
+    int src;
+    if ((src = c->d->cuStreamCreate(&rs->stream, PTRT_CU_STREAM_NON_BLOCKING)) ||
+        (src = c->d->cuEventCreate(&rs->ev_in, PTRT_CU_EVENT_DISABLE_TIMING))) {
+        char what[64];
+        ptc_fmt(what, sizeof what, "%d", src);
+        init_fail(a, "rank %d: cannot make the collectives' stream and events (%s)", what);
+        goto out;
+    }
     rs->groups = ptc_xcalloc((size_t)(a->nsets ? a->nsets : 1), sizeof(group));
     int *buf = ptc_xmalloc(sizeof(int) * (size_t)n);
     int32_t *ids = ptc_xmalloc(sizeof(ptrt_nccl_id) * (size_t)n);
@@ -533,10 +642,18 @@ void ptrt_nccl_free(ptrt_ncclc *c)
             free(s->groups[g].members);
         }
         free(s->groups);
-        if (s->scratch) {
+        if (s->scratch || s->stream)
             c->be->bind(r, e, sizeof e);
+        if (s->scratch)
             c->be->free(s->scratch, s->scratch_bytes);
-        }
+        for (int k = 0; k < s->nev; k++)
+            if (s->ev[k])
+                c->d->cuEventDestroy(s->ev[k]);
+        free(s->ev);
+        if (s->ev_in)
+            c->d->cuEventDestroy(s->ev_in);
+        if (s->stream)
+            c->d->cuStreamDestroy(s->stream);
     }
     ptrt_staged_free(c->p2p);
     free(c->r);

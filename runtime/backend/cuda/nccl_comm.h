@@ -12,7 +12,12 @@
  *                  parts are packed into a scratch buffer of the rank's GPU with strided copies
  *                  (cuMemcpy2D) around the NCCL call; all_to_all_v sends and receives its
  *                  parts in one group;
- *   order          every call on the default stream, after the kernels before it;
+ *   order          every call on a stream of the rank's own, after the kernels before it (an
+ *                  event of the default stream); allreduce, and allgather and reduce_scatter
+ *                  of whole parts, finish in the background when the caller asks (comm.h:
+ *                  token): the executor waits for them (wait: the default stream waits for
+ *                  the call's event) only before an instruction that needs their buffers;
+ *                  the others, and every host-blocking call, wait at once;
  *   point to point sends and receives (pipeline stages) go through host memory (staged.h):
  *                  NCCL's sends wait for their receive, where the plans' schedules count on
  *                  buffered sends.
