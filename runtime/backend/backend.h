@@ -20,6 +20,8 @@
 #include "kernel.h"
 #include "program.h"
 
+enum { PTRT_ON_HOST = 1 }; /* instr: run this one on the host */
+
 typedef struct ptrt_backend {
     const char *name;
     ptrt_kernel_fn kernel;
@@ -41,7 +43,8 @@ typedef struct ptrt_backend {
                  size_t errn);
     /* Kernel instruction i of program prog over its operands, where the backend prepared its
      * own code for each (a device backend), coord being the kernel call's (ptrt_kcall); NULL:
-     * the executor calls kernel. */
+     * the executor calls kernel. PTRT_ON_HOST: the backend has no code for it, and the
+     * executor runs the CPU backend's kernel on host copies of the operands. */
     int (*instr)(void *state, const ptc_plan *p, int prog, int i, int coord, void *const *in,
                  void *const *out, char *err, size_t errn);
     /* Device backends only (NULL on host backends, where the executor uses memcpy): n bytes from

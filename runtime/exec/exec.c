@@ -649,15 +649,53 @@ static int run_p2p(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *e
                               ptc_type_numel(&p->ot[0]), p->ot[0].dtype, &d, err, errn);
 }
 
+/* A kernel instruction the device backend has no code for: the CPU backend's kernel on host
+ * copies of its operands (outputs too: a kernel may read what it accumulates into), the
+ * results copied back. An operand given twice (in place) is one host copy. */
+static int host_kernel(ptrt_exec *x, const ptc_instr *in, const prepared *p, char *err,
+                       size_t errn)
+{
+    int n = in->nin + in->nout;
+    void **h = ptc_xcalloc((size_t)n + 1, sizeof *h);
+    for (int j = 0; j < n; j++) {
+        bool out = j >= in->nin;
+        void *dev = out ? p->out[j - in->nin] : p->in[j];
+        size_t bytes = (size_t)x->pg->bufs[out ? in->out[j - in->nin] : in->in[j]].bytes;
+        for (int k = 0; k < j && !h[j]; k++) {
+            bool ko = k >= in->nin;
+            if ((ko ? p->out[k - in->nin] : p->in[k]) == dev)
+                h[j] = h[k];
+        }
+        if (!h[j]) {
+            h[j] = ptc_xmalloc(bytes ? bytes : 1);
+            from_arena(x, h[j], dev, bytes);
+        }
+    }
+    int rc = ptrt_backend_cpu.kernel(&p->kc, p->it, h, p->ot, h + in->nin, err, errn);
+    for (int j = in->nin; j < n && rc == 0; j++)
+        to_arena(x, p->out[j - in->nin], h[j], (size_t)x->pg->bufs[in->out[j - in->nin]].bytes);
+    for (int j = 0; j < n; j++) {
+        bool shared = false;
+        for (int k = 0; k < j && !shared; k++)
+            shared = h[k] == h[j];
+        if (!shared)
+            free(h[j]);
+    }
+    free(h);
+    return rc;
+}
+
 static int run_instr(ptrt_exec *x, int i, char *err, size_t errn)
 {
     const ptc_instr *in = &x->pg->instrs[i];
     const prepared *p = &x->prep[i];
     switch (in->kind) {
     case PTC_INSTR_KERNEL:
-        if (x->be->instr)
-            return x->be->instr(x->be_state, x->plan, x->plan->rank_program[x->rank], i,
-                                p->kc.coord, p->in, p->out, err, errn);
+        if (x->be->instr) {
+            int rc = x->be->instr(x->be_state, x->plan, x->plan->rank_program[x->rank], i,
+                                  p->kc.coord, p->in, p->out, err, errn);
+            return rc == PTRT_ON_HOST ? host_kernel(x, in, p, err, errn) : rc;
+        }
         return x->be->kernel(&p->kc, p->it, p->in, p->ot, p->out, err, errn);
     case PTC_INSTR_GEMM: x->be->gemm(&in->gemm, p->in[0], p->in[1], p->out[0]); return 0;
     case PTC_INSTR_COLL: return run_collective(x, in, p, err, errn);

@@ -48,7 +48,7 @@ the reason for them there.
 Usage: matrix.py PTC [--models a,b] [--quick] [--precision P] [--device cuda-emulated|cuda]
 (exit 0 all pass, 1 any failure). --device runs every plan, and the single device it is held
 against, on the CUDA backend instead (cuda-emulated: on the host emulation of the GPU; the moe
-model is left out, having no CUDA kernels yet).
+ops, which have no GPU kernels yet, run on the host there).
 --quick leaves out sequence parallelism and ZeRO 1 and 2, and for moe_tiny all but its capacity
 variants on meshes with ep or pp, and runs the jit backend alone (the fused plan: compiled
 kernels and the cpu backend's for the rest), not ref, whose double-precision kernels take 10
@@ -346,8 +346,6 @@ def main():
         LOSS_TOL, WEIGHT_TOL = PRECISION_TOL[PRECISION]
     if '--device' in sys.argv:  # the CUDA backend: cuda, or cuda-emulated without a GPU
         BACKENDS = (sys.argv[sys.argv.index('--device') + 1],)
-        if not any(a.startswith('--models=') for a in sys.argv):
-            models = [m for m in models if m != 'moe_tiny']
     failures = passes = 0
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix='ptc-equiv-') as work:

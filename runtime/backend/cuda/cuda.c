@@ -476,6 +476,7 @@ typedef struct ikern { /* a kernel instruction */
     opk *ops;  /* its kernels by the rank's coordinate on the op's mesh axis (one where the op
                 * does not depend on it) */
     int nops;
+    bool host; /* no kernel for its op yet: the executor runs it on the host */
 } ikern;
 
 typedef struct cstate {
@@ -492,6 +493,8 @@ typedef struct cstate {
     ptrt_cudev scratch;
     int64_t scratch_bytes;
     int gpu; /* the GPU its module is loaded on */
+    char host_ops[512]; /* the ops of the instructions on the host, for the note */
+    int nhost;          /* those instructions */
 } cstate;
 
 static int p_ninstrs(const struct cstate *s, int q)
@@ -561,7 +564,7 @@ static bool same_bytes(const ptc_program *pg, int a, int b)
 }
 
 /* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
- * their text's hash) */
+ * their text's hash); 1 where the op has none (the instruction runs on the host) */
 static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch,
                        const ptc_program *pg, int i, int coord, opk *ko, FILE *f, names *nm,
                        uint64_t **hashes, int *nh, int *caph, char *err, size_t errn)
@@ -578,17 +581,9 @@ static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch,
     int brc = ptc_op_kernels_build(nmb, in->op, &in->attrs, coord, in->nin, it, in->nout, ot, &ok,
                                    why, sizeof why);
     free(it);
-    if (brc < 0) {
-        if (in->loc.line)
-            ptc_fmt(err, errn, "%s:%d:%d: %s: the CUDA backend cannot run it: %s",
-                    in->loc.file ? in->loc.file : "?", in->loc.line, in->loc.col,
-                    ptc_ops[in->op].name, why);
-        else
-            ptc_fmt(err, errn, "%s: the CUDA backend cannot run it: %s", ptc_ops[in->op].name,
-                    why);
-        return -1;
-    }
-    (void)p;
+    if (brc < 0)
+        return 1;
+    (void)p, (void)err, (void)errn;
     ko->n = ok.n;
     for (int q = 0; q < ok.n; q++) {
         ptc_kir *k = ok.k[q];
@@ -702,9 +697,21 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
             }
             ik->nops = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
             ik->ops = ptc_xcalloc((size_t)ik->nops, sizeof(opk));
-            for (int c = 0; c < ik->nops && rc == 0; c++)
-                rc = prepare_ops(s, p, arch, pg, i, in->has_coord ? in->coord : c, &ik->ops[c], f, nm,
-                                 &hashes, &nh, &caph, err, errn);
+            for (int c = 0; c < ik->nops && rc == 0 && !ik->host; c++)
+                if ((rc = prepare_ops(s, p, arch, pg, i, in->has_coord ? in->coord : c,
+                                      &ik->ops[c], f, nm, &hashes, &nh, &caph, err, errn)) == 1) {
+                    rc = 0;
+                    ik->host = true;
+                }
+            if (ik->host) {
+                const char *name = ptc_ops[in->op].name;
+                size_t len = strlen(s->host_ops);
+                char pat[80];
+                ptc_fmt(pat, sizeof pat, "%s,", name);
+                if (!strstr(s->host_ops, pat) && len + strlen(pat) + 1 < sizeof s->host_ops)
+                    memcpy(s->host_ops + len, pat, strlen(pat) + 1);
+            }
+            s->nhost += ik->host;
         }
     }
     fclose(f);
@@ -763,6 +770,17 @@ static int prepare(const ptc_plan *p, void **state, char *err, size_t errn)
         release(s);
         return -1;
     }
+    static bool noted; /* once per process: every rank's plan has the same ops */
+    pthread_mutex_lock(&G.lock);
+    if (s->nhost && !noted) {
+        noted = true;
+        s->host_ops[strlen(s->host_ops) - 1] = '\0';
+        fprintf(stderr,
+                "note: --device %s: no GPU kernel yet for %s: %d instruction%s of the plan's "
+                "programs run on the host, their operands copied over the bus each way\n",
+                G.impl->device, s->host_ops, s->nhost, s->nhost == 1 ? "" : "s");
+    }
+    pthread_mutex_unlock(&G.lock);
     *state = s;
     return 0;
 }
@@ -856,6 +874,8 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, voi
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
         return rc;
     }
+    if (ik->host)
+        return PTRT_ON_HOST;
     const opk *ko = &ik->ops[ik->nops > 1 ? coord : 0];
     PTC_ASSERT(ik->nops == 1 || (coord >= 0 && coord < ik->nops));
     for (int q = 0; q < ko->n; q++) {
