@@ -1023,6 +1023,13 @@ static void loop(run *r)
             fprintf(out, "overlap: %.1f collectives a step ran in the background (rank %d), "
                          "beside %.1f instructions each on average (--no-overlap: none)\n",
                     (double)bg / (double)done, r->rank, (double)beside / (double)bg);
+        int64_t bucketed = 0, calls = 0;
+        if (sh->nccl)
+            ptrt_nccl_buckets(sh->nccl, r->rank, &bucketed, &calls);
+        if (bucketed > 0 && !o->quiet)
+            fprintf(out, "buckets: %.1f small allreduces a step went to NCCL in %.1f calls "
+                         "(rank %d)\n",
+                    (double)bucketed / (double)done, (double)calls / (double)done, r->rank);
     }
     if (lead && o->profile && done > 1)
         ptrt_exec_print_profile(r->x, out, done - 1);

@@ -333,9 +333,11 @@ def pipelines(ptc, models, quick, work):
 def main():
     ptc = sys.argv[1]
     models = list(MODELS)
-    for a in sys.argv[2:]:
+    for k, a in enumerate(sys.argv[2:], 2):
         if a.startswith('--models='):
             models = a.split('=', 1)[1].split(',')
+        elif a == '--models' and k + 1 < len(sys.argv):
+            models = sys.argv[k + 1].split(',')
     quick = '--quick' in sys.argv
     global BACKENDS, PRECISION, LOSS_TOL, WEIGHT_TOL
     if quick:

@@ -203,6 +203,11 @@ def main():
                               r'\(rank 0\), beside ([0-9.]+) instructions', emu.stdout)
                 check(m and float(m.group(1)) > 0, '%s: collectives in the background (%s)' % (
                     name, m.group(0) if m else 'no overlap line'))
+                # the small gradients' allreduces share NCCL calls (packed, reduced, copied out)
+                b = re.search(r'buckets: ([0-9.]+) small allreduces a step went to NCCL in '
+                              r'([0-9.]+) calls', emu.stdout)
+                check(b and 0 < float(b.group(2)) < float(b.group(1)),
+                      '%s: gradient buckets (%s)' % (name, b.group(0) if b else 'no buckets line'))
             host = re.search(r'no GPU kernel yet for (\S+):', emu.stderr)
             check(bool(host) == ('moe' in model) and
                   # (the moe ops, and shard_slice of expert parallelism's integer routing)

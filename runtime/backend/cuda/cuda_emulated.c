@@ -351,6 +351,7 @@ static int e_event_create(void **event, unsigned flags);
 static int e_event_destroy(void *event);
 static int e_event_record(void *event, void *stream);
 static int e_stream_wait_event(void *stream, void *event, unsigned flags);
+static int e_copy_async(ptrt_cudev dst, ptrt_cudev src, size_t n, void *stream);
 
 static const ptrt_cuda_driver emulated_driver = {
     .cuInit = e_init,
@@ -381,6 +382,7 @@ static const ptrt_cuda_driver emulated_driver = {
     .cuEventDestroy = e_event_destroy,
     .cuEventRecord = e_event_record,
     .cuStreamWaitEvent = e_stream_wait_event,
+    .cuMemcpyDtoDAsync = e_copy_async,
 };
 
 /* ---- NCCL, emulated: communicators whose calls move bytes over the job's host communicator
@@ -532,7 +534,7 @@ static int n_result(int rc, const char *err)
 }
 
 /* An NCCL call, run now (the default stream) or queued on a stream of its own (below). */
-enum { Q_ALLREDUCE, Q_ALLGATHER, Q_REDUCE_SCATTER, Q_SEND, Q_RECV };
+enum { Q_ALLREDUCE, Q_ALLGATHER, Q_REDUCE_SCATTER, Q_SEND, Q_RECV, Q_COPY };
 typedef struct eop {
     int kind;
     const void *send;
@@ -544,6 +546,10 @@ typedef struct eop {
 
 static int n_run(const eop *q)
 {
+    if (q->kind == Q_COPY) { /* cuMemcpyDtoDAsync: count bytes */
+        memmove(host_of(q->recv), host_of(q->send), q->count);
+        return N_OK;
+    }
     ecomm *c = q->c;
     char err[512];
     void *impl = transport->impl;
@@ -588,25 +594,29 @@ typedef struct estream {
     int gpu;
     eop *q;
     int n, cap, done; /* queued [done, n) */
+    int64_t head;     /* calls run before q[0] */
     bool failed;
 } estream;
 
 typedef struct eevent {
-    estream *s; /* NULL: complete when recorded */
-    int pos;    /* the stream's calls before it */
+    estream *s;  /* NULL: complete when recorded */
+    int64_t pos; /* the stream's calls before it, counted from its first */
 } eevent;
 
 static pthread_mutex_t stream_lock = PTHREAD_MUTEX_INITIALIZER;
 static estream **streams;
 static int nstreams, capstreams;
 
-static int flush(estream *s, int upto)
+/* runs s's calls up to the upto-th (counted from its first) */
+static int flush(estream *s, int64_t upto)
 {
-    for (; s->done < upto; s->done++)
+    for (; s->head + s->done < upto && s->done < s->n; s->done++)
         if (n_run(&s->q[s->done]) != N_OK)
             s->failed = true;
-    if (s->done == s->n)
+    if (s->done == s->n) {
+        s->head += s->n;
         s->done = s->n = 0;
+    }
     return s->failed ? E_LAUNCH_FAILED : E_OK;
 }
 
@@ -630,7 +640,7 @@ static int e_stream_destroy(void *stream)
     estream *s = stream;
     if (!s)
         return E_INVALID_HANDLE;
-    int rc = flush(s, s->n);
+    int rc = flush(s, s->head + s->n);
     pthread_mutex_lock(&stream_lock);
     for (int i = 0; i < nstreams; i++)
         if (streams[i] == s)
@@ -661,7 +671,7 @@ static int e_event_record(void *event, void *stream)
     if (!e)
         return E_INVALID_HANDLE;
     e->s = s;
-    e->pos = s ? s->n : 0;
+    e->pos = s ? s->head + s->n : 0;
     return E_OK;
 }
 
@@ -692,7 +702,7 @@ static int flush_gpu(void)
             mine[k++] = streams[i];
     pthread_mutex_unlock(&stream_lock);
     for (int i = 0; i < k; i++)
-        if (flush(mine[i], mine[i]->n) != E_OK)
+        if (flush(mine[i], mine[i]->head + mine[i]->n) != E_OK)
             rc = E_LAUNCH_FAILED;
     free(mine);
     return rc;
@@ -708,6 +718,17 @@ static int n_call(eop q, void *stream)
     PTC_GROW(s->q, s->cap, s->n);
     s->q[s->n++] = q;
     return N_OK;
+}
+
+static int e_copy_async(ptrt_cudev dst, ptrt_cudev src, size_t n, void *stream)
+{
+    if (dst < TAG || src < TAG)
+        return E_INVALID_VALUE;
+    return n_call((eop){Q_COPY, (const void *)(uintptr_t)src, (void *)(uintptr_t)dst, n, 0, 0, 0,
+                        NULL},
+                  stream) == N_OK
+               ? E_OK
+               : E_INVALID_VALUE;
 }
 
 static int n_allreduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm,

@@ -35,7 +35,7 @@ static const char *const driver_syms[] = {
     "cuMemsetD8_v2", "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload",
     "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpy2D_v2", "cuDeviceGetPCIBusId",
     "cuStreamCreate", "cuStreamDestroy_v2", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord",
-    "cuStreamWaitEvent", NULL};
+    "cuStreamWaitEvent", "cuMemcpyDtoDAsync_v2", NULL};
 static const char *const nvrtc_syms[] = {
     "nvrtcVersion", "nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcCompileProgram",
     "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcGetPTXSize", "nvrtcGetPTX",

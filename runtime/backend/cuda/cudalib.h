@@ -79,6 +79,7 @@ typedef struct ptrt_cuda_driver {
     int (*cuEventDestroy)(void *event); /* cuEventDestroy_v2 */
     int (*cuEventRecord)(void *event, void *stream);
     int (*cuStreamWaitEvent)(void *stream, void *event, unsigned flags);
+    int (*cuMemcpyDtoDAsync)(ptrt_cudev dst, ptrt_cudev src, size_t n, void *stream);
 } ptrt_cuda_driver;
 enum { PTRT_CU_STREAM_NON_BLOCKING = 1, PTRT_CU_EVENT_DISABLE_TIMING = 2 };
 

@@ -31,7 +31,29 @@ typedef struct rank_state {
     void *stream, *ev_in;
     void **ev;
     int nev, issued; /* events made; tokens issued since the last wait for all */
+    /* the bucket: small allreduces in the background of one group, dtype and op, gathered
+     * (packed on the default stream when it is sent) into one NCCL call on one of two buffers
+     * in turn, each result copied out on the collectives' stream; items[] wait to be sent */
+    char *bucket[2];
+    size_t bucket_bytes, used;
+    int turn;
+    void *turn_ev[2]; /* the last send from each buffer (NULL: none yet) */
+    struct bitem {
+        const void *in;
+        void *out;
+        size_t bytes, at;
+        int token;
+    } *items;
+    int nitems, capitems;
+    const struct group *bg;
+    ptc_dtype bdt;
+    ptrt_reduce bop;
+    int64_t bucketed, sends; /* allreduces gathered, and NCCL calls made of them */
 } rank_state;
+
+/* allreduces of at most ITEM_BYTES go into buckets of at most BUCKET_BYTES */
+#define ITEM_BYTES ((size_t)256 << 10)
+#define BUCKET_BYTES ((size_t)4 << 20)
 
 struct ptrt_ncclc {
     ptrt_comm comm;
@@ -97,10 +119,8 @@ static int enter(const ptrt_ncclc *c, int me, char *err, size_t errn)
     return rc ? drv_fail(c, me, "ordering a collective after the kernels", rc, err, errn) : 0;
 }
 
-/* after it: its done event; a token where the caller asked for one and `background` (the call
- * leaves nothing for the host to do after it), else the default stream waits for it now */
-static int leave(ptrt_ncclc *c, int me, const ptrt_coll_desc *d, bool background, char *err,
-                 size_t errn)
+/* the next token's event (made where there is none yet) */
+static void *next_event(ptrt_ncclc *c, int me, char *err, size_t errn)
 {
     rank_state *s = &c->r[me];
     int rc = 0;
@@ -110,10 +130,66 @@ static int leave(ptrt_ncclc *c, int me, const ptrt_coll_desc *d, bool background
         for (int k = had; k < s->nev && !rc; k++)
             if ((rc = c->d->cuEventCreate(&s->ev[k], PTRT_CU_EVENT_DISABLE_TIMING)))
                 s->ev[k] = NULL;
-        if (rc)
-            return drv_fail(c, me, "cuEventCreate", rc, err, errn);
+        if (rc) {
+            drv_fail(c, me, "cuEventCreate", rc, err, errn);
+            return NULL;
+        }
     }
-    void *ev = s->ev[s->issued++];
+    return s->ev[s->issued++];
+}
+
+/* the bucket's items as one NCCL call: packed on the default stream into the buffer whose turn
+ * it is (once its previous send is done), reduced in place on the collectives' stream, each
+ * result copied out there, then each item's event recorded */
+static int send_bucket(ptrt_ncclc *c, int me, char *err, size_t errn)
+{
+    rank_state *s = &c->r[me];
+    if (!s->nitems)
+        return 0;
+    const ptrt_cuda_driver *d = c->d;
+    char *buf = s->bucket[s->turn];
+    int rc = s->turn_ev[s->turn] ? d->cuStreamWaitEvent(NULL, s->turn_ev[s->turn], 0) : 0;
+    for (int k = 0; k < s->nitems && !rc; k++)
+        rc = d->cuMemcpyDtoD((ptrt_cudev)(uintptr_t)(buf + s->items[k].at),
+                             (ptrt_cudev)(uintptr_t)s->items[k].in, s->items[k].bytes);
+    if (rc)
+        return drv_fail(c, me, "packing a bucket", rc, err, errn);
+    if (enter(c, me, err, errn) < 0)
+        return -1;
+    size_t es = (size_t)ptc_dtype_size(s->bdt), last = s->items[s->nitems - 1].at +
+                                                       s->items[s->nitems - 1].bytes;
+    rc = c->nc->ncclAllReduce(buf, buf, last / es, nccl_dtype(s->bdt),
+                              s->bop == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, s->bg->comm,
+                              s->stream);
+    if (rc)
+        return fail(c, me, "allreduce (a bucket)", NULL, rc, err, errn);
+    for (int k = 0; k < s->nitems && !rc; k++) {
+        const struct bitem *b = &s->items[k];
+        rc = d->cuMemcpyDtoDAsync((ptrt_cudev)(uintptr_t)b->out, (ptrt_cudev)(uintptr_t)(buf + b->at),
+                                  b->bytes, s->stream);
+        if (!rc)
+            rc = d->cuEventRecord(s->ev[b->token - 1], s->stream);
+    }
+    if (rc)
+        return drv_fail(c, me, "a bucket's results", rc, err, errn);
+    s->turn_ev[s->turn] = s->ev[s->items[s->nitems - 1].token - 1];
+    s->turn ^= 1;
+    s->nitems = 0;
+    s->used = 0;
+    s->sends++;
+    return 0;
+}
+
+/* after it: its done event; a token where the caller asked for one and `background` (the call
+ * leaves nothing for the host to do after it), else the default stream waits for it now */
+static int leave(ptrt_ncclc *c, int me, const ptrt_coll_desc *d, bool background, char *err,
+                 size_t errn)
+{
+    rank_state *s = &c->r[me];
+    int rc = 0;
+    void *ev = next_event(c, me, err, errn);
+    if (!ev)
+        return -1;
     if ((rc = c->d->cuEventRecord(ev, s->stream)))
         return drv_fail(c, me, "cuEventRecord", rc, err, errn);
     bool token = background && d && d->token;
@@ -132,9 +208,13 @@ static int n_wait(void *impl, int me, int64_t token, char *err, size_t errn)
         token = s->issued;
     if (token == 0)
         return 0;
+    if (s->nitems && token >= s->items[0].token && send_bucket(c, me, err, errn) < 0)
+        return -1;
     int rc = c->d->cuStreamWaitEvent(NULL, s->ev[token - 1], 0);
-    if (token == s->issued) /* (every event waited for: they are free again) */
+    if (token == s->issued) { /* (every event waited for: they are free again) */
         s->issued = 0;
+        s->turn_ev[0] = s->turn_ev[1] = NULL;
+    }
     return rc ? drv_fail(c, me, "cuStreamWaitEvent", rc, err, errn) : 0;
 }
 
@@ -163,6 +243,33 @@ static int n_allreduce(void *impl, int me, const int *members, int n, const void
     const group *g = group_of(c, me, members, n);
     if (!g)
         return no_group(me, "allreduce", err, errn);
+    rank_state *s = &c->r[me];
+    size_t bytes = (size_t)count * (size_t)ptc_dtype_size(dt);
+    if (d && d->token && s->bucket_bytes && bytes <= ITEM_BYTES && count > 0) {
+        /* into the bucket (every member does the same: their calls have the same sizes) */
+        size_t at = (s->used + 255) & ~(size_t)255;
+        if (s->nitems && (s->bg != g || s->bdt != dt || s->bop != op ||
+                          at + bytes > s->bucket_bytes)) {
+            if (send_bucket(c, me, err, errn) < 0)
+                return -1;
+            at = 0;
+        }
+        void *ev = next_event(c, me, err, errn);
+        if (!ev)
+            return -1;
+        (void)ev;
+        PTC_GROW(s->items, s->capitems, s->nitems);
+        s->items[s->nitems++] = (struct bitem){in, out, bytes, at, s->issued};
+        s->bg = g;
+        s->bdt = dt;
+        s->bop = op;
+        s->used = at + bytes;
+        s->bucketed++;
+        *d->token = s->issued;
+        return 0;
+    }
+    if (send_bucket(c, me, err, errn) < 0)
+        return -1;
     if (enter(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclAllReduce(in, out, (size_t)count, nccl_dtype(dt),
@@ -184,7 +291,7 @@ static int n_allgather(void *impl, int me, const int *members, int n, const void
         return no_group(me, "allgather", err, errn);
     size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer * chunk);
     void *dst = outer == 1 ? out : c->r[me].scratch;
-    if (enter(c, me, err, errn) < 0)
+    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclAllGather(in, dst, part, nccl_dtype(dt), g->comm, c->r[me].stream);
     if (rc)
@@ -223,7 +330,7 @@ static int n_reduce_scatter(void *impl, int me, const int *members, int n, const
             return -1;
         }
     }
-    if (enter(c, me, err, errn) < 0)
+    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclReduceScatter(src, out, part, nccl_dtype(dt),
                                       op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
@@ -255,7 +362,7 @@ static int n_all_to_all(void *impl, int me, const int *members, int n, const voi
         return -1;
     }
     void *st = c->r[me].stream;
-    if (enter(c, me, err, errn) < 0)
+    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclGroupStart();
     for (int p = 0; p < n && !rc; p++) {
@@ -298,7 +405,7 @@ static int n_all_to_all_v(void *impl, int me, const int *members, int n, const v
         }
     size_t es = (size_t)ptc_dtype_size(dt);
     void *st = c->r[me].stream;
-    if (enter(c, me, err, errn) < 0)
+    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclGroupStart();
     for (int p = 0; p < n && !rc; p++) {
@@ -397,6 +504,26 @@ static int axis_sets(const ptc_plan *p, unsigned *out, int cap)
             out[b - 1] = t;
         }
     return n;
+}
+
+/* a rank's bucket: the bytes of its small allreduces (aligned as packed), at most BUCKET_BYTES;
+ * 0 where fewer than two would share it */
+static size_t bucket_of(const ptc_plan *p, int rank)
+{
+    const ptc_program *pg = &p->programs[p->rank_program[rank]];
+    size_t sum = 0;
+    int n = 0;
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        if (in->kind != PTC_INSTR_COLL || in->coll.kind != PTC_COLL_ALLREDUCE)
+            continue;
+        size_t b = (size_t)pg->bufs[in->in[0]].bytes;
+        if (b > ITEM_BYTES)
+            continue;
+        sum += (b + 255) & ~(size_t)255;
+        n++;
+    }
+    return n < 2 ? 0 : sum < BUCKET_BYTES ? sum : BUCKET_BYTES;
 }
 
 /* the bytes a rank's collectives pack: in and out of its largest */
@@ -559,6 +686,15 @@ static void *init_rank(void *p)
     }
     free(ids);
     free(buf);
+    size_t bb = a->usable > 0 ? bucket_of(plan, me) : 0;
+    for (int k = 0; k < 2 && bb; k++)
+        if (!(rs->bucket[k] = c->be->alloc(bb))) {
+            char what[64];
+            ptc_fmt(what, sizeof what, "%zu", bb);
+            init_fail(a, "rank %d: cannot allocate %s bytes for a bucket of gradients", what);
+            bb = 0;
+        }
+    rs->bucket_bytes = rs->bucket[1] ? bb : 0;
     size_t b = a->usable > 0 ? scratch_of(plan, me) : 0;
     if (b && !(rs->scratch = c->be->alloc(b))) {
         char what[64];
@@ -642,10 +778,14 @@ void ptrt_nccl_free(ptrt_ncclc *c)
             free(s->groups[g].members);
         }
         free(s->groups);
-        if (s->scratch || s->stream)
+        if (s->scratch || s->stream || s->bucket[0])
             c->be->bind(r, e, sizeof e);
         if (s->scratch)
             c->be->free(s->scratch, s->scratch_bytes);
+        for (int k = 0; k < 2; k++)
+            if (s->bucket[k])
+                c->be->free(s->bucket[k], s->bucket_bytes);
+        free(s->items);
         for (int k = 0; k < s->nev; k++)
             if (s->ev[k])
                 c->d->cuEventDestroy(s->ev[k]);
@@ -658,6 +798,12 @@ void ptrt_nccl_free(ptrt_ncclc *c)
     ptrt_staged_free(c->p2p);
     free(c->r);
     free(c);
+}
+
+void ptrt_nccl_buckets(const ptrt_ncclc *c, int rank, int64_t *bucketed, int64_t *calls)
+{
+    *bucketed = c->r[rank].bucketed;
+    *calls = c->r[rank].sends;
 }
 
 ptrt_comm *ptrt_nccl_comm(ptrt_ncclc *c)

@@ -18,6 +18,12 @@
  *                  token): the executor waits for them (wait: the default stream waits for
  *                  the call's event) only before an instruction that needs their buffers;
  *                  the others, and every host-blocking call, wait at once;
+ *   buckets        allreduces in the background of at most 256 KiB (biases, norms: most of a
+ *                  model's tensors, little of its bytes) wait in a bucket of their group, dtype
+ *                  and op, sent as one NCCL call once full (4 MiB), before any other call, or
+ *                  when one of them is waited for: packed on the default stream into one of
+ *                  two buffers in turn, reduced in place on the collectives' stream, copied
+ *                  out there (larger ones go to NCCL as they are);
  *   point to point sends and receives (pipeline stages) go through host memory (staged.h):
  *                  NCCL's sends wait for their receive, where the plans' schedules count on
  *                  buffered sends.
@@ -47,6 +53,10 @@ typedef struct ptrt_ncclc ptrt_ncclc;
 ptrt_ncclc *ptrt_nccl_new(const ptc_plan *plan, const ptrt_backend *be, ptrt_comm *host,
                           int first, int nlocal, bool *failed, char *err, size_t errn);
 void ptrt_nccl_free(ptrt_ncclc *c);
+/* Rank's allreduces that went into buckets (small ones in the background: at most 256 KiB, in
+ * buckets of at most 4 MiB, the members' sizes being equal), and the NCCL calls of those
+ * buckets, since it was made. */
+void ptrt_nccl_buckets(const ptrt_ncclc *c, int rank, int64_t *bucketed, int64_t *calls);
 ptrt_comm *ptrt_nccl_comm(ptrt_ncclc *c);
 
 #endif
