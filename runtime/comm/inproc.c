@@ -592,22 +592,6 @@ static void reduce_run(void *dst, const void *const *src, int n, int64_t len, pt
     }
 }
 
-/* Copies a part of len elements of es bytes: its element e is src[(e / sc) * sstride + e % sc]
- * and goes to dst[(e / dc) * dstride + e % dc]; contiguous runs move by memcpy. */
-static void copy_part(void *dst, int64_t dc, int64_t dstride, const void *src, int64_t sc,
-                      int64_t sstride, int64_t len, size_t es)
-{
-    for (int64_t e = 0; e < len;) {
-        int64_t si = e % sc, di = e % dc, run = len - e;
-        if (run > sc - si)
-            run = sc - si;
-        if (run > dc - di)
-            run = dc - di;
-        memcpy((char *)dst + (size_t)((e / dc) * dstride + di) * es,
-               (const char *)src + (size_t)((e / sc) * sstride + si) * es, (size_t)run * es);
-        e += run;
-    }
-}
 
 static bool overlap(const void *a, int64_t na, const void *b, int64_t nb, size_t es)
 {
@@ -680,18 +664,33 @@ static int mem_reduce(call *x, void *dst, const void *const *src, int n, int64_t
     return -1;
 }
 
+/* Copies a part of len elements of es bytes: its element e is src[(e / sc) * sstride + e % sc]
+ * and goes to dst[(e / dc) * dstride + e % dc], a contiguous run at a time. */
+static void copy_part(const ptrt_inproc *c, void *dst, int64_t dc, int64_t dstride,
+                      const void *src, int64_t sc, int64_t sstride, int64_t len, size_t es)
+{
+    for (int64_t e = 0; e < len;) {
+        int64_t si = e % sc, di = e % dc, run = len - e;
+        if (run > sc - si)
+            run = sc - si;
+        if (run > dc - di)
+            run = dc - di;
+        mem_copy(c, (char *)dst + (size_t)((e / dc) * dstride + di) * es,
+                 (const char *)src + (size_t)((e / sc) * sstride + si) * es, (size_t)run * es);
+        e += run;
+    }
+}
+
 /* copy_part on the communicator's memory: on a device, runs of equal length at equal pitches
  * go as one strided copy (a part of whole blocks as one, a block's runs of a finer layout as
  * one each), else run by run */
 static void mem_copy_part(const ptrt_inproc *c, void *dst, int64_t dc, int64_t dstride,
                           const void *src, int64_t sc, int64_t sstride, int64_t len, size_t es)
 {
-    if (!c->be) {
-        copy_part(dst, dc, dstride, src, sc, sstride, len, es);
+    if (!c->be || len <= 0) {
+        copy_part(c, dst, dc, dstride, src, sc, sstride, len, es);
         return;
     }
-    if (len <= 0)
-        return;
     char *d = dst;
     const char *s = src;
     if (sc == dc && len % sc == 0) {
@@ -708,16 +707,7 @@ static void mem_copy_part(const ptrt_inproc *c, void *dst, int64_t dc, int64_t d
                           s + (size_t)(r * sstride) * es, (size_t)dc * es, (size_t)dc * es,
                           (size_t)(sc / dc));
     } else {
-        for (int64_t e = 0; e < len;) {
-            int64_t si = e % sc, di = e % dc, run = len - e;
-            if (run > sc - si)
-                run = sc - si;
-            if (run > dc - di)
-                run = dc - di;
-            c->be->move(d + (size_t)((e / dc) * dstride + di) * es,
-                        s + (size_t)((e / sc) * sstride + si) * es, (size_t)run * es);
-            e += run;
-        }
+        copy_part(c, dst, dc, dstride, src, sc, sstride, len, es);
     }
 }
 
