@@ -111,8 +111,9 @@ static int wait_upto(ptrt_exec *x, int64_t token, int at, char *err, size_t errn
 {
     int keep = 0;
     for (int k = 0; k < x->nfl; k++) {
+        int beside = at - x->fl[k].at - 1; /* the instructions between */
         if (token < 0 || x->fl[k].token <= token)
-            x->bg_overlapped += (at > x->fl[k].at ? at : x->fl[k].at + 1) - x->fl[k].at - 1;
+            x->bg_overlapped += beside > 0 ? beside : 0;
         else
             x->fl[keep++] = x->fl[k];
     }
@@ -588,7 +589,7 @@ static int run_collective(ptrt_exec *x, const ptc_instr *in, const prepared *p, 
     int64_t token = 0;
     ptrt_coll_desc d = {.group_name = p->group, .step = x->step, .index = x->coll_index++};
     /* allreduce, allgather and reduce_scatter may finish in the background */
-    if (x->comm && x->comm->ops->wait && !x->no_overlap && c->kind != PTC_COLL_ALL_TO_ALL_V &&
+    if (x->comm && x->comm->ops->wait && !x->no_overlap &&
         (c->kind == PTC_COLL_ALLREDUCE || c->kind == PTC_COLL_ALLGATHER ||
          c->kind == PTC_COLL_REDUCE_SCATTER))
         d.token = &token;
