@@ -20,6 +20,10 @@
  *             follows no fibers). One launch at a time.
  *   GEMMs     computed from the column-major description cuBLASLt would get (ptrt_cuda_gemm),
  *             in double, so the row-major to column-major mapping is what is tested.
+ *   streams   the default stream runs every call at once; a stream of its own (NCCL's calls,
+ *             bucket copies) runs only when the default stream waits for its events or the
+ *             context synchronizes, so a missing wait shows in the results.
+ *   NCCL      over the job's host communicator (threads or MPI processes): see below.
  */
 #define _GNU_SOURCE /* mkdtemp */
 #include <dlfcn.h>
@@ -32,7 +36,6 @@
 #include <unistd.h>
 
 #include "cuda_internal.h"
-#include "inproc.h"
 #include "file.h"
 #include "half.h"
 #include "util.h"
