@@ -1200,8 +1200,9 @@ static int setup(shared *sh, char *err, size_t errn)
                          .canary = o->check_memory,
                          .no_overlap = o->no_overlap};
     if (sh->comm && !xo.backend->host) {
-        /* tensors in device memory: NCCL where every rank of this process has its own GPU,
-         * else collectives through host memory */
+        /* tensors in device memory: NCCL where every rank has its own GPU (threads or MPI
+         * processes), the device communicator where all ranks are threads on one GPU, else
+         * collectives through host memory */
         char why[768];
         bool nccl_failed = false;
         if ((sh->nccl = ptrt_nccl_new(sh->plan, xo.backend, sh->comm, sh->first_local,
