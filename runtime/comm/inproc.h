@@ -57,7 +57,8 @@ ptrt_inproc *ptrt_inproc_new_on(int nranks, double timeout_s, const struct ptrt_
 /* Frees the communicator and any messages sent but never received. No rank may be inside a call. */
 void ptrt_inproc_free(ptrt_inproc *c);
 /* The communicator interface over c (comm.h), with every dtype (see the _dt calls). The interface
- * is c's own and lives as long as c. */
+ * is c's own and lives as long as c; its operations are ptrt_inproc_ops (inproc_comm.c). */
+extern const ptrt_comm_ops ptrt_inproc_ops;
 ptrt_comm *ptrt_inproc_comm(ptrt_inproc *c);
 
 /* The calls below in any dtype: f32, i32, bf16 and f16 data move as stored (2 or 4 bytes an
