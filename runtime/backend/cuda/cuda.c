@@ -900,44 +900,15 @@ static int no_kernel(const ptrt_kcall *n, const ptc_type *it, void *const *in, c
     return -1;
 }
 
-const ptrt_backend ptrt_backend_cuda = {
-    .name = "cuda",
-    .kernel = no_kernel,
-    .gemm = gemm,
-    .alloc = dev_alloc,
-    .free = dev_free,
-    .host = false,
-    .prepare = prepare,
-    .bind = bind_real,
-    .release = release,
-    .fused = fused,
-    .instr = instr,
-    .upload = upload,
-    .download = download,
-    .move = move,
-    .zero = zero,
-    .sync = dev_sync,
-    .copy2d = copy2d,
-    .reduce = comm_reduce,
-};
+/* the backend on the real libraries and on the emulation: the same code, but for which one
+ * the first bind starts */
+#define CUDA_BACKEND(nm, bind_fn)                                                                  \
+    {                                                                                              \
+        .name = nm, .kernel = no_kernel, .gemm = gemm, .alloc = dev_alloc, .free = dev_free,      \
+        .host = false, .prepare = prepare, .bind = bind_fn, .release = release, .fused = fused,   \
+        .instr = instr, .upload = upload, .download = download, .move = move, .zero = zero,       \
+        .sync = dev_sync, .copy2d = copy2d, .reduce = comm_reduce,                                \
+    }
 
-const ptrt_backend ptrt_backend_cuda_emulated = {
-    .name = "cuda-emulated",
-    .kernel = no_kernel,
-    .gemm = gemm,
-    .alloc = dev_alloc,
-    .free = dev_free,
-    .host = false,
-    .prepare = prepare,
-    .bind = bind_emulated,
-    .release = release,
-    .fused = fused,
-    .instr = instr,
-    .upload = upload,
-    .download = download,
-    .move = move,
-    .zero = zero,
-    .sync = dev_sync,
-    .copy2d = copy2d,
-    .reduce = comm_reduce,
-};
+const ptrt_backend ptrt_backend_cuda = CUDA_BACKEND("cuda", bind_real);
+const ptrt_backend ptrt_backend_cuda_emulated = CUDA_BACKEND("cuda-emulated", bind_emulated);

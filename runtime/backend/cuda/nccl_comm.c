@@ -74,6 +74,11 @@ static int nccl_dtype(ptc_dtype dt)
                            : PTRT_NCCL_FLOAT32;
 }
 
+static int nccl_op(ptrt_reduce op)
+{
+    return op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM;
+}
+
 /* the communicator of me's group members[0..n) (matched by the member list) */
 static const group *group_of(const ptrt_ncclc *c, int me, const int *members, int n)
 {
@@ -159,8 +164,7 @@ static int send_bucket(ptrt_ncclc *c, int me, char *err, size_t errn)
     size_t es = (size_t)ptc_dtype_size(s->bdt), last = s->items[s->nitems - 1].at +
                                                        s->items[s->nitems - 1].bytes;
     rc = c->nc->ncclAllReduce(buf, buf, last / es, nccl_dtype(s->bdt),
-                              s->bop == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, s->bg->comm,
-                              s->stream);
+                              nccl_op(s->bop), s->bg->comm, s->stream);
     if (rc)
         return fail(c, me, "allreduce (a bucket)", NULL, rc, err, errn);
     for (int k = 0; k < s->nitems && !rc; k++) {
@@ -178,6 +182,13 @@ static int send_bucket(ptrt_ncclc *c, int me, char *err, size_t errn)
     s->used = 0;
     s->sends++;
     return 0;
+}
+
+/* before any NCCL call but a bucket's item: the bucket first (its items were called earlier,
+ * and every member calls in the same order), then the call after the kernels */
+static int begin(ptrt_ncclc *c, int me, char *err, size_t errn)
+{
+    return send_bucket(c, me, err, errn) < 0 ? -1 : enter(c, me, err, errn);
 }
 
 /* after it: its done event; a token where the caller asked for one and `background` (the call
@@ -268,12 +279,9 @@ static int n_allreduce(void *impl, int me, const int *members, int n, const void
         *d->token = s->issued;
         return 0;
     }
-    if (send_bucket(c, me, err, errn) < 0)
+    if (begin(c, me, err, errn) < 0)
         return -1;
-    if (enter(c, me, err, errn) < 0)
-        return -1;
-    int rc = c->nc->ncclAllReduce(in, out, (size_t)count, nccl_dtype(dt),
-                                  op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
+    int rc = c->nc->ncclAllReduce(in, out, (size_t)count, nccl_dtype(dt), nccl_op(op), g->comm,
                                   c->r[me].stream);
     if (rc)
         return fail(c, me, "allreduce", d, rc, err, errn);
@@ -291,7 +299,7 @@ static int n_allgather(void *impl, int me, const int *members, int n, const void
         return no_group(me, "allgather", err, errn);
     size_t es = (size_t)ptc_dtype_size(dt), part = (size_t)(outer * chunk);
     void *dst = outer == 1 ? out : c->r[me].scratch;
-    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
+    if (begin(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclAllGather(in, dst, part, nccl_dtype(dt), g->comm, c->r[me].stream);
     if (rc)
@@ -330,10 +338,9 @@ static int n_reduce_scatter(void *impl, int me, const int *members, int n, const
             return -1;
         }
     }
-    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
+    if (begin(c, me, err, errn) < 0)
         return -1;
-    int rc = c->nc->ncclReduceScatter(src, out, part, nccl_dtype(dt),
-                                      op == PTRT_RED_MAX ? PTRT_NCCL_MAX : PTRT_NCCL_SUM, g->comm,
+    int rc = c->nc->ncclReduceScatter(src, out, part, nccl_dtype(dt), nccl_op(op), g->comm,
                                       c->r[me].stream);
     if (rc)
         return fail(c, me, "reduce_scatter", d, rc, err, errn);
@@ -362,7 +369,7 @@ static int n_all_to_all(void *impl, int me, const int *members, int n, const voi
         return -1;
     }
     void *st = c->r[me].stream;
-    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
+    if (begin(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclGroupStart();
     for (int p = 0; p < n && !rc; p++) {
@@ -405,7 +412,7 @@ static int n_all_to_all_v(void *impl, int me, const int *members, int n, const v
         }
     size_t es = (size_t)ptc_dtype_size(dt);
     void *st = c->r[me].stream;
-    if (send_bucket(c, me, err, errn) < 0 || enter(c, me, err, errn) < 0)
+    if (begin(c, me, err, errn) < 0)
         return -1;
     int rc = c->nc->ncclGroupStart();
     for (int p = 0; p < n && !rc; p++) {
