@@ -5,7 +5,7 @@
  * the embedding's table gradient are sums over rows, so a second pass splits those by columns and
  * adds every row in order (no thread ever adds into another's columns, and the order is fixed).
  * Row statistics (mean, variance, the dot products of the backward, the loss) are summed in
- * double with four running sums; the elementwise parts are float. Bad ids or targets are left to
+ * double with sixteen running sums (they vectorize); the elementwise parts are float. Bad ids or targets are left to
  * the reference kernel, which reports them.
  */
 #include <math.h>
@@ -17,36 +17,49 @@
 #define GRAIN (1 << 14) /* elements per piece */
 #define COLS 64         /* columns per piece of the embedding's gradient */
 
-/* sum of x[i], and of (x[i] - c)^2, in double with four running sums (a fixed order) */
-static double sum_d(const float *x, int64_t n)
+/* Sums in double with LANES running sums (lane l takes elements l, l + LANES, ...) added in a
+ * fixed tree at the end: independent chains, so the loops vectorize, and a fixed order. */
+#define LANES 16
+
+static inline double fold(double *s)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += x[i];
-        s1 += x[i + 1];
-        s2 += x[i + 2];
-        s3 += x[i + 3];
-    }
-    for (; i < n; i++)
-        s0 += x[i];
-    return (s0 + s1) + (s2 + s3);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++)
+            s[l] += s[l + w];
+    return s[0];
 }
 
-static double sumsq_d(const float *x, double c, int64_t n)
+/* Sixteen float lanes as one value (GCC's and Clang's vector extension), for a reduction whose
+ * lane order must not depend on the ISA: one AVX-512 register, two AVX2 or four SSE ones, where an
+ * array of sixteen float running sums is left scalar by GCC. */
+typedef float f32x16 __attribute__((vector_size(64)));
+#define LOAD16(v, p) __builtin_memcpy(&(v), (p), sizeof(v))
+
+/* sum of x[i], and of (x[i] - c)^2 */
+static inline double sum_d(const float *restrict x, int64_t n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    double s[LANES] = {0};
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        double a = x[i] - c, b = x[i + 1] - c, e = x[i + 2] - c, f = x[i + 3] - c;
-        s0 += a * a;
-        s1 += b * b;
-        s2 += e * e;
-        s3 += f * f;
-    }
-    for (; i < n; i++)
-        s0 += (x[i] - c) * (x[i] - c);
-    return (s0 + s1) + (s2 + s3);
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            s[l] += x[i + l];
+    for (int l = 0; l < LANES && i < n; l++, i++)
+        s[l] += x[i];
+    return fold(s);
+}
+
+static inline double sumsq_d(const float *restrict x, double c, int64_t n)
+{
+    double s[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            double a = x[i + l] - c;
+            s[l] += a * a;
+        }
+    for (int l = 0; l < LANES && i < n; l++, i++)
+        s[l] += (x[i] - c) * (x[i] - c);
+    return fold(s);
 }
 
 /* ---- layernorm ---- */
@@ -61,7 +74,7 @@ typedef struct norm_job {
 } norm_job;
 
 /* mean and 1/sqrt(var + eps) of a row (layernorm), or 0 and 1/sqrt(mean(x^2) + eps) (rmsnorm) */
-static void row_stats(const norm_job *j, const float *x, float *mean, float *inv)
+static inline void row_stats(const norm_job *j, const float *x, float *mean, float *inv)
 {
     double m = j->rms ? 0.0 : sum_d(x, j->d) / (double)j->d;
     double var = sumsq_d(x, m, j->d) / (double)j->d;
@@ -69,7 +82,7 @@ static void row_stats(const norm_job *j, const float *x, float *mean, float *inv
     *inv = (float)(1.0 / sqrt(var + j->eps));
 }
 
-static void norm_fwd_rows(void *ctx, int64_t begin, int64_t end)
+PTRT_CLONES static void norm_fwd_rows(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d;
@@ -112,7 +125,7 @@ int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double 
 
 /* dx of each row. layernorm, xh = (x - mean) r, e = dy g: dx = r (e - mean(e) - xh mean(e xh));
  * rmsnorm, xh = x r: dx = r (e - xh mean(e xh)). */
-static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
+PTRT_CLONES static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d;
@@ -123,22 +136,30 @@ static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
         row_stats(j, x, &m, &inv);
         j->mean[r] = m;
         j->inv[r] = inv;
-        double se0 = 0, se1 = 0, sx0 = 0, sx1 = 0; /* two running sums each: a fixed order */
+        /* sixteen float lanes (each sums d / 16 terms), then the tail and the fold in double */
+        f32x16 se = {0}, sx = {0};
         int64_t i = 0;
-        for (; i + 2 <= d; i += 2) {
-            float e0 = dy[i] * g[i], e1 = dy[i + 1] * g[i + 1];
-            se0 += e0;
-            se1 += e1;
-            sx0 += (double)e0 * ((x[i] - m) * inv);
-            sx1 += (double)e1 * ((x[i + 1] - m) * inv);
+        for (; i + 16 <= d; i += 16) {
+            f32x16 vdy, vg, vx;
+            LOAD16(vdy, dy + i);
+            LOAD16(vg, g + i);
+            LOAD16(vx, x + i);
+            f32x16 e = vdy * vg;
+            se += e;
+            sx += e * ((vx - m) * inv);
         }
-        if (i < d) {
-            float e0 = dy[i] * g[i];
-            se0 += e0;
-            sx0 += (double)e0 * ((x[i] - m) * inv);
+        double sed[LANES], sxd[LANES];
+        for (int l = 0; l < LANES; l++) {
+            sed[l] = se[l];
+            sxd[l] = sx[l];
         }
-        float me = j->rms ? 0.0f : (float)((se0 + se1) / (double)d);
-        float mex = (float)((sx0 + sx1) / (double)d);
+        for (int l = 0; l < LANES && i < d; l++, i++) {
+            float e = dy[i] * g[i];
+            sed[l] += e;
+            sxd[l] += e * ((x[i] - m) * inv);
+        }
+        float me = j->rms ? 0.0f : (float)(fold(sed) / (double)d);
+        float mex = (float)(fold(sxd) / (double)d);
         for (int64_t i = 0; i < d; i++)
             dx[i] = inv * (dy[i] * g[i] - me - (x[i] - m) * inv * mex);
     }
@@ -146,7 +167,7 @@ static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
 
 /* dg (and db) for columns [begin, end): every row added in order, one contiguous segment of a
  * row at a time. */
-static void norm_bwd_cols(void *ctx, int64_t begin, int64_t end)
+PTRT_CLONES static void norm_bwd_cols(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d, w = end - begin;
