@@ -5,7 +5,7 @@
  * vectorizer reassociate the float sums of reductions (LLVM 14's C API cannot set fast-math flags
  * on an instruction). exp and tanh are open-coded (Cephes' expf polynomial, tanh from exp), so a
  * loop that uses them vectorizes instead of calling libm per element; log and sqrt are LLVM's
- * intrinsics. Values are f32; sums of f32 reductions are accumulated in f32.
+ * intrinsics. A product feeding a sum becomes llvm.fmuladd (one FMA on the host). Values are f32; sums of f32 reductions are accumulated in f32.
  */
 #include "llvm_internal.h"
 
@@ -57,6 +57,19 @@ static LLVMValueRef intrinsic2(em *e, const char *name, LLVMValueRef a, LLVMValu
     return LLVMBuildCall2(e->B, ft, f, v, 2, "");
 }
 
+/* a * b + c, fused into one FMA where the target has it (llvm.fmuladd: one rounding or two, as
+ * the target does it fastest; CUDA C contracts the same expressions by default) */
+static LLVMValueRef fmuladd(em *e, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
+{
+    LLVMTypeRef args[3] = {e->f32, e->f32, e->f32};
+    LLVMTypeRef ft = LLVMFunctionType(e->f32, args, 3, 0);
+    LLVMValueRef f = LLVMGetNamedFunction(e->M, "llvm.fmuladd.f32");
+    if (!f)
+        f = LLVMAddFunction(e->M, "llvm.fmuladd.f32", ft);
+    LLVMValueRef v[3] = {a, b, c};
+    return LLVMBuildCall2(e->B, ft, f, v, 3, "");
+}
+
 /* expf as Cephes computes it: x = n ln2 + r, exp(r) by a degree-6 polynomial, times 2^n built in
  * the exponent bits. Relative error about 2e-7 over the range; below -87.3 (where f32 would go
  * subnormal) it is 0, above 88.7 about 3.4e38; NaN stays NaN. */
@@ -67,21 +80,18 @@ static LLVMValueRef emit_exp(em *e, LLVMValueRef x)
     LLVMValueRef under = LLVMBuildFCmp(B, LLVMRealOLT, x, lo, "");
     LLVMValueRef xc = LLVMBuildSelect(B, under, lo, x, "");
     xc = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, xc, hi, ""), hi, xc, "");
-    LLVMValueRef fx = intrinsic1(
-        e, "llvm.floor.f32",
-        LLVMBuildFAdd(B, LLVMBuildFMul(B, xc, fconst(e, 1.44269504088896341), ""), fconst(e, 0.5),
-                      ""));
+    LLVMValueRef fx = intrinsic1(e, "llvm.floor.f32",
+                                 fmuladd(e, xc, fconst(e, 1.44269504088896341), fconst(e, 0.5)));
     LLVMValueRef ordered = LLVMBuildFCmp(B, LLVMRealOEQ, fx, fx, "");
     LLVMValueRef fxs = LLVMBuildSelect(B, ordered, fx, fconst(e, 0.0), "");
-    LLVMValueRef r = LLVMBuildFSub(B, xc, LLVMBuildFMul(B, fx, fconst(e, 0.693359375), ""), "");
-    r = LLVMBuildFSub(B, r, LLVMBuildFMul(B, fx, fconst(e, -2.12194440e-4), ""), "");
+    LLVMValueRef r = fmuladd(e, fx, fconst(e, -0.693359375), xc);
+    r = fmuladd(e, fx, fconst(e, 2.12194440e-4), r);
     static const double c[6] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
                                 4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
     LLVMValueRef p = fconst(e, c[0]);
     for (int i = 1; i < 6; i++)
-        p = LLVMBuildFAdd(B, LLVMBuildFMul(B, p, r, ""), fconst(e, c[i]), "");
-    p = LLVMBuildFMul(B, p, LLVMBuildFMul(B, r, r, ""), "");
-    p = LLVMBuildFAdd(B, LLVMBuildFAdd(B, p, r, ""), fconst(e, 1.0), "");
+        p = fmuladd(e, p, r, fconst(e, c[i]));
+    p = fmuladd(e, p, LLVMBuildFMul(B, r, r, ""), LLVMBuildFAdd(B, r, fconst(e, 1.0), ""));
     LLVMValueRef n = LLVMBuildFPToSI(B, fxs, e->i32, "");
     LLVMValueRef bits = LLVMBuildShl(B, LLVMBuildAdd(B, n, LLVMConstInt(e->i32, 127, 0), ""),
                                      LLVMConstInt(e->i32, 23, 0), "");
@@ -306,8 +316,21 @@ static LLVMValueRef emit_x(em *e, int id)
     case PTC_KX_RF16: return f16_value(e, f16_bits(e, emit_x(e, x->a)));
     default: break;
     }
-    LLVMValueRef a = emit_x(e, x->a), b = emit_x(e, x->b);
     bool f = e->k->x[x->a].type == PTC_KT_F32;
+    if (f && (x->kind == PTC_KX_ADD || x->kind == PTC_KX_SUB)) { /* a product and a sum: one FMA */
+        const ptc_kx *xa = &e->k->x[x->a], *xb = &e->k->x[x->b];
+        if (xa->kind == PTC_KX_MUL) {
+            LLVMValueRef c = emit_x(e, x->b);
+            return fmuladd(e, emit_x(e, xa->a), emit_x(e, xa->b),
+                           x->kind == PTC_KX_ADD ? c : LLVMBuildFNeg(B, c, ""));
+        }
+        if (xb->kind == PTC_KX_MUL) {
+            LLVMValueRef c = emit_x(e, x->a), m = emit_x(e, xb->a);
+            return fmuladd(e, x->kind == PTC_KX_ADD ? m : LLVMBuildFNeg(B, m, ""),
+                           emit_x(e, xb->b), c);
+        }
+    }
+    LLVMValueRef a = emit_x(e, x->a), b = emit_x(e, x->b);
     switch (x->kind) {
     case PTC_KX_ADD: return f ? LLVMBuildFAdd(B, a, b, "") : LLVMBuildAdd(B, a, b, "");
     case PTC_KX_SUB: return f ? LLVMBuildFSub(B, a, b, "") : LLVMBuildSub(B, a, b, "");
@@ -392,6 +415,9 @@ LLVMModuleRef ptc_llvm_emit(LLVMContextRef C, const ptc_kir *k, const char *symb
     /* NaN-free max reductions may be vectorized; the kernels' sums are reassociated anyway */
     add_string_attr(&e, "no-nans-fp-math", "true");
     add_string_attr(&e, "no-signed-zeros-fp-math", "true");
+    /* full AVX-512 registers where the host has them (LLVM's tuning for recent Xeons keeps loops to
+     * 256 bits, fearing the clock drop of older parts; measured faster here: bench/results) */
+    add_string_attr(&e, "prefer-vector-width", "512");
     LLVMPositionBuilderAtEnd(e.B, LLVMAppendBasicBlockInContext(C, e.fn, "entry"));
     LLVMValueRef args = LLVMGetParam(e.fn, 0);
     e.tid = LLVMGetParam(e.fn, 1);

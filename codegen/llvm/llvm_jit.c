@@ -25,7 +25,7 @@
 #include "llvm_internal.h"
 
 /* Changes whenever the emitted code for the same kernel text changes: part of the cache key. */
-#define EMITTER_VERSION 1
+#define EMITTER_VERSION 2
 
 typedef struct entry {
     uint64_t hash;
