@@ -913,6 +913,7 @@ typedef struct remat {
     ptc_op op; /* f */
     int at;    /* the first backward reader (old index) */
     int y2;    /* the recomputed buffer (made while rebuilding), -1 before */
+    int grad;  /* f's gradient f'(h) dy (old index), computed in the same kernel; -1: none */
 } remat;
 
 static bool activation(ptc_op op)
@@ -957,8 +958,70 @@ static bool find_remat(const fz *z, const group *g, int m, remat *r)
     }
     if (first_bwd < 0 || z->last_read[rh] < first_bwd || last_fwd < end)
         return false;
-    *r = (remat){.y = y, .h = h, .op = a->op, .at = first_bwd, .y2 = -1};
+    *r = (remat){.y = y, .h = h, .op = a->op, .at = first_bwd, .y2 = -1, .grad = -1};
     return true;
+}
+
+/* a buffer, or a view at a fixed place in its root (not one placed by a mesh coordinate) */
+static bool unsharded(const fz *z, int b)
+{
+    return z->pg->bufs[b].view < 0 || z->pg->bufs[b].view_axis < 0;
+}
+
+/* where b starts in its root's bytes */
+static int64_t start(const fz *z, int b)
+{
+    return z->pg->bufs[b].view < 0 ? 0 : z->pg->bufs[b].view_offset;
+}
+
+static ptc_op activation_grad(ptc_op op)
+{
+    return op == PTC_OP_GELU ? PTC_OP_GELU_GRAD
+           : op == PTC_OP_SILU ? PTC_OP_SILU_GRAD
+           : op == PTC_OP_RELU ? PTC_OP_RELU_GRAD
+                               : PTC_NOPS;
+}
+
+/* f's gradient dx = f'(h) dy, a kernel of its own after the recomputation whose dy is ready
+ * there: it joins the recomputation's kernel, which then reads h once and evaluates f's inner
+ * function (gelu's tanh) once for both (the backward of an MLP computes dy = dz W2^T before the
+ * recomputed y meets dz in W2's gradient). Only in f32, and only when nothing between the two
+ * reads or writes dx or writes h or dy. */
+static void find_remat_grad(const fz *z, const bool *grouped, remat *r)
+{
+    ptc_op gop = activation_grad(r->op);
+    if (gop == PTC_NOPS || !is_f32(z, r->y) || !is_f32(z, r->h))
+        return;
+    int rh = root(z, r->h);
+    for (int j = r->at; j < z->nold; j++) {
+        const ptc_instr *in = ins(z, j);
+        if (j > r->at && in->kind == PTC_INSTR_KERNEL && in->op == gop && in->nin == 2 &&
+            in->nout == 1 && in->in[0] == r->h && !grouped[j] && is_f32(z, in->in[1]) &&
+            is_f32(z, in->out[0]) && unsharded(z, in->in[1]) && unsharded(z, in->out[0]) &&
+            numel(z, in->in[1]) == numel(z, r->h) && numel(z, in->out[0]) == numel(z, r->h)) {
+            int rd = root(z, in->in[1]), ro = root(z, in->out[0]);
+            if (ro == rh && start(z, in->out[0]) != start(z, r->h))
+                return; /* dx over h must be element for element (the kernel reads, then writes) */
+            for (int q = r->at; q < j; q++) { /* dy ready at `at`, dx untouched until j */
+                const ptc_instr *t = ins(z, q);
+                for (int o = 0; o < t->nout; o++)
+                    if (root(z, t->out[o]) == rd || root(z, t->out[o]) == ro)
+                        return;
+                for (int k = 0; k < t->nin; k++)
+                    if (root(z, t->in[k]) == ro)
+                        return;
+            }
+            if (rd == ro || rd == rh)
+                return;
+            if (ro == rh && !unsharded(z, r->h))
+                return;
+            r->grad = j;
+            return;
+        }
+        for (int o = 0; o < in->nout; o++)
+            if (root(z, in->out[o]) == rh)
+                return;
+    }
 }
 
 static int new_temp(fz *z, const ptc_type *t, int region);
@@ -968,22 +1031,30 @@ static void emit_remat(fz *z, remat *r, const ptc_instr *like, int kernel_no)
 {
     ptc_type t = z->pg->bufs[r->y].type;
     r->y2 = new_temp(z, &t, z->pg->bufs[r->y].region);
+    const ptc_instr *g = r->grad >= 0 ? ins(z, r->grad) : NULL;
     char name[64];
-    snprintf(name, sizeof name, "f%d_%s_again", kernel_no, ptc_ops[r->op].name);
+    snprintf(name, sizeof name, "f%d_%s_again%s%s", kernel_no, ptc_ops[r->op].name, g ? "_" : "",
+             g ? ptc_ops[g->op].name : "");
     kb b = {.z = z, .k = ptc_kir_new(name)};
-    int in[1], out[1], op[1];
+    int in[2], out[2], op[2];
     b.in = in;
     b.out = out;
     b.out_param = op;
     b.C = last_dim(z, r->y);
     b.R = numel(z, r->y) / b.C;
-    int x = input_param(&b, r->h);
+    int x = input_param(&b, r->h), dy = g ? input_param(&b, g->in[1]) : -1;
     add_out(&b, r->y2);
+    if (g)
+        add_out(&b, g->out[0]);
     ptc_kir *k = b.k;
     b.r = ptc_kir_for(k, "r", ptc_kx_i(k, b.R), true);
     int j = ptc_kir_for(k, "j", ptc_kx_i(k, b.C), false);
-    int v = ptc_kx_load(k, x, rowj(&b, j, b.C));
-    ptc_kir_store(k, op[0], rowj(&b, j, b.C), op_value(&b, r->op, &v));
+    int v[2] = {ptc_kir_bind(k, ptc_kx_load(k, x, rowj(&b, j, b.C))), -1};
+    ptc_kir_store(k, op[0], rowj(&b, j, b.C), op_value(&b, r->op, v));
+    if (g) {
+        v[1] = ptc_kx_load(k, dy, rowj(&b, j, b.C));
+        ptc_kir_store(k, op[1], rowj(&b, j, b.C), op_value(&b, g->op, v));
+    }
     ptc_kir_end(k);
     ptc_kir_end(k);
     emit_fused(z, &b, PTC_PHASE_BACKWARD, like);
@@ -1013,6 +1084,15 @@ static void add_rewritten(fz *z, const ptc_instr *old, const remat *rs, int nr)
     if (changed)
         in.in = ops;
     ptc_prog_add_instr(z->p, z->pg, &in);
+}
+
+/* whether old instruction i is an activation's gradient that a recomputation's kernel computes */
+static bool merged_grad(const remat *rs, int nr, int i)
+{
+    for (int q = 0; q < nr; q++)
+        if (rs[q].grad == i && rs[q].grad >= 0)
+            return true;
+    return false;
 }
 
 /* ---- the pass ---- */
@@ -1236,10 +1316,20 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
     }
     remat *rs = ptc_xmalloc(sizeof(remat) * (size_t)(n ? n : 1));
     int nr = 0;
+    bool *grouped = ptc_xcalloc((size_t)(n ? n : 1), sizeof(bool));
+    for (int q = 0; q < ng; q++)
+        for (int m = 0; m < groups[q].n; m++)
+            grouped[groups[q].first + m] = true;
     for (int q = 0; q < ng; q++)
         for (int m = 0; groups[q].kind == G_CHAIN && m < groups[q].n; m++)
-            if (find_remat(&z, &groups[q], m, &rs[nr]))
+            if (find_remat(&z, &groups[q], m, &rs[nr])) {
+                find_remat_grad(&z, grouped, &rs[nr]);
+                for (int e = 0; e < nr; e++) /* one recomputation takes a gradient */
+                    if (rs[e].grad == rs[nr].grad)
+                        rs[nr].grad = -1;
                 nr++;
+            }
+    free(grouped);
     if (!ng) {
         free(rs);
         free(groups);
@@ -1275,7 +1365,8 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
                 for (int q = 0; q < nr; q++)
                     if (rs[q].at == i + m)
                         emit_remat(&z, &rs[q], &old[i + m], p->nkernels);
-                add_rewritten(&z, &old[i + m], rs, nr);
+                if (!merged_grad(rs, nr, i + m))
+                    add_rewritten(&z, &old[i + m], rs, nr);
                 for (int k = at; k < pg->ninstrs && in_eval[i + m]; k++)
                     new_eval[neval++] = k;
             }
@@ -1292,7 +1383,8 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
             for (int q = 0; q < nr; q++)
                 if (rs[q].at == i)
                     emit_remat(&z, &rs[q], &old[i], p->nkernels);
-            add_rewritten(&z, &old[i], rs, nr);
+            if (!merged_grad(rs, nr, i))
+                add_rewritten(&z, &old[i], rs, nr);
             i++;
         }
         for (int k = before; k < pg->ninstrs; k++)

@@ -247,18 +247,20 @@ void k_f4_cross_entropy_with_grad__emu(void *const *a)
 #endif
 
 /* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_f5_gelu_again(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_f5_gelu_again_gelu_grad(float *p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y0[((v_r * 256LL) + v_j)] = ((0.5f * p_x0[((v_r * 256LL) + v_j)]) * (1.0f + tanhf((0.797884583f * (p_x0[((v_r * 256LL) + v_j)] + (0.0447149985f * ((p_x0[((v_r * 256LL) + v_j)] * p_x0[((v_r * 256LL) + v_j)]) * p_x0[((v_r * 256LL) + v_j)])))))));
+            const float v_t2 = p_x0[((v_r * 256LL) + v_j)];
+            p_y0[((v_r * 256LL) + v_j)] = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
+            p_y1[((v_r * 256LL) + v_j)] = (((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * p_x1[((v_r * 256LL) + v_j)]);
         }
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_f5_gelu_again__emu(void *const *a)
+void k_f5_gelu_again_gelu_grad__emu(void *const *a)
 {
-    k_f5_gelu_again((const float *)a[0], (float *)a[1]);
+    k_f5_gelu_again_gelu_grad((float *)a[0], (const float *)a[1], (float *)a[2], (float *)a[3]);
 }
 #endif
 
@@ -738,21 +740,8 @@ void k_op6_0__emu(void *const *a)
     k_op6_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op7_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
-{
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (((0.5f * (1.0f + tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i]))))))) + (((0.5f * p_x0[v_i]) * (1.0f - (tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i]))))) * tanhf((0.797884583f * (p_x0[v_i] + (0.0447149985f * ((p_x0[v_i] * p_x0[v_i]) * p_x0[v_i])))))))) * (0.797884583f * (1.0f + (0.134145007f * (p_x0[v_i] * p_x0[v_i])))))) * p_x1[v_i]);
-    }
-}
-#ifdef PTC_CUDA_EMULATE
-void k_op7_0__emu(void *const *a)
-{
-    k_op7_0((float *)a[0], (const float *)a[1], (float *)a[2]);
-}
-#endif
 /* launch: sm_80: grid 256, block 32, sm_90: grid 256, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op8_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_j = blockIdx.x; v_j < 256LL; v_j += gridDim.x) {
@@ -767,39 +756,39 @@ PTC_KERNEL __launch_bounds__(32) k_op8_0(const float *PTC_RESTRICT p_x0, float *
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op8_0__emu(void *const *a)
+void k_op7_0__emu(void *const *a)
 {
-    k_op8_0((const float *)a[0], (float *)a[1]);
+    k_op7_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op9_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op8_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op9_0__emu(void *const *a)
+void k_op8_0__emu(void *const *a)
 {
-    k_op9_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op8_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 12, block 256, sm_90: grid 12, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op9_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3072LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)] : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? p_x1[(((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)] : p_x2[(((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)]));
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op10_0__emu(void *const *a)
+void k_op9_0__emu(void *const *a)
 {
-    k_op10_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
+    k_op9_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
 }
 #endif
 /* launch: sm_80: grid 192, block 32, sm_90: grid 192, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op11_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(32) k_op10_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_j = blockIdx.x; v_j < 192LL; v_j += gridDim.x) {
@@ -814,26 +803,26 @@ PTC_KERNEL __launch_bounds__(32) k_op11_0(const float *PTC_RESTRICT p_x0, float 
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op11_0__emu(void *const *a)
+void k_op10_0__emu(void *const *a)
 {
-    k_op11_0((const float *)a[0], (float *)a[1]);
+    k_op10_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op12_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op11_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op12_0__emu(void *const *a)
+void k_op11_0__emu(void *const *a)
 {
-    k_op12_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op11_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 512, block 32, sm_90: grid 512, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(32) k_op12_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_j = blockIdx.x; v_j < 512LL; v_j += gridDim.x) {
@@ -848,39 +837,39 @@ PTC_KERNEL __launch_bounds__(32) k_op13_0(const float *PTC_RESTRICT p_x0, float 
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op13_0__emu(void *const *a)
+void k_op12_0__emu(void *const *a)
 {
-    k_op13_0((const float *)a[0], (float *)a[1]);
+    k_op12_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op14_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)] : 0.0f);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op14_0__emu(void *const *a)
+void k_op13_0__emu(void *const *a)
 {
-    k_op14_0((const float *)a[0], (float *)a[1]);
+    k_op13_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op15_0(float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op14_0(float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = 0.0f;
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op15_0__emu(void *const *a)
+void k_op14_0__emu(void *const *a)
 {
-    k_op15_0((float *)a[0]);
+    k_op14_0((float *)a[0]);
 }
 #endif
 /* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(32) k_op14_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
         for (long long v_i = threadIdx.x; v_i < 16LL; v_i += blockDim.x) {
@@ -891,26 +880,26 @@ PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const fl
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op15_1__emu(void *const *a)
+void k_op14_1__emu(void *const *a)
 {
-    k_op15_1((const int *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op14_1((const int *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op16_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op17_0__emu(void *const *a)
+void k_op16_0__emu(void *const *a)
 {
-    k_op17_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op16_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
+PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
@@ -925,13 +914,13 @@ PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op18_0__emu(void *const *a)
+void k_op17_0__emu(void *const *a)
 {
-    k_op18_0((const float *)a[0], (float *)a[1]);
+    k_op17_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op18_1(const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(32) k_op17_1(const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
@@ -946,13 +935,13 @@ PTC_KERNEL __launch_bounds__(32) k_op18_1(const float *PTC_RESTRICT p_s, float *
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op18_1__emu(void *const *a)
+void k_op17_1__emu(void *const *a)
 {
-    k_op18_1((const float *)a[0], (float *)a[1]);
+    k_op17_1((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
@@ -967,26 +956,26 @@ PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, float
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op20_0__emu(void *const *a)
+void k_op19_0__emu(void *const *a)
 {
-    k_op20_0((const float *)a[0], (float *)a[1]);
+    k_op19_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op21_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op21_0__emu(void *const *a)
+void k_op20_0__emu(void *const *a)
 {
-    k_op21_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op20_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_op22_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(64) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
@@ -1001,26 +990,26 @@ PTC_KERNEL __launch_bounds__(64) k_op22_0(const float *PTC_RESTRICT p_x0, float 
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op22_0__emu(void *const *a)
+void k_op21_0__emu(void *const *a)
 {
-    k_op22_0((const float *)a[0], (float *)a[1]);
+    k_op21_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op23_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op22_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
         p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op23_0__emu(void *const *a)
+void k_op22_0__emu(void *const *a)
 {
-    k_op23_0((float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op22_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
 /* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
+PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
@@ -1035,13 +1024,13 @@ PTC_KERNEL __launch_bounds__(256) k_op24_0(const float *PTC_RESTRICT p_x0, float
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op24_0__emu(void *const *a)
+void k_op23_0__emu(void *const *a)
 {
-    k_op24_0((const float *)a[0], (float *)a[1]);
+    k_op23_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 192, sm_90: grid 1, block 192 */
-PTC_KERNEL __launch_bounds__(192) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(192) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
@@ -1056,13 +1045,13 @@ PTC_KERNEL __launch_bounds__(192) k_op25_0(const float *PTC_RESTRICT p_x0, float
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op25_0__emu(void *const *a)
+void k_op24_0__emu(void *const *a)
 {
-    k_op25_0((const float *)a[0], (float *)a[1]);
+    k_op24_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
@@ -1077,13 +1066,13 @@ PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, float
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op26_0__emu(void *const *a)
+void k_op25_0__emu(void *const *a)
 {
-    k_op26_0((const float *)a[0], (float *)a[1]);
+    k_op25_0((const float *)a[0], (float *)a[1]);
 }
 #endif
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op27_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
         const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
@@ -1091,8 +1080,8 @@ PTC_KERNEL __launch_bounds__(256) k_op27_0(const float *PTC_RESTRICT p_x0, const
     }
 }
 #ifdef PTC_CUDA_EMULATE
-void k_op27_0__emu(void *const *a)
+void k_op26_0__emu(void *const *a)
 {
-    k_op27_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
+    k_op26_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
