@@ -1,12 +1,14 @@
 /* cpu_norm.c - fast CPU kernels for the row-wise ops: layernorm and rmsnorm with their backward,
  * softmax over the last axis, cross-entropy with its backward, embedding with its backward.
  *
- * Rows are independent, so they split across the pool; the parameter gradients of the norms and
- * the embedding's table gradient are sums over rows, so a second pass splits those by columns and
- * adds every row in order (no thread ever adds into another's columns, and the order is fixed).
- * Row statistics (mean, variance, the dot products of the backward, the loss) are summed in
- * double with sixteen running sums (they vectorize); the elementwise parts are float. Bad ids or targets are left to
- * the reference kernel, which reports them.
+ * Rows are independent, so they split across the pool. The parameter gradients of the norms are
+ * sums over rows: each block of rows (fixed by the row count) sums its rows in order into partial
+ * sums while the rows are in cache, and a second pass adds the blocks' partials in block order.
+ * The embedding's table gradient is split by columns, every row added in order. No thread ever
+ * adds into another's sums, and the order is fixed. Row statistics (mean, variance, the dot
+ * products of the backward, the loss) are summed in double with sixteen running sums (they
+ * vectorize); the elementwise parts are float. Bad ids or targets are left to the reference
+ * kernel, which reports them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -67,7 +69,8 @@ static inline double sumsq_d(const float *restrict x, double c, int64_t n)
 typedef struct norm_job {
     const float *x, *g, *b, *dy;
     float *o, *dx, *dg, *db;
-    float *mean, *inv; /* per row, from the row pass for the column pass */
+    double *pg, *pb;      /* the backward: partial sums of dg and db, blocks x d */
+    int64_t blocks, block; /* the backward: row blocks, rows per block */
     int64_t rows, d;
     double eps;
     bool rms;
@@ -123,82 +126,90 @@ int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double 
     return 1;
 }
 
-/* dx of each row. layernorm, xh = (x - mean) r, e = dy g: dx = r (e - mean(e) - xh mean(e xh));
- * rmsnorm, xh = x r: dx = r (e - xh mean(e xh)). */
-PTRT_CLONES static void norm_bwd_rows(void *ctx, int64_t begin, int64_t end)
+/* Row blocks of the backward: dx of each row, and the block's partial sums of dg (and db) in
+ * double, while the row is in cache. layernorm, xh = (x - mean) r, e = dy g:
+ * dx = r (e - mean(e) - xh mean(e xh)); rmsnorm, xh = x r: dx = r (e - xh mean(e xh)). */
+PTRT_CLONES static void norm_bwd_blocks(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d;
-    for (int64_t r = begin; r < end; r++) {
-        const float *restrict x = j->x + r * d, *restrict dy = j->dy + r * d, *restrict g = j->g;
-        float *restrict dx = j->dx + r * d;
-        float m, inv;
-        row_stats(j, x, &m, &inv);
-        j->mean[r] = m;
-        j->inv[r] = inv;
-        /* sixteen float lanes (each sums d / 16 terms), then the tail and the fold in double */
-        f32x16 se = {0}, sx = {0};
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16) {
-            f32x16 vdy, vg, vx;
-            LOAD16(vdy, dy + i);
-            LOAD16(vg, g + i);
-            LOAD16(vx, x + i);
-            f32x16 e = vdy * vg;
-            se += e;
-            sx += e * ((vx - m) * inv);
+    for (int64_t blk = begin; blk < end; blk++) {
+        double *restrict pg = j->pg + blk * d, *restrict pb = j->pb + blk * d;
+        memset(pg, 0, (size_t)d * sizeof *pg);
+        memset(pb, 0, (size_t)d * sizeof *pb);
+        int64_t r1 = (blk + 1) * j->block < j->rows ? (blk + 1) * j->block : j->rows;
+        for (int64_t r = blk * j->block; r < r1; r++) {
+            const float *restrict x = j->x + r * d, *restrict dy = j->dy + r * d;
+            const float *restrict g = j->g;
+            float *restrict dx = j->dx + r * d;
+            float m, inv;
+            row_stats(j, x, &m, &inv);
+            /* sixteen float lanes (each sums d / 16 terms), then the tail and the fold in double */
+            f32x16 se = {0}, sx = {0};
+            int64_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                f32x16 vdy, vg, vx;
+                LOAD16(vdy, dy + i);
+                LOAD16(vg, g + i);
+                LOAD16(vx, x + i);
+                f32x16 e = vdy * vg;
+                se += e;
+                sx += e * ((vx - m) * inv);
+            }
+            double sed[LANES], sxd[LANES];
+            for (int l = 0; l < LANES; l++) {
+                sed[l] = se[l];
+                sxd[l] = sx[l];
+            }
+            for (int l = 0; l < LANES && i < d; l++, i++) {
+                float e = dy[i] * g[i];
+                sed[l] += e;
+                sxd[l] += e * ((x[i] - m) * inv);
+            }
+            float me = j->rms ? 0.0f : (float)(fold(sed) / (double)d);
+            float mex = (float)(fold(sxd) / (double)d);
+            for (int64_t c = 0; c < d; c++) {
+                float xh = (x[c] - m) * inv;
+                dx[c] = inv * (dy[c] * g[c] - me - xh * mex);
+                pg[c] += (double)dy[c] * xh;
+                pb[c] += dy[c];
+            }
         }
-        double sed[LANES], sxd[LANES];
-        for (int l = 0; l < LANES; l++) {
-            sed[l] = se[l];
-            sxd[l] = sx[l];
-        }
-        for (int l = 0; l < LANES && i < d; l++, i++) {
-            float e = dy[i] * g[i];
-            sed[l] += e;
-            sxd[l] += e * ((x[i] - m) * inv);
-        }
-        float me = j->rms ? 0.0f : (float)(fold(sed) / (double)d);
-        float mex = (float)(fold(sxd) / (double)d);
-        for (int64_t i = 0; i < d; i++)
-            dx[i] = inv * (dy[i] * g[i] - me - (x[i] - m) * inv * mex);
     }
 }
 
-/* dg (and db) for columns [begin, end): every row added in order, one contiguous segment of a
- * row at a time. */
+/* dg (and db) for columns [begin, end): the blocks' partial sums added in block order */
 PTRT_CLONES static void norm_bwd_cols(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
-    int64_t d = j->d, w = end - begin;
-    double *sg = ptc_xcalloc((size_t)w, sizeof *sg), *sb = ptc_xcalloc((size_t)w, sizeof *sb);
-    for (int64_t r = 0; r < j->rows; r++) {
-        const float *x = j->x + r * d + begin, *dy = j->dy + r * d + begin;
-        float m = j->mean[r], inv = j->inv[r];
-        for (int64_t c = 0; c < w; c++) {
-            sg[c] += (double)dy[c] * ((x[c] - m) * inv);
-            sb[c] += dy[c];
+    int64_t d = j->d;
+    for (int64_t c = begin; c < end; c++) {
+        double sg = 0, sb = 0;
+        for (int64_t blk = 0; blk < j->blocks; blk++) {
+            sg += j->pg[blk * d + c];
+            sb += j->pb[blk * d + c];
         }
-    }
-    for (int64_t c = 0; c < w; c++) {
-        j->dg[begin + c] = (float)sg[c];
+        j->dg[c] = (float)sg;
         if (j->db)
-            j->db[begin + c] = (float)sb[c];
+            j->db[c] = (float)sb;
     }
-    free(sg);
-    free(sb);
 }
 
+/* Row blocks fixed by the row count alone (at most 64, of at least 16 rows), so the sums of dg and
+ * db do not depend on the thread count. */
 static int norm_grad(norm_job *j)
 {
     if (j->d == 0)
         return 0;
-    j->mean = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
-    j->inv = ptc_xmalloc((size_t)(j->rows ? j->rows : 1) * sizeof(float));
-    ptrt_cpu_parallel_for(j->rows, GRAIN / j->d + 1, norm_bwd_rows, j);
-    ptrt_cpu_parallel_for(j->d, 16 + GRAIN / (j->rows + 1), norm_bwd_cols, j);
-    free(j->mean);
-    free(j->inv);
+    int64_t rows = j->rows ? j->rows : 1;
+    j->blocks = (rows + 15) / 16 < 64 ? (rows + 15) / 16 : 64;
+    j->block = (rows + j->blocks - 1) / j->blocks;
+    j->pg = ptc_xmalloc((size_t)(j->blocks * j->d) * sizeof(double));
+    j->pb = ptc_xmalloc((size_t)(j->blocks * j->d) * sizeof(double));
+    ptrt_cpu_parallel_for(j->blocks, GRAIN / (j->block * j->d) + 1, norm_bwd_blocks, j);
+    ptrt_cpu_parallel_for(j->d, 16 + GRAIN / (j->blocks + 1), norm_bwd_cols, j);
+    free(j->pg);
+    free(j->pb);
     return 1;
 }
 
