@@ -37,37 +37,34 @@ static LLVMValueRef iconst(em *e, int64_t v)
     return LLVMConstInt(e->i64, (unsigned long long)v, 1);
 }
 
-static LLVMValueRef intrinsic1(em *e, const char *name, LLVMValueRef a)
+/* a call of the f32 intrinsic `name` on n f32 arguments (declared in the module on first use) */
+static LLVMValueRef intrinsic(em *e, const char *name, LLVMValueRef *args, unsigned n)
 {
-    LLVMTypeRef ft = LLVMFunctionType(e->f32, &e->f32, 1, 0);
+    LLVMTypeRef types[3] = {e->f32, e->f32, e->f32};
+    LLVMTypeRef ft = LLVMFunctionType(e->f32, types, n, 0);
     LLVMValueRef f = LLVMGetNamedFunction(e->M, name);
     if (!f)
         f = LLVMAddFunction(e->M, name, ft);
-    return LLVMBuildCall2(e->B, ft, f, &a, 1, "");
+    return LLVMBuildCall2(e->B, ft, f, args, n, "");
+}
+
+static LLVMValueRef intrinsic1(em *e, const char *name, LLVMValueRef a)
+{
+    return intrinsic(e, name, &a, 1);
 }
 
 static LLVMValueRef intrinsic2(em *e, const char *name, LLVMValueRef a, LLVMValueRef b)
 {
-    LLVMTypeRef args[2] = {e->f32, e->f32};
-    LLVMTypeRef ft = LLVMFunctionType(e->f32, args, 2, 0);
-    LLVMValueRef f = LLVMGetNamedFunction(e->M, name);
-    if (!f)
-        f = LLVMAddFunction(e->M, name, ft);
     LLVMValueRef v[2] = {a, b};
-    return LLVMBuildCall2(e->B, ft, f, v, 2, "");
+    return intrinsic(e, name, v, 2);
 }
 
 /* a * b + c, fused into one FMA where the target has it (llvm.fmuladd: one rounding or two, as
  * the target does it fastest; CUDA C contracts the same expressions by default) */
 static LLVMValueRef fmuladd(em *e, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
 {
-    LLVMTypeRef args[3] = {e->f32, e->f32, e->f32};
-    LLVMTypeRef ft = LLVMFunctionType(e->f32, args, 3, 0);
-    LLVMValueRef f = LLVMGetNamedFunction(e->M, "llvm.fmuladd.f32");
-    if (!f)
-        f = LLVMAddFunction(e->M, "llvm.fmuladd.f32", ft);
     LLVMValueRef v[3] = {a, b, c};
-    return LLVMBuildCall2(e->B, ft, f, v, 3, "");
+    return intrinsic(e, "llvm.fmuladd.f32", v, 3);
 }
 
 /* expf as Cephes computes it: x = n ln2 + r, exp(r) by a degree-6 polynomial, times 2^n built in

@@ -256,26 +256,22 @@ typedef struct sq_job {
     int64_t n;
 } sq_job;
 
-/* Sixteen running sums of a block (lane l takes elements l, l + 16, ...), added in a fixed tree:
- * independent chains, so the loop vectorizes; the square of a float is exact in double. */
-#define LANES 16
+/* PTRT_LANES running sums of a block, folded in a fixed order; the square of a float is exact in
+ * double. */
 PTRT_CLONES static void sq_blocks(void *ctx, int64_t begin, int64_t end)
 {
     const sq_job *j = ctx;
     for (int64_t bl = begin; bl < end; bl++) {
         int64_t lo = bl * GRAIN, hi = lo + GRAIN < j->n ? lo + GRAIN : j->n;
         const float *restrict x = j->x;
-        double s[LANES] = {0};
+        double s[PTRT_LANES] = {0};
         int64_t i = lo;
-        for (; i + LANES <= hi; i += LANES)
-            for (int l = 0; l < LANES; l++)
+        for (; i + PTRT_LANES <= hi; i += PTRT_LANES)
+            for (int l = 0; l < PTRT_LANES; l++)
                 s[l] += (double)x[i + l] * x[i + l];
-        for (int l = 0; l < LANES && i < hi; l++, i++)
+        for (int l = 0; l < PTRT_LANES && i < hi; l++, i++)
             s[l] += (double)x[i] * x[i];
-        for (int w = LANES / 2; w > 0; w /= 2)
-            for (int l = 0; l < w; l++)
-                s[l] += s[l + w];
-        j->part[bl] = s[0];
+        j->part[bl] = ptrt_fold_lanes(s);
     }
 }
 

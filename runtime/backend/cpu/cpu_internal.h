@@ -36,6 +36,18 @@
 #define PTRT_CLONES
 #endif
 
+/* Reductions keep PTRT_LANES running sums in double (lane l takes elements l, l + PTRT_LANES, ...):
+ * independent chains, so the loops vectorize, in an order that does not depend on the ISA.
+ * ptrt_fold_lanes adds them in a fixed tree and returns the total. */
+#define PTRT_LANES 16
+static inline double ptrt_fold_lanes(double *s)
+{
+    for (int w = PTRT_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++)
+            s[l] += s[l + w];
+    return s[0];
+}
+
 /* ---- cpu_pool.c ---- */
 
 /* fn(ctx, begin, end) over [begin, end) of a range split across threads. */

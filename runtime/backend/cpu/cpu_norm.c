@@ -19,49 +19,38 @@
 #define GRAIN (1 << 14) /* elements per piece */
 #define COLS 64         /* columns per piece of the embedding's gradient */
 
-/* Sums in double with LANES running sums (lane l takes elements l, l + LANES, ...) added in a
- * fixed tree at the end: independent chains, so the loops vectorize, and a fixed order. */
-#define LANES 16
-
-static inline double fold(double *s)
-{
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++)
-            s[l] += s[l + w];
-    return s[0];
-}
-
 /* Sixteen float lanes as one value (GCC's and Clang's vector extension), for a reduction whose
  * lane order must not depend on the ISA: one AVX-512 register, two AVX2 or four SSE ones, where an
  * array of sixteen float running sums is left scalar by GCC. */
 typedef float f32x16 __attribute__((vector_size(64)));
 #define LOAD16(v, p) __builtin_memcpy(&(v), (p), sizeof(v))
+_Static_assert(sizeof(f32x16) / sizeof(float) == PTRT_LANES, "one f32x16 lane per running sum");
 
 /* sum of x[i], and of (x[i] - c)^2 */
 static inline double sum_d(const float *restrict x, int64_t n)
 {
-    double s[LANES] = {0};
+    double s[PTRT_LANES] = {0};
     int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++)
+    for (; i + PTRT_LANES <= n; i += PTRT_LANES)
+        for (int l = 0; l < PTRT_LANES; l++)
             s[l] += x[i + l];
-    for (int l = 0; l < LANES && i < n; l++, i++)
+    for (int l = 0; l < PTRT_LANES && i < n; l++, i++)
         s[l] += x[i];
-    return fold(s);
+    return ptrt_fold_lanes(s);
 }
 
 static inline double sumsq_d(const float *restrict x, double c, int64_t n)
 {
-    double s[LANES] = {0};
+    double s[PTRT_LANES] = {0};
     int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) {
+    for (; i + PTRT_LANES <= n; i += PTRT_LANES)
+        for (int l = 0; l < PTRT_LANES; l++) {
             double a = x[i + l] - c;
             s[l] += a * a;
         }
-    for (int l = 0; l < LANES && i < n; l++, i++)
+    for (int l = 0; l < PTRT_LANES && i < n; l++, i++)
         s[l] += (x[i] - c) * (x[i] - c);
-    return fold(s);
+    return ptrt_fold_lanes(s);
 }
 
 /* ---- layernorm ---- */
@@ -156,18 +145,18 @@ PTRT_CLONES static void norm_bwd_blocks(void *ctx, int64_t begin, int64_t end)
                 se += e;
                 sx += e * ((vx - m) * inv);
             }
-            double sed[LANES], sxd[LANES];
-            for (int l = 0; l < LANES; l++) {
+            double sed[PTRT_LANES], sxd[PTRT_LANES];
+            for (int l = 0; l < PTRT_LANES; l++) {
                 sed[l] = se[l];
                 sxd[l] = sx[l];
             }
-            for (int l = 0; l < LANES && i < d; l++, i++) {
+            for (int l = 0; l < PTRT_LANES && i < d; l++, i++) {
                 float e = dy[i] * g[i];
                 sed[l] += e;
                 sxd[l] += e * ((x[i] - m) * inv);
             }
-            float me = j->rms ? 0.0f : (float)(fold(sed) / (double)d);
-            float mex = (float)(fold(sxd) / (double)d);
+            float me = j->rms ? 0.0f : (float)(ptrt_fold_lanes(sed) / (double)d);
+            float mex = (float)(ptrt_fold_lanes(sxd) / (double)d);
             for (int64_t c = 0; c < d; c++) {
                 float xh = (x[c] - m) * inv;
                 dx[c] = inv * (dy[c] * g[c] - me - xh * mex);
