@@ -399,6 +399,45 @@ Test(cpu_gemm, transposes_and_plain_loop)
     free(want);
 }
 
+/* The transposed-A product with beta 0 and C taller than wide, which oneDNN runs faster as
+ * (B^T A)^T (cpu_gemm.c), on odd sizes with row strides past the matrices' widths, and a C so tall
+ * it splits across the pool: against a double loop, and the row padding of C untouched. */
+Test(cpu_gemm, transposed_a_tall_c)
+{
+    int64_t shapes[][3] = {{301, 37, 53}, {1, 1, 7}, {17, 16, 1}, {4099, 67, 131}, {640, 511, 9}};
+    for (int sh = 0; sh < 5; sh++) {
+        int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+        int64_t lda = m + 3, ldb = n + 2, ldc = n + 5;
+        float *a = rnd(k * lda, 41 + sh, -1, 1), *b = rnd(k * ldb, 51 + sh, -1, 1);
+        float *c = malloc((size_t)(m * ldc) * sizeof *c), *want = malloc((size_t)(m * n) * sizeof *c);
+        float *got = malloc((size_t)(m * n) * sizeof *c);
+        for (int64_t i = 0; i < m * ldc; i++)
+            c[i] = 7.0f;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < k; p++)
+                    s += (double)a[p * lda + i] * b[p * ldb + j];
+                want[i * n + j] = (float)(1.5 * s);
+            }
+        ptrt_cpu_gemm(true, false, m, n, k, 1.5f, a, lda, b, ldb, 0.0f, c, ldc);
+        bool pad_kept = true;
+        for (int64_t i = 0; i < m; i++) {
+            memcpy(got + i * n, c + i * ldc, (size_t)n * sizeof *c);
+            for (int64_t j = n; j < ldc; j++)
+                pad_kept = pad_kept && c[i * ldc + j] == 7.0f;
+        }
+        double e = rel_error(got, want, m * n);
+        cr_expect(e <= DOT, "%ldx%ldx%ld: error %.3g", (long)m, (long)n, (long)k, e);
+        cr_expect(pad_kept, "%ldx%ldx%ld: C's row padding written", (long)m, (long)n, (long)k);
+        free(a);
+        free(b);
+        free(c);
+        free(want);
+        free(got);
+    }
+}
+
 /* A plan's gemm instruction with bf16 and f16 operands (--precision) against the reference's: both
  * transposes, beta, a batch of strided matrices and one split across the pool; with oneDNN's bf16
  * GEMM where the library has it (f32 accumulation: DOT), else the operands widened to f32 (the
