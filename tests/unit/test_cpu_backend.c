@@ -597,6 +597,16 @@ Test(cpu_attention, causal_and_not)
     attention_case("causal, 130 rows, dh 64", 1, 130, 130, 2, 2, 64, true);
 }
 
+/* Head widths that fill the block products' vectors in every way: one vector (16), three (48),
+ * four and one more (80), a vector and a scalar tail (20); query counts off the 4-row tiles. */
+Test(cpu_attention, head_widths)
+{
+    attention_case("dh 16, 9 rows", 2, 9, 9, 2, 2, 16, true);
+    attention_case("dh 48, GQA, 67 rows", 1, 67, 67, 4, 2, 48, true);
+    attention_case("dh 80, not causal, keys longer", 1, 37, 101, 2, 1, 80, false);
+    attention_case("dh 20, causal, keys shorter", 2, 71, 33, 2, 2, 20, true);
+}
+
 Test(cpu_attention, grouped_query_and_other_key_length)
 {
     attention_case("GQA 6 heads on 2", 2, 67, 67, 6, 2, 7, true);

@@ -1,13 +1,21 @@
 /* cpu_attention.c - fast CPU kernels for attention (forward and backward) and rope.
  *
- * Attention runs per (batch, head) on blocks of 64 query rows: the scores of a block are one GEMM
- * against the keys the block can see (with causal masking, keys up to its last row: about half the
- * work of the full square), a float softmax per row, and one GEMM with the values. q, k and v are
- * read in place ([B, S, heads*dh] with a row stride), so nothing is gathered or copied. The
- * backward recomputes the weights the same way (as the reference does) and takes dV, dP, dS, dQ
- * and dK as five GEMMs per block. Work is split across the pool by (batch, kv head): the query
- * heads that share a kv head (grouped-query attention) are visited in order by one thread, so
- * their dK, dV contributions add up in a fixed order without locks.
+ * Attention runs per (batch, head) on blocks of 64 query rows: the scores of a block against the
+ * keys it can see, a float softmax per row, and the product with the values; the backward
+ * recomputes the weights the same way (as the reference does) and takes dV, dP, dS, dQ and dK per
+ * block. The products are small (64 rows, head-dim and key-count wide), too small for a library
+ * GEMM's packing and dispatch to pay off, so they run on one register-blocked kernel here
+ * (mk_gemm: 4 rows by up to 64 columns of C held in vector registers, a row of B loaded per step
+ * of the sum, the A element broadcast), with the keys and values of a (batch, kv head) packed
+ * transposed once (kt, vt: head-dim rows of the key count rounded up to a vector, zero past the
+ * end) so that every product reads B along its rows. With causal masking each 4-row tile of a
+ * product stops at the last key (or starts at the first query) its rows can see, which skips the
+ * masked half of the diagonal block as well as the blocks past it. q, k and v are read in place
+ * ([B, S, heads*dh] with a row stride), and dq, dk, dv written in place.
+ *
+ * Work is split across the pool by (batch, head) forward and by (batch, kv head) backward: the
+ * query heads that share a kv head (grouped-query attention) are visited in order by one thread,
+ * so their dK, dV contributions add up in a fixed order without locks.
  *
  * rope is the reference's arithmetic (double) with its angles computed once per (position, pair)
  * instead of once per element.
@@ -19,11 +27,15 @@
 #include "cpu_internal.h"
 
 #define QB 64 /* query rows per block */
+#define MR 4  /* rows of a micro-tile */
+#define VL 16 /* floats per vector */
+
+typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
 
 typedef struct attn_job {
     const float *q, *k, *v, *dy;
     float *o, *dq, *dk, *dv;
-    int64_t nb, s, qf, s2, kf, dh, heads, kv_heads, group;
+    int64_t nb, s, qf, s2, kf, dh, heads, kv_heads, group, np;
     bool causal;
     float scale;
 } attn_job;
@@ -42,7 +54,109 @@ static void attn_setup(attn_job *j, const ptc_type *tq, const ptc_type *tk, int6
     j->group = heads / kv_heads;
     j->causal = causal;
     j->scale = (float)(1.0 / sqrt((double)j->dh));
+    j->np = (j->s2 + VL - 1) / VL * VL;
     PTC_ASSERT(j->group * kv_heads == heads && kv_heads * j->dh == j->kf);
+}
+
+/* ---- the block products ---- */
+
+/* Which part of a product row i (of the block) can be nonzero: columns below i + nd, terms of the
+ * sum from i + ks up to below i + kd. A tile of rows takes the widest range of its rows; the
+ * extra terms are products with weights the softmax set to 0. */
+typedef struct lim {
+    int64_t nd, ks, kd;
+} lim;
+#define FAR ((int64_t)1 << 40)
+static const lim NOLIM = {FAR, -FAR, FAR};
+
+/* rows x (nv vectors) of C = alpha sum_p A(r, p) B[p, :] (+ C when acc), A(r, p) = a[r lda + p],
+ * or a[p lda + r] when ta; the sum over p in [p0, p1) */
+static inline __attribute__((always_inline)) void tile(const int rows, const int nv, int64_t p0,
+                                                       int64_t p1, bool ta, const float *a,
+                                                       int64_t lda, const float *b, int64_t ldb,
+                                                       float alpha, bool acc, float *c,
+                                                       int64_t ldc)
+{
+    vf s[MR][4];
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nv; v++)
+            s[r][v] = (vf){0};
+    for (int64_t p = p0; p < p1; p++) {
+        const vf *bp = (const vf *)(b + p * ldb);
+        vf bv[4];
+        for (int v = 0; v < nv; v++)
+            bv[v] = bp[v];
+        for (int r = 0; r < rows; r++) {
+            float x = ta ? a[p * lda + r] : a[r * lda + p];
+            for (int v = 0; v < nv; v++)
+                s[r][v] += x * bv[v];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nv; v++) {
+            vf *cp = (vf *)(c + r * ldc + v * VL);
+            *cp = acc ? *cp + alpha * s[r][v] : alpha * s[r][v];
+        }
+}
+
+/* C (m x n) = alpha op(A) B (+ C when acc), op(A) m x k (A^T when ta), B k x n row-major, within
+ * the row ranges of l (columns past a row's range are left as they are). */
+PTRT_CLONES static void mk_gemm(int64_t m, int64_t n, int64_t k, bool ta, const float *a,
+                                int64_t lda, const float *b, int64_t ldb, float alpha, bool acc,
+                                float *c, int64_t ldc, lim l)
+{
+    for (int64_t i = 0; i < m; i += MR) {
+        int rows = m - i < MR ? (int)(m - i) : MR;
+        int64_t last = i + rows - 1;
+        int64_t nhi = last + l.nd < n ? (last + l.nd + VL - 1) / VL * VL : n;
+        nhi = nhi < n ? nhi : n;
+        int64_t p0 = i + l.ks > 0 ? i + l.ks : 0, p1 = last + l.kd < k ? last + l.kd : k;
+        int64_t nvec = nhi / VL * VL;
+        for (int64_t j = 0; j < nvec; j += 4 * VL) {
+            int nv = nvec - j >= 4 * VL ? 4 : (int)((nvec - j) / VL);
+            for (int r = 0; r < rows; r += (rows == MR ? MR : 1)) {
+                const float *ai = a + (ta ? i + r : (i + r) * lda);
+                float *ci = c + (i + r) * ldc + j;
+#define TILE(R, NV) tile(R, NV, p0, p1, ta, ai, lda, b + j, ldb, alpha, acc, ci, ldc)
+                if (rows == MR) {
+                    switch (nv) {
+                    case 4: TILE(MR, 4); break;
+                    case 3: TILE(MR, 3); break;
+                    case 2: TILE(MR, 2); break;
+                    default: TILE(MR, 1); break;
+                    }
+                } else {
+                    switch (nv) {
+                    case 4: TILE(1, 4); break;
+                    case 3: TILE(1, 3); break;
+                    case 2: TILE(1, 2); break;
+                    default: TILE(1, 1); break;
+                    }
+                }
+#undef TILE
+            }
+        }
+        for (int r = 0; r < rows; r++) /* the columns past the last whole vector */
+            for (int64_t jj = nvec; jj < nhi; jj++) {
+                float sum = 0;
+                for (int64_t p = p0; p < p1; p++)
+                    sum += (ta ? a[p * lda + i + r] : a[(i + r) * lda + p]) * b[p * ldb + jj];
+                float *cp = c + (i + r) * ldc + jj;
+                *cp = acc ? *cp + alpha * sum : alpha * sum;
+            }
+    }
+}
+
+/* o (dh x np) = the (batch b, kv head kh) columns of x ([B, s2, kf]) transposed, zero past s2 */
+static void pack_t(const attn_job *j, const float *x, int64_t b, int64_t kh, float *o)
+{
+    for (int64_t r0 = 0; r0 < j->s2; r0 += 64)
+        for (int64_t c0 = 0; c0 < j->dh; c0 += 64)
+            ptrt_cpu_transpose_block(x + (b * j->s2 + r0) * j->kf + kh * j->dh + c0, j->kf,
+                                     o + c0 * j->np + r0, j->np, j->s2 - r0 < 64 ? j->s2 - r0 : 64,
+                                     j->dh - c0 < 64 ? j->dh - c0 : 64);
+    for (int64_t d = 0; d < j->dh; d++)
+        memset(o + d * j->np + j->s2, 0, (size_t)(j->np - j->s2) * sizeof(float));
 }
 
 /* Keys query row i sees (the reference's rule). */
@@ -51,47 +165,72 @@ static int64_t row_keys(const attn_job *j, int64_t i)
     return j->causal && i + 1 < j->s2 ? i + 1 : j->s2;
 }
 
+static int64_t block_keys(const attn_job *j, int64_t i1)
+{
+    return j->causal && i1 < j->s2 ? i1 : j->s2;
+}
+
+/* The keys query row i of the block starting at i0 sees, up to its own (causal): as the columns
+ * of its scores (score_lim), as the terms of a sum over keys (keys_lim). */
+static lim score_lim(const attn_job *j, int64_t i0)
+{
+    return j->causal ? (lim){i0 + 1, -FAR, FAR} : NOLIM;
+}
+
+static lim keys_lim(const attn_job *j, int64_t i0)
+{
+    return j->causal ? (lim){FAR, -FAR, i0 + 1} : NOLIM;
+}
+
+/* ... and what key row t reaches: the block's queries from its own on. */
+static lim queries_lim(const attn_job *j, int64_t i0)
+{
+    return j->causal ? (lim){FAR, -i0, FAR} : NOLIM;
+}
+
 /* Softmax weights of query rows [i0, i1) of head h in batch b over the block's nk keys, into p
- * (rows of nk); a row's entries past its own last key are 0. */
-static void block_probs(const attn_job *j, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t nk,
-                        float *p)
+ * (rows of np, from the packed keys kt); a row's entries past its own last key are 0 up to nk
+ * rounded up to a vector. */
+static void block_probs(const attn_job *j, const float *kt, int64_t b, int64_t h, int64_t i0,
+                        int64_t i1, int64_t nk, float *p)
 {
     const float *q = j->q + (b * j->s + i0) * j->qf + h * j->dh;
-    const float *k = j->k + b * j->s2 * j->kf + h / j->group * j->dh;
-    ptrt_cpu_gemm_serial(false, true, i1 - i0, nk, j->dh, j->scale, q, j->qf, k, j->kf, 0.0f, p,
-                         nk);
+    int64_t nkv = (nk + VL - 1) / VL * VL;
+    mk_gemm(i1 - i0, nkv, j->dh, false, q, j->qf, kt, j->np, j->scale, false, p, j->np,
+            score_lim(j, i0));
     for (int64_t i = i0; i < i1; i++) {
-        float *row = p + (i - i0) * nk;
+        float *row = p + (i - i0) * j->np;
         int64_t n = row_keys(j, i);
         float mx = ptrt_cpu_max(row, n);
         float inv = 1.0f / ptrt_cpu_exp_sum(row, mx, row, n);
         for (int64_t t = 0; t < n; t++)
             row[t] *= inv;
-        for (int64_t t = n; t < nk; t++)
-            row[t] = 0.0f;
+        memset(row + n, 0, (size_t)(nkv - n) * sizeof(float));
     }
-}
-
-static int64_t block_keys(const attn_job *j, int64_t i1)
-{
-    return j->causal && i1 < j->s2 ? i1 : j->s2;
 }
 
 /* Forward for (batch, head) pairs [begin, end). */
 static void attn_fwd(void *ctx, int64_t begin, int64_t end)
 {
     const attn_job *j = ctx;
-    float *p = ptc_xmalloc((size_t)(QB * (j->s2 ? j->s2 : 1)) * sizeof(float));
+    float *kt = ptc_xmalloc((size_t)(j->dh * j->np) * sizeof(float));
+    float *p = ptc_xmalloc((size_t)(QB * j->np) * sizeof(float));
+    int64_t packed = -1;
     for (int64_t t = begin; t < end; t++) {
         int64_t b = t / j->heads, h = t % j->heads, kh = h / j->group;
+        if (packed != b * j->kv_heads + kh) {
+            pack_t(j, j->k, b, kh, kt);
+            packed = b * j->kv_heads + kh;
+        }
         const float *v = j->v + b * j->s2 * j->kf + kh * j->dh;
         for (int64_t i0 = 0; i0 < j->s; i0 += QB) {
             int64_t i1 = i0 + QB < j->s ? i0 + QB : j->s, nk = block_keys(j, i1);
-            block_probs(j, b, h, i0, i1, nk, p);
-            ptrt_cpu_gemm_serial(false, false, i1 - i0, j->dh, nk, 1.0f, p, nk, v, j->kf, 0.0f,
-                                 j->o + (b * j->s + i0) * j->qf + h * j->dh, j->qf);
+            block_probs(j, kt, b, h, i0, i1, nk, p);
+            mk_gemm(i1 - i0, j->dh, nk, false, p, j->np, v, j->kf, 1.0f, false,
+                    j->o + (b * j->s + i0) * j->qf + h * j->dh, j->qf, keys_lim(j, i0));
         }
     }
+    free(kt);
     free(p);
 }
 
@@ -108,19 +247,20 @@ int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, c
 
 /* One block of the backward: o_i = sum_j p_ij v_j, so dV += P^T dO and dP = dO V^T; through the
  * softmax dS = P (dP - rowsum(P dP)) scale; the scores are scale Q K^T, so dQ = dS K and
- * dK += dS^T Q. */
-static void block_grad(const attn_job *j, int64_t b, int64_t h, int64_t i0, int64_t i1, float *p,
-                       float *dp)
+ * dK += dS^T Q. kt and vt: the (batch, kv head)'s keys and values, packed transposed. */
+static void block_grad(const attn_job *j, const float *kt, const float *vt, int64_t b, int64_t h,
+                       int64_t i0, int64_t i1, float *p, float *dp)
 {
     int64_t rows = i1 - i0, nk = block_keys(j, i1), kh = h / j->group;
+    int64_t nkv = (nk + VL - 1) / VL * VL;
     int64_t qo = (b * j->s + i0) * j->qf + h * j->dh, ko = b * j->s2 * j->kf + kh * j->dh;
-    block_probs(j, b, h, i0, i1, nk, p);
-    ptrt_cpu_gemm_serial(false, true, rows, nk, j->dh, 1.0f, j->dy + qo, j->qf, j->v + ko, j->kf,
-                         0.0f, dp, nk);
-    ptrt_cpu_gemm_serial(true, false, nk, j->dh, rows, 1.0f, p, nk, j->dy + qo, j->qf, 1.0f,
-                         j->dv + ko, j->kf);
+    block_probs(j, kt, b, h, i0, i1, nk, p);
+    mk_gemm(rows, nkv, j->dh, false, j->dy + qo, j->qf, vt, j->np, 1.0f, false, dp, j->np,
+            score_lim(j, i0));
+    mk_gemm(nk, j->dh, rows, true, p, j->np, j->dy + qo, j->qf, 1.0f, true, j->dv + ko, j->kf,
+            queries_lim(j, i0));
     for (int64_t r = 0; r < rows; r++) {
-        float *pr = p + r * nk, *dpr = dp + r * nk;
+        float *pr = p + r * j->np, *dpr = dp + r * j->np;
         int64_t n = row_keys(j, i0 + r);
         double s0 = 0, s1 = 0;
         int64_t t = 0;
@@ -131,21 +271,23 @@ static void block_grad(const attn_job *j, int64_t b, int64_t h, int64_t i0, int6
         if (t < n)
             s0 += (double)pr[t] * dpr[t];
         float dot = (float)(s0 + s1);
-        for (t = 0; t < nk; t++) /* past the row's keys p is 0, so dS is 0 there */
+        for (t = 0; t < n; t++)
             dpr[t] = pr[t] * (dpr[t] - dot) * j->scale;
+        memset(dpr + n, 0, (size_t)(nkv - n) * sizeof(float)); /* (p is 0 there) */
     }
-    ptrt_cpu_gemm_serial(false, false, rows, j->dh, nk, 1.0f, dp, nk, j->k + ko, j->kf, 0.0f,
-                         j->dq + qo, j->qf);
-    ptrt_cpu_gemm_serial(true, false, nk, j->dh, rows, 1.0f, dp, nk, j->q + qo, j->qf, 1.0f,
-                         j->dk + ko, j->kf);
+    mk_gemm(rows, j->dh, nk, false, dp, j->np, j->k + ko, j->kf, 1.0f, false, j->dq + qo, j->qf,
+            keys_lim(j, i0));
+    mk_gemm(nk, j->dh, rows, true, dp, j->np, j->q + qo, j->qf, 1.0f, true, j->dk + ko, j->kf,
+            queries_lim(j, i0));
 }
 
 /* Backward for (batch, kv head) pairs [begin, end), each with all its query heads in order. */
 static void attn_bwd(void *ctx, int64_t begin, int64_t end)
 {
     const attn_job *j = ctx;
-    size_t scratch = (size_t)(QB * (j->s2 ? j->s2 : 1));
-    float *p = ptc_xmalloc(scratch * sizeof(float)), *dp = ptc_xmalloc(scratch * sizeof(float));
+    size_t block = (size_t)(QB * j->np) * sizeof(float), packed = (size_t)(j->dh * j->np) * sizeof(float);
+    float *p = ptc_xmalloc(block), *dp = ptc_xmalloc(block);
+    float *kt = ptc_xmalloc(packed), *vt = ptc_xmalloc(packed);
     for (int64_t t = begin; t < end; t++) {
         int64_t b = t / j->kv_heads, kh = t % j->kv_heads;
         for (int64_t r = 0; r < j->s2; r++) {
@@ -153,12 +295,16 @@ static void attn_bwd(void *ctx, int64_t begin, int64_t end)
             memset(j->dk + at, 0, (size_t)j->dh * sizeof(float));
             memset(j->dv + at, 0, (size_t)j->dh * sizeof(float));
         }
+        pack_t(j, j->k, b, kh, kt);
+        pack_t(j, j->v, b, kh, vt);
         for (int64_t h = kh * j->group; h < (kh + 1) * j->group; h++)
             for (int64_t i0 = 0; i0 < j->s; i0 += QB)
-                block_grad(j, b, h, i0, i0 + QB < j->s ? i0 + QB : j->s, p, dp);
+                block_grad(j, kt, vt, b, h, i0, i0 + QB < j->s ? i0 + QB : j->s, p, dp);
     }
     free(p);
     free(dp);
+    free(kt);
+    free(vt);
 }
 
 int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
