@@ -5,10 +5,10 @@
  * recomputes the weights the same way (as the reference does) and takes dV, dP, dS, dQ and dK per
  * block. The products are small (64 rows, head-dim and key-count wide), too small for a library
  * GEMM's packing and dispatch to pay off, so they run on one register-blocked kernel here
- * (mk_gemm: 4 rows by up to 64 columns of C held in vector registers, a row of B loaded per step
+ * (mk_gemm: 6 rows by up to 64 columns of C held in vector registers, a row of B loaded per step
  * of the sum, the A element broadcast), with the keys and values of a (batch, kv head) packed
  * transposed once (kt, vt: head-dim rows of the key count rounded up to a vector, zero past the
- * end) so that every product reads B along its rows. With causal masking each 4-row tile of a
+ * end) so that every product reads B along its rows. With causal masking each tile of rows of a
  * product stops at the last key (or starts at the first query) its rows can see, which skips the
  * masked half of the diagonal block as well as the blocks past it. q, k and v are read in place
  * ([B, S, heads*dh] with a row stride), and dq, dk, dv written in place.
@@ -27,7 +27,7 @@
 #include "cpu_internal.h"
 
 #define QB 64 /* query rows per block */
-#define MR 4  /* rows of a micro-tile */
+#define MR 6  /* rows of a micro-tile */
 #define VL 16 /* floats per vector */
 
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
@@ -245,6 +245,21 @@ int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, c
     return 1;
 }
 
+/* dp = p (dp - sum_t p dp) scale over a row's n keys (the sum in double lanes) */
+PTRT_CLONES static void softmax_grad_row(const float *p, float *dp, int64_t n, float scale)
+{
+    double acc[PTRT_LANES] = {0};
+    int64_t t = 0;
+    for (; t + PTRT_LANES <= n; t += PTRT_LANES)
+        for (int l = 0; l < PTRT_LANES; l++)
+            acc[l] += (double)p[t + l] * dp[t + l];
+    for (; t < n; t++)
+        acc[t % PTRT_LANES] += (double)p[t] * dp[t];
+    float dot = (float)ptrt_fold_lanes(acc);
+    for (t = 0; t < n; t++)
+        dp[t] = p[t] * (dp[t] - dot) * scale;
+}
+
 /* One block of the backward: o_i = sum_j p_ij v_j, so dV += P^T dO and dP = dO V^T; through the
  * softmax dS = P (dP - rowsum(P dP)) scale; the scores are scale Q K^T, so dQ = dS K and
  * dK += dS^T Q. kt and vt: the (batch, kv head)'s keys and values, packed transposed. */
@@ -260,20 +275,9 @@ static void block_grad(const attn_job *j, const float *kt, const float *vt, int6
     mk_gemm(nk, j->dh, rows, true, p, j->np, j->dy + qo, j->qf, 1.0f, true, j->dv + ko, j->kf,
             queries_lim(j, i0));
     for (int64_t r = 0; r < rows; r++) {
-        float *pr = p + r * j->np, *dpr = dp + r * j->np;
         int64_t n = row_keys(j, i0 + r);
-        double s0 = 0, s1 = 0;
-        int64_t t = 0;
-        for (; t + 2 <= n; t += 2) {
-            s0 += (double)pr[t] * dpr[t];
-            s1 += (double)pr[t + 1] * dpr[t + 1];
-        }
-        if (t < n)
-            s0 += (double)pr[t] * dpr[t];
-        float dot = (float)(s0 + s1);
-        for (t = 0; t < n; t++)
-            dpr[t] = pr[t] * (dpr[t] - dot) * j->scale;
-        memset(dpr + n, 0, (size_t)(nkv - n) * sizeof(float)); /* (p is 0 there) */
+        softmax_grad_row(p + r * j->np, dp + r * j->np, n, j->scale);
+        memset(dp + r * j->np + n, 0, (size_t)(nkv - n) * sizeof(float)); /* (p is 0 there) */
     }
     mk_gemm(rows, j->dh, nk, false, dp, j->np, j->k + ko, j->kf, 1.0f, false, j->dq + qo, j->qf,
             keys_lim(j, i0));
