@@ -223,19 +223,24 @@ PTC_KERNEL __launch_bounds__(256) k_f4_cross_entropy_with_grad(float *p_x0, cons
         }
         r27 = ptc_block_max(r27, ptc_smem);
         const float v_t6 = r27;
-        float r37 = 0.0f;
-        for (long long v_t7 = threadIdx.x; v_t7 < 256LL; v_t7 += blockDim.x) {
-            float y = expf((p_x0[((v_r * 256LL) + v_t7)] - v_t6));
-            r37 += y;
-        }
-        r37 = ptc_block_sum(r37, ptc_smem);
-        const float v_t8 = r37;
-        if (threadIdx.x == 0)
-            p_y0[v_r] = (v_t3 ? ((logf(v_t8) + v_t6) - p_x0[((v_r * 256LL) + v_t4)]) : (0.0f / 0.0f));
-        const float v_t9 = (1.0f / v_t8);
+        const float v_t7 = p_x0[((v_r * 256LL) + v_t4)];
         __syncthreads();
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y1[((v_r * 256LL) + v_j)] = (((expf((p_x0[((v_r * 256LL) + v_j)] - v_t6)) * v_t9) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0);
+            p_y1[((v_r * 256LL) + v_j)] = expf((p_x0[((v_r * 256LL) + v_j)] - v_t6));
+        }
+        __syncthreads();
+        float r54 = 0.0f;
+        for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
+            float y = p_y1[((v_r * 256LL) + v_t9)];
+            r54 += y;
+        }
+        r54 = ptc_block_sum(r54, ptc_smem);
+        const float v_t10 = r54;
+        if (threadIdx.x == 0)
+            p_y0[v_r] = (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f));
+        const float v_t11 = (1.0f / v_t10);
+        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+            p_y1[((v_r * 256LL) + v_j)] = (((p_y1[((v_r * 256LL) + v_j)] * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0);
         }
     }
 }
