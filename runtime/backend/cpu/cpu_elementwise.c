@@ -221,6 +221,8 @@ typedef struct sum_job {
     int64_t rows, cols;
 } sum_job;
 
+#define SUM_AHEAD 4 /* rows prefetched ahead */
+
 /* Columns [begin, end): every row added in order into double accumulators, the rows streamed
  * one contiguous segment at a time (the segment's columns are the vector lanes, so each column's
  * sum is still the reference's, term by term). */
@@ -231,6 +233,10 @@ PTRT_CLONES static void sum_cols(void *ctx, int64_t begin, int64_t end)
     double *restrict acc = ptc_xcalloc((size_t)w, sizeof *acc);
     for (int64_t r = 0; r < j->rows; r++) {
         const float *restrict xr = j->x + r * j->cols + begin;
+        if (r + SUM_AHEAD < j->rows) /* a piece is a short segment of each of many rows, which
+                                      * the hardware's stream prefetch does not follow */
+            for (int64_t c = 0; c < w; c += 16)
+                __builtin_prefetch(xr + SUM_AHEAD * j->cols + c);
         for (int64_t c = 0; c < w; c++)
             acc[c] += xr[c];
     }
