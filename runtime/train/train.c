@@ -1188,6 +1188,8 @@ static int setup(shared *sh, char *err, size_t errn)
         sh->comm = ptrt_inproc_comm(sh->inproc);
     }
     ptrt_cpu_set_threads(o->threads);
+    if (sh->nlocal > 1 || (sh->mpi && ptrt_mpi_nprocesses(sh->mpi) > 1))
+        ptrt_cpu_share_cores();
     /* (a GPU's peak is not the CPU's GEMM: on a device, MFU only with --peak-flops) */
     sh->peak_flops = o->peak_flops > 0 ? o->peak_flops
                      : sh->plan->model_flops > 0 && !o->eval && !o->sample_only &&

@@ -20,6 +20,11 @@ void ptrt_cpu_set_threads(int n)
     ptrt_cpu_pool_set_threads(n);
 }
 
+void ptrt_cpu_share_cores(void)
+{
+    ptrt_cpu_pool_shared();
+}
+
 /* No bf16/f16 operand or result: the fast kernels compute in float and do not round to those. */
 static bool plain(const ptrt_kcall *n, const ptc_type *it, const ptc_type *ot)
 {

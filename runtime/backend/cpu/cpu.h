@@ -13,6 +13,9 @@ int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
 /* Threads for GEMMs and parallel kernels, the calling thread included (0 = one per online CPU).
  * The GEMM library itself is kept to one thread: the backend splits GEMMs across its own threads. */
 void ptrt_cpu_set_threads(int n);
+/* Other threads or processes of the run compute on the same cores (ranks as threads, several
+ * processes on a node): the pool's idle threads then spin only briefly before they sleep. */
+void ptrt_cpu_share_cores(void);
 /* Whether GEMMs go to a library (oneDNN or OpenBLAS, opened at the first GEMM), and its name
  * ("onednn", "openblas SkylakeX", "plain loop"). */
 int ptrt_cpu_has_blas(void);

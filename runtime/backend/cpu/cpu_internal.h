@@ -63,6 +63,7 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
 /* Threads the pool uses (the calling thread included); at least 1. */
 int ptrt_cpu_threads(void);
 void ptrt_cpu_pool_set_threads(int n);
+void ptrt_cpu_pool_shared(void);
 
 /* ---- cpu_gemm.c ---- */
 

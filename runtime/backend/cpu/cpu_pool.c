@@ -12,20 +12,30 @@
  * that finds the pool busy (the rank threads of a partitioned plan each run kernels) or that is
  * already inside a region runs the same pieces itself, one after another.
  *
- * Waiting threads spin for some tens of microseconds (the next node usually comes sooner) and then
- * sleep on a condition variable, so an idle process burns no CPU. The spin has no PAUSE
- * instruction on purpose: in a virtual machine a pause loop traps to the hypervisor (pause-loop
- * exiting), which deschedules the vCPU; on a 2-vCPU VM that made every region cost milliseconds.
+ * Waiting threads spin for a while and then sleep on a condition variable, so an idle process
+ * burns no CPU. The spin is 250 us while the pool's threads have the cores to themselves: a
+ * training step's regions come every few tens of microseconds to a few hundred, and a worker that
+ * has gone to sleep costs the next region a wake-up (a futex call, and the sleeper's wake latency,
+ * during which the caller runs the pieces alone). It was 6 us until gpt2 config (a) showed its
+ * worker asleep ~100 times a step; at 250 us a few times, and the step 6-10% faster. The spin is
+ * the short one where other threads or processes compute on the same cores (ptrt_cpu_pool_shared,
+ * or a caller found the pool busy), as a spinning thread would take a core from one of them.
+ * PTC_SPIN_NS sets it, for measurements. The spin has no PAUSE instruction on purpose: in a
+ * virtual machine a pause loop traps to the hypervisor (pause-loop exiting), which deschedules the
+ * vCPU; on a 2-vCPU VM that made every region cost milliseconds.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cpu_internal.h"
 
 #define MAX_THREADS 64
-#define SPINS 20000         /* atomic loads before a waiting thread sleeps */
+#define SPIN_LONG_NS 250000 /* how long a waiting thread spins before it sleeps: a pool whose */
+#define SPIN_SHORT_NS 6000   /* threads have the cores to themselves, and a shared one */
 #define PIECES_PER_THREAD 2 /* pieces per thread at most (a little slack for a slow thread) */
 
 /* The claim word: generation (24 bits) | pieces (20 bits) | next piece (20 bits). A thread may
@@ -54,6 +64,36 @@ static struct {
           .done = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local bool in_region;
+/* set once a caller has found the pool busy, or by ptrt_cpu_pool_shared: other threads or
+ * processes compute on these cores, and a long spin would take a core from one of them */
+static atomic_bool shared;
+static int64_t spin_ns = -1; /* PTC_SPIN_NS, read when the workers start; -1: not set */
+
+typedef struct spin_clock {
+    uint64_t until; /* 0: not started */
+    unsigned n;
+} spin_clock;
+
+/* true while a waiting thread should keep spinning (the clock read every 64 loads) */
+static bool spinning(spin_clock *sc)
+{
+    if (++sc->n % 64)
+        return true;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+    if (!sc->until)
+        sc->until = now + (uint64_t)(spin_ns >= 0 ? spin_ns
+                                     : atomic_load_explicit(&shared, memory_order_relaxed)
+                                         ? SPIN_SHORT_NS
+                                         : SPIN_LONG_NS);
+    return now < sc->until;
+}
+
+void ptrt_cpu_pool_shared(void)
+{
+    atomic_store_explicit(&shared, true, memory_order_relaxed);
+}
 /* The generation each worker was started at (it must not wait for one already begun). */
 static unsigned start_gen[MAX_THREADS];
 
@@ -96,9 +136,9 @@ static void *worker(void *arg)
     in_region = true;
     for (;;) {
         unsigned g;
-        for (int spins = 0; (g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen;
-             spins++) {
-            if (spins < SPINS)
+        spin_clock sc = {0};
+        while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
+            if (spinning(&sc))
                 continue;
             pthread_mutex_lock(&pool.mu);
             while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
@@ -141,6 +181,10 @@ int ptrt_cpu_threads(void)
 /* Starts workers up to the wanted count; after a lower --threads the extra ones just sleep. */
 static void start_workers(void)
 {
+    if (spin_ns < 0 && !pool.started) {
+        const char *e = getenv("PTC_SPIN_NS");
+        spin_ns = e && *e ? atoll(e) : -2;
+    }
     while (pool.started + 1 < pool.want) {
         pthread_t t;
         pthread_attr_t attr;
@@ -170,6 +214,8 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
         return;
     }
     if (in_region || pthread_mutex_trylock(&pool.region) != 0) {
+        if (!in_region)
+            atomic_store_explicit(&shared, true, memory_order_relaxed);
         for (int64_t p = 0; p < pieces; p++)
             fn(ctx, n * p / pieces, n * (p + 1) / pieces);
         return;
@@ -191,9 +237,9 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
     in_region = true;
     work(gen);
     in_region = false;
-    for (int spins = 0; atomic_load_explicit(&pool.finished, memory_order_acquire) != pieces;
-         spins++) {
-        if (spins < SPINS)
+    spin_clock sc = {0};
+    while (atomic_load_explicit(&pool.finished, memory_order_acquire) != pieces) {
+        if (spinning(&sc))
             continue;
         pthread_mutex_lock(&pool.mu);
         while (atomic_load_explicit(&pool.finished, memory_order_acquire) != pieces)
