@@ -36,6 +36,7 @@
 #define MAX_THREADS 64
 #define SPIN_LONG_NS 250000 /* how long a waiting thread spins before it sleeps: a pool whose */
 #define SPIN_SHORT_NS 6000   /* threads have the cores to themselves, and a shared one */
+#define SPIN_PREEMPTED_NS 50000 /* a gap between two reads of the clock that means descheduled */
 #define PIECES_PER_THREAD 2 /* pieces per thread at most (a little slack for a slow thread) */
 
 /* The claim word: generation (24 bits) | pieces (20 bits) | next piece (20 bits). A thread may
@@ -70,11 +71,13 @@ static atomic_bool shared;
 static int64_t spin_ns = -1; /* PTC_SPIN_NS, read when the workers start; -1: not set */
 
 typedef struct spin_clock {
-    uint64_t until; /* 0: not started */
+    uint64_t until, last; /* until 0: not started */
     unsigned n;
 } spin_clock;
 
-/* true while a waiting thread should keep spinning (the clock read every 64 loads) */
+/* True while a waiting thread should keep spinning (the clock read every 64 loads). A spin that
+ * finds it was descheduled between two reads (the core is wanted by another thread, of this
+ * process or another) ends there. */
 static bool spinning(spin_clock *sc)
 {
     if (++sc->n % 64)
@@ -87,6 +90,9 @@ static bool spinning(spin_clock *sc)
                                      : atomic_load_explicit(&shared, memory_order_relaxed)
                                          ? SPIN_SHORT_NS
                                          : SPIN_LONG_NS);
+    else if (now - sc->last > SPIN_PREEMPTED_NS)
+        return false;
+    sc->last = now;
     return now < sc->until;
 }
 
