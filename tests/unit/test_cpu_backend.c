@@ -597,14 +597,31 @@ Test(cpu_attention, causal_and_not)
     attention_case("causal, 130 rows, dh 64", 1, 130, 130, 2, 2, 64, true);
 }
 
-/* Head widths that fill the block products' vectors in every way: one vector (16), three (48),
- * four and one more (80), a vector and a scalar tail (20); query counts off the 4-row tiles. */
-Test(cpu_attention, head_widths)
+/* Head widths that fill the block products' vectors in every way (16 floats to a vector with
+ * AVX-512, 8 with AVX2, 4 in the baseline copy): 16, 48, 80, 20 (vectors and a scalar tail), 6;
+ * query counts off the 6-row tiles; on every copy of the kernel this CPU can run. */
+Test(cpu_attention, head_widths_on_every_kernel_copy)
 {
-    attention_case("dh 16, 9 rows", 2, 9, 9, 2, 2, 16, true);
-    attention_case("dh 48, GQA, 67 rows", 1, 67, 67, 4, 2, 48, true);
-    attention_case("dh 80, not causal, keys longer", 1, 37, 101, 2, 1, 80, false);
-    attention_case("dh 20, causal, keys shorter", 2, 71, 33, 2, 2, 20, true);
+    const char *isa[] = {"base", "avx2", "avx512"};
+    int ran = 0;
+    for (int c = 0; c < 3; c++) {
+        if (!ptrt_cpu_attention_isa(isa[c]))
+            continue;
+        ran++;
+        char what[5][64];
+        snprintf(what[0], sizeof what[0], "%s: dh 16, 9 rows", isa[c]);
+        snprintf(what[1], sizeof what[1], "%s: dh 48, GQA, 67 rows", isa[c]);
+        snprintf(what[2], sizeof what[2], "%s: dh 80, not causal, keys longer", isa[c]);
+        snprintf(what[3], sizeof what[3], "%s: dh 20, causal, keys shorter", isa[c]);
+        snprintf(what[4], sizeof what[4], "%s: dh 6, causal, 70 rows", isa[c]);
+        attention_case(what[0], 2, 9, 9, 2, 2, 16, true);
+        attention_case(what[1], 1, 67, 67, 4, 2, 48, true);
+        attention_case(what[2], 1, 37, 101, 2, 1, 80, false);
+        attention_case(what[3], 2, 71, 33, 2, 2, 20, true);
+        attention_case(what[4], 2, 70, 70, 3, 3, 6, true);
+    }
+    ptrt_cpu_attention_isa(NULL);
+    cr_expect(ran >= 1, "the baseline copy always runs");
 }
 
 Test(cpu_attention, grouped_query_and_other_key_length)

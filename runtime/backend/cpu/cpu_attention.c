@@ -21,6 +21,7 @@
  * instead of once per element.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,9 +29,7 @@
 
 #define QB 64 /* query rows per block */
 #define MR 6  /* rows of a micro-tile */
-#define VL 16 /* floats per vector */
-
-typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
+#define VL 16 /* the key count is padded to a multiple of this */
 
 typedef struct attn_job {
     const float *q, *k, *v, *dy;
@@ -69,82 +68,86 @@ typedef struct lim {
 #define FAR ((int64_t)1 << 40)
 static const lim NOLIM = {FAR, -FAR, FAR};
 
-/* rows x (nv vectors) of C = alpha sum_p A(r, p) B[p, :] (+ C when acc), A(r, p) = a[r lda + p],
- * or a[p lda + r] when ta; the sum over p in [p0, p1) */
-static inline __attribute__((always_inline)) void tile(const int rows, const int nv, int64_t p0,
-                                                       int64_t p1, bool ta, const float *a,
-                                                       int64_t lda, const float *b, int64_t ldb,
-                                                       float alpha, bool acc, float *c,
-                                                       int64_t ldc)
+/* The micro-kernel, once per vector width (cpu_attention_mk.h), and the copy for this CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MK_NAME mk_gemm_avx512
+#define MK_VL 16
+#define MK_NV 4
+#define MK_TARGET __attribute__((target("arch=x86-64-v4")))
+#include "cpu_attention_mk.h"
+#undef MK_NAME
+#undef MK_VL
+#undef MK_NV
+#undef MK_TARGET
+#define MK_NAME mk_gemm_avx2
+#define MK_VL 8
+#define MK_NV 2
+#define MK_TARGET __attribute__((target("arch=x86-64-v3")))
+#include "cpu_attention_mk.h"
+#undef MK_NAME
+#undef MK_VL
+#undef MK_NV
+#undef MK_TARGET
+#endif
+#define MK_NAME mk_gemm_base
+#define MK_VL 4
+#define MK_NV 2
+#define MK_TARGET
+#include "cpu_attention_mk.h"
+#undef MK_NAME
+#undef MK_VL
+#undef MK_NV
+#undef MK_TARGET
+
+typedef void mk_fn(int64_t, int64_t, int64_t, bool, const float *, int64_t, const float *, int64_t,
+                   float, bool, float *, int64_t, lim);
+
+static mk_fn *mk_gemm;
+static pthread_once_t mk_once = PTHREAD_ONCE_INIT;
+
+/* the copies this CPU can run: 1 base, 2 and AVX2, 4 and AVX-512 */
+static int mk_have(void)
 {
-    vf s[MR][4];
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < nv; v++)
-            s[r][v] = (vf){0};
-    for (int64_t p = p0; p < p1; p++) {
-        const vf *bp = (const vf *)(b + p * ldb);
-        vf bv[4];
-        for (int v = 0; v < nv; v++)
-            bv[v] = bp[v];
-        for (int r = 0; r < rows; r++) {
-            float x = ta ? a[p * lda + r] : a[r * lda + p];
-            for (int v = 0; v < nv; v++)
-                s[r][v] += x * bv[v];
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < nv; v++) {
-            vf *cp = (vf *)(c + r * ldc + v * VL);
-            *cp = acc ? *cp + alpha * s[r][v] : alpha * s[r][v];
-        }
+    int have = 1;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("bmi2"))
+        have |= 2;
+    if ((have & 2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+        have |= 4;
+#endif
+    return have;
 }
 
-/* C (m x n) = alpha op(A) B (+ C when acc), op(A) m x k (A^T when ta), B k x n row-major, within
- * the row ranges of l (columns past a row's range are left as they are). */
-PTRT_CLONES static void mk_gemm(int64_t m, int64_t n, int64_t k, bool ta, const float *a,
-                                int64_t lda, const float *b, int64_t ldb, float alpha, bool acc,
-                                float *c, int64_t ldc, lim l)
+/* the copy named (NULL: the widest this CPU has); NULL when the CPU lacks it */
+static mk_fn *mk_named(const char *name)
 {
-    for (int64_t i = 0; i < m; i += MR) {
-        int rows = m - i < MR ? (int)(m - i) : MR;
-        int64_t last = i + rows - 1;
-        int64_t nhi = last + l.nd < n ? (last + l.nd + VL - 1) / VL * VL : n;
-        nhi = nhi < n ? nhi : n;
-        int64_t p0 = i + l.ks > 0 ? i + l.ks : 0, p1 = last + l.kd < k ? last + l.kd : k;
-        int64_t nvec = nhi / VL * VL;
-        for (int64_t j = 0; j < nvec; j += 4 * VL) {
-            int nv = nvec - j >= 4 * VL ? 4 : (int)((nvec - j) / VL);
-            for (int r = 0; r < rows; r += (rows == MR ? MR : 1)) {
-                const float *ai = a + (ta ? i + r : (i + r) * lda);
-                float *ci = c + (i + r) * ldc + j;
-#define TILE(R, NV) tile(R, NV, p0, p1, ta, ai, lda, b + j, ldb, alpha, acc, ci, ldc)
-                if (rows == MR) {
-                    switch (nv) {
-                    case 4: TILE(MR, 4); break;
-                    case 3: TILE(MR, 3); break;
-                    case 2: TILE(MR, 2); break;
-                    default: TILE(MR, 1); break;
-                    }
-                } else {
-                    switch (nv) {
-                    case 4: TILE(1, 4); break;
-                    case 3: TILE(1, 3); break;
-                    case 2: TILE(1, 2); break;
-                    default: TILE(1, 1); break;
-                    }
-                }
-#undef TILE
-            }
-        }
-        for (int r = 0; r < rows; r++) /* the columns past the last whole vector */
-            for (int64_t jj = nvec; jj < nhi; jj++) {
-                float sum = 0;
-                for (int64_t p = p0; p < p1; p++)
-                    sum += (ta ? a[p * lda + i + r] : a[(i + r) * lda + p]) * b[p * ldb + jj];
-                float *cp = c + (i + r) * ldc + jj;
-                *cp = acc ? *cp + alpha * sum : alpha * sum;
-            }
-    }
+    int have = mk_have();
+    if (!name)
+        name = have & 4 ? "avx512" : have & 2 ? "avx2" : "base";
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if (strcmp(name, "avx512") == 0)
+        return have & 4 ? mk_gemm_avx512 : NULL;
+    if (strcmp(name, "avx2") == 0)
+        return have & 2 ? mk_gemm_avx2 : NULL;
+#endif
+    return strcmp(name, "base") == 0 ? mk_gemm_base : NULL;
+}
+
+static void mk_pick(void)
+{
+    mk_gemm = mk_named(NULL);
+}
+
+bool ptrt_cpu_attention_isa(const char *name)
+{
+    pthread_once(&mk_once, mk_pick);
+    mk_fn *f = mk_named(name);
+    if (f)
+        mk_gemm = f;
+    return f != NULL;
 }
 
 /* o (dh x np) = the (batch b, kv head kh) columns of x ([B, s2, kf]) transposed, zero past s2 */
@@ -241,6 +244,7 @@ int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, c
     attn_setup(&j, tq, tk, heads, kv_heads, causal);
     if (j.s2 == 0 || j.dh == 0)
         return 0;
+    pthread_once(&mk_once, mk_pick);
     ptrt_cpu_parallel_for(j.nb * heads, 1, attn_fwd, &j);
     return 1;
 }
@@ -319,6 +323,7 @@ int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const 
     attn_setup(&j, tq, tk, heads, kv_heads, causal);
     if (j.s2 == 0 || j.dh == 0)
         return 0;
+    pthread_once(&mk_once, mk_pick);
     ptrt_cpu_parallel_for(j.nb * kv_heads, 1, attn_bwd, &j);
     return 1;
 }

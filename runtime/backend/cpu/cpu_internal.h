@@ -161,6 +161,10 @@ int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, c
                        const float *v, int64_t heads, int64_t kv_heads, bool causal, float *o);
 int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
                             int64_t kv_heads, bool causal, void *const *out);
+/* Which copy of the attention's block-product kernel runs: "avx512", "avx2" or "base"; NULL:
+ * the widest this CPU has (the default). False, and nothing changed, when the CPU lacks it. For
+ * tests, which run every copy the CPU has. */
+bool ptrt_cpu_attention_isa(const char *name);
 int ptrt_cpu_rope(const ptc_type *tx, const float *x, int64_t heads, double base, bool inverse,
                   float *o);
 
