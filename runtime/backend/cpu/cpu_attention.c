@@ -5,8 +5,9 @@
  * recomputes the weights the same way (as the reference does) and takes dV, dP, dS, dQ and dK per
  * block. The products are small (64 rows, head-dim and key-count wide), too small for a library
  * GEMM's packing and dispatch to pay off, so they run on one register-blocked kernel here
- * (mk_gemm: 6 rows by up to 64 columns of C held in vector registers, a row of B loaded per step
- * of the sum, the A element broadcast), with the keys and values of a (batch, kv head) packed
+ * (mk_gemm, cpu_attention_mk.h: 6 rows by up to 64 columns of C held in vector registers, a row
+ * of B loaded per step of the sum, the A element broadcast; a copy per vector width, the CPU's
+ * widest chosen once), with the keys and values of a (batch, kv head) packed
  * transposed once (kt, vt: head-dim rows of the key count rounded up to a vector, zero past the
  * end) so that every product reads B along its rows. With causal masking each tile of rows of a
  * product stops at the last key (or starts at the first query) its rows can see, which skips the
