@@ -238,9 +238,11 @@ typedef struct gemm_job {
 #define BLOCK 16
 
 /* C = alpha A^T B (beta 0) for a C taller than wide, as its transpose C^T = alpha B^T A and a
- * transposition: oneDNN's kernels run the transposed-A product 20-25% slower in this orientation
- * than in the other (one thread, the weight gradients of gpt2 config (a): m=2048 n=256 k=1024
- * 9.1 ms direct, 7.1 ms this way, the plain product 6.9; bench/results/gemm_transposed_*.md). */
+ * transposition. oneDNN runs the transposed-A product 16-38% slower in this orientation than in
+ * the other when C has fewer than 768 columns, and as fast or faster from 768 on (one thread on
+ * one thread's piece, bench/gemm_transposed.c, bench/results/gemm_transposed_2026-11-26.md; gpt2
+ * config (a)'s head gradient, m=2048 n=256 k=1024: 9.1 ms direct, 7.3 ms this way, 7.0 for the
+ * plain product), hence the rule in gemm_piece. */
 static void gemm_tn_tall(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                          const float *b, int64_t ldb, float *c, int64_t ldc)
 {
