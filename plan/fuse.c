@@ -817,37 +817,32 @@ static ptc_kir *build_ce(kb *b, int rowloss, const ptc_instr *ce, const ptc_inst
     int jv = ptc_kir_var(k, NULL, PTC_KT_I64);
     int mx = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_RMAX, jv, ptc_kx_i(k, C), ptc_kx_load(k, L, rowj(b, ptc_kx_v(k, jv), C))));
     int nan = bin(b, PTC_KX_DIV, f(b, 0.0), f(b, 0.0));
-    if (z->pg->bufs[dlogits].type.dtype == PTC_F32) {
-        /* f32 gradient: the row's exps are stored where the gradient goes (over the logits) and
-         * summed from there, so each is computed once; the target's logit is read first */
-        int xt = ptc_kir_bind(k, ptc_kx_load(k, L, rowj(b, tc, C)));
+    /* an f32 gradient takes the row's exps where it goes (over the logits) and they are summed
+     * from there, so each is computed once (the target's logit read first); a 16-bit one would
+     * round them, so there they are computed again for the gradient */
+    bool stored = z->pg->bufs[dlogits].type.dtype == PTC_F32;
+    int xt, s;
+    if (stored) {
+        xt = ptc_kir_bind(k, ptc_kx_load(k, L, rowj(b, tc, C)));
         int j = ptc_kir_for(k, "j", ptc_kx_i(k, C), false);
         ptc_kir_store(k, dLp, rowj(b, j, C), un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, j, C)), mx)));
         ptc_kir_end(k);
         jv = ptc_kir_var(k, NULL, PTC_KT_I64);
-        int s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C), ptc_kx_load(k, dLp, rowj(b, ptc_kx_v(k, jv), C))));
-        int loss = bin(b, PTC_KX_SUB, bin(b, PTC_KX_ADD, un(b, PTC_KX_LOG, s), mx), xt);
-        ptc_kir_store(k, lossp, b->r, ptc_kx_select(k, ok, loss, nan));
-        int inv = ptc_kir_bind(k, bin(b, PTC_KX_DIV, f(b, 1.0), s));
-        j = ptc_kir_for(k, "j", ptc_kx_i(k, C), false);
-        int p = bin(b, PTC_KX_MUL, ptc_kx_load(k, dLp, rowj(b, j, C)), inv);
-        p = bin(b, PTC_KX_SUB, p, ptc_kx_select(k, bin(b, PTC_KX_EQ, j, tc), f(b, 1.0), f(b, 0.0)));
-        ptc_kir_store(k, dLp, rowj(b, j, C), bin(b, PTC_KX_MUL, p, scale));
-        ptc_kir_end(k);
-        ptc_kir_end(k);
-        return k;
-    }
-    /* 16-bit gradient: the exps computed twice, for the sum in f32 */
-    jv = ptc_kir_var(k, NULL, PTC_KT_I64);
-    int s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C),
+        s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C), ptc_kx_load(k, dLp, rowj(b, ptc_kx_v(k, jv), C))));
+    } else {
+        jv = ptc_kir_var(k, NULL, PTC_KT_I64);
+        s = ptc_kir_bind(k, ptc_kx_reduce(k, PTC_KX_SUM, jv, ptc_kx_i(k, C),
                                           un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, ptc_kx_v(k, jv), C)), mx))));
-    int xt = ptc_kx_load(k, L, rowj(b, tc, C));
+        xt = ptc_kx_load(k, L, rowj(b, tc, C));
+    }
     int loss = bin(b, PTC_KX_SUB, bin(b, PTC_KX_ADD, un(b, PTC_KX_LOG, s), mx), xt);
     ptc_kir_store(k, lossp, b->r, ptc_kx_select(k, ok, loss, nan));
     int inv = ptc_kir_bind(k, bin(b, PTC_KX_DIV, f(b, 1.0), s));
     int j = ptc_kir_for(k, "j", ptc_kx_i(k, C), false);
-    int p = bin(b, PTC_KX_MUL, un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, j, C)), mx)), inv);
-    p = bin(b, PTC_KX_SUB, p, ptc_kx_select(k, bin(b, PTC_KX_EQ, j, tc), f(b, 1.0), f(b, 0.0)));
+    int e = stored ? ptc_kx_load(k, dLp, rowj(b, j, C))
+                   : un(b, PTC_KX_EXP, bin(b, PTC_KX_SUB, ptc_kx_load(k, L, rowj(b, j, C)), mx));
+    int p = bin(b, PTC_KX_SUB, bin(b, PTC_KX_MUL, e, inv),
+                ptc_kx_select(k, bin(b, PTC_KX_EQ, j, tc), f(b, 1.0), f(b, 0.0)));
     ptc_kir_store(k, dLp, rowj(b, j, C), bin(b, PTC_KX_MUL, p, scale));
     ptc_kir_end(k);
     ptc_kir_end(k);

@@ -76,29 +76,17 @@ static const lim NOLIM = {FAR, -FAR, FAR};
 #define MK_NV 4
 #define MK_TARGET __attribute__((target("arch=x86-64-v4")))
 #include "cpu_attention_mk.h"
-#undef MK_NAME
-#undef MK_VL
-#undef MK_NV
-#undef MK_TARGET
 #define MK_NAME mk_gemm_avx2
 #define MK_VL 8
 #define MK_NV 2
 #define MK_TARGET __attribute__((target("arch=x86-64-v3")))
 #include "cpu_attention_mk.h"
-#undef MK_NAME
-#undef MK_VL
-#undef MK_NV
-#undef MK_TARGET
 #endif
 #define MK_NAME mk_gemm_base
 #define MK_VL 4
 #define MK_NV 2
 #define MK_TARGET
 #include "cpu_attention_mk.h"
-#undef MK_NAME
-#undef MK_VL
-#undef MK_NV
-#undef MK_TARGET
 
 typedef void mk_fn(int64_t, int64_t, int64_t, bool, const float *, int64_t, const float *, int64_t,
                    float, bool, float *, int64_t, lim);
@@ -154,11 +142,7 @@ bool ptrt_cpu_attention_isa(const char *name)
 /* o (dh x np) = the (batch b, kv head kh) columns of x ([B, s2, kf]) transposed, zero past s2 */
 static void pack_t(const attn_job *j, const float *x, int64_t b, int64_t kh, float *o)
 {
-    for (int64_t r0 = 0; r0 < j->s2; r0 += 64)
-        for (int64_t c0 = 0; c0 < j->dh; c0 += 64)
-            ptrt_cpu_transpose_block(x + (b * j->s2 + r0) * j->kf + kh * j->dh + c0, j->kf,
-                                     o + c0 * j->np + r0, j->np, j->s2 - r0 < 64 ? j->s2 - r0 : 64,
-                                     j->dh - c0 < 64 ? j->dh - c0 : 64);
+    ptrt_cpu_transpose_tiled(x + b * j->s2 * j->kf + kh * j->dh, j->kf, o, j->np, j->s2, j->dh);
     for (int64_t d = 0; d < j->dh; d++)
         memset(o + d * j->np + j->s2, 0, (size_t)(j->np - j->s2) * sizeof(float));
 }

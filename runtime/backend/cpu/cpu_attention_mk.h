@@ -2,7 +2,7 @@
  *
  * Included by cpu_attention.c once per instruction set with MK_NAME (the driver's name), MK_VL
  * (floats per vector), MK_NV (vectors per tile row at most) and MK_TARGET (a function attribute,
- * or nothing). Each copy uses vectors of its instruction set's native width: GCC lowers a generic
+ * or nothing) defined; it undefines them at its end. Each copy uses vectors of its instruction set's native width: GCC lowers a generic
  * vector wider than the hardware's through memory inside loops (a 16-float vector compiled for
  * AVX2 ran the kernel 14 times slower), so the width is chosen here rather than left to
  * target_clones. Registers: MR x MK_NV accumulators, MK_NV rows of B and a broadcast, within 16
@@ -98,3 +98,7 @@ MK_TARGET static void MK_NAME(int64_t m, int64_t n, int64_t k, bool ta, const fl
 #undef MK_VT
 #undef MK_CAT
 #undef MK_CAT2
+#undef MK_NAME
+#undef MK_VL
+#undef MK_NV
+#undef MK_TARGET

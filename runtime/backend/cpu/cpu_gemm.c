@@ -248,10 +248,7 @@ static void gemm_tn_tall(int64_t m, int64_t n, int64_t k, float alpha, const flo
 {
     float *t = ptc_xmalloc((size_t)(m * n) * sizeof(float)); /* C^T, n x m */
     ptrt_cpu_gemm_serial(true, false, n, m, k, alpha, b, ldb, a, lda, 0.0f, t, m);
-    for (int64_t r0 = 0; r0 < n; r0 += 64)
-        for (int64_t c0 = 0; c0 < m; c0 += 64)
-            ptrt_cpu_transpose_block(t + r0 * m + c0, m, c + c0 * ldc + r0, ldc,
-                                     n - r0 < 64 ? n - r0 : 64, m - c0 < 64 ? m - c0 : 64);
+    ptrt_cpu_transpose_tiled(t, m, c, ldc, n, m);
     free(t);
 }
 

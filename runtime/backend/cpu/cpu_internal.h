@@ -105,6 +105,9 @@ void ptrt_cpu_silu_grad(const float *x, const float *dy, float *o, int64_t n);
  * 4-byte words exactly, so it serves every dtype. */
 void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
                               int64_t cols);
+/* The same for a matrix of any size, on one thread, in 64 x 64 blocks that stay in cache. */
+void ptrt_cpu_transpose_tiled(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
+                              int64_t cols);
 /* The AdamW update of elements [0, n): ref_grad.c's double arithmetic, operation for operation
  * (4 doubles at a time on AVX2, no FMA), so the results are the reference's bits. */
 typedef struct ptrt_cpu_adam {

@@ -432,6 +432,15 @@ void ptrt_cpu_transpose_block(const float *x, int64_t ldx, float *o, int64_t ldo
             memcpy(o + k * ldo + i, x + i * ldx + k, sizeof *o); /* the bits, whatever the dtype */
 }
 
+void ptrt_cpu_transpose_tiled(const float *x, int64_t ldx, float *o, int64_t ldo, int64_t rows,
+                              int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r += 64)
+        for (int64_t c = 0; c < cols; c += 64)
+            ptrt_cpu_transpose_block(x + r * ldx + c, ldx, o + c * ldo + r, ldo,
+                                     rows - r < 64 ? rows - r : 64, cols - c < 64 ? cols - c : 64);
+}
+
 void ptrt_cpu_adamw_span(const ptrt_cpu_adam *a, const float *p, const float *g, const float *m,
                          const float *v, float *po, float *mo, float *vo, int64_t n)
 {
