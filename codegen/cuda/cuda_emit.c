@@ -82,26 +82,6 @@ static int storage(const ptc_kir *k, int param)
     return k->params[param].alias >= 0 ? k->params[param].alias : param;
 }
 
-/* whether expression x loads the storage of a store of list s at an index other than the
- * store's own (then the iterations of a loop over s are not independent) */
-static bool loads_other(const ptc_kir *k, int x, int s);
-
-static bool stores_conflict(const ptc_kir *k, int s, int list)
-{
-    for (; s >= 0; s = k->s[s].next) {
-        const ptc_ks *st = &k->s[s];
-        if (st->kind == PTC_KS_FOR) {
-            if (stores_conflict(k, st->body, list))
-                return true;
-            continue;
-        }
-        if (loads_other(k, st->value, list) ||
-            (st->kind == PTC_KS_STORE && loads_other(k, st->index, list)))
-            return true;
-    }
-    return false;
-}
-
 static bool store_matches(const ptc_kir *k, int list, int param, int index, bool *any)
 {
     for (int s = list; s >= 0; s = k->s[s].next) {
@@ -120,6 +100,8 @@ static bool store_matches(const ptc_kir *k, int list, int param, int index, bool
     return true;
 }
 
+/* whether expression x loads the storage of a store of list s at an index other than the
+ * store's own */
 static bool loads_other(const ptc_kir *k, int x, int list)
 {
     if (x < 0)
@@ -131,6 +113,177 @@ static bool loads_other(const ptc_kir *k, int x, int list)
             return true;
     }
     return loads_other(k, e->a, list) || loads_other(k, e->b, list) || loads_other(k, e->c, list);
+}
+
+/* ---- whether the iterations of a loop may run on different threads ---- */
+
+/* An index expression in the body of a loop over v, as c v + R: R (the rest) takes values at
+ * most w apart within one iteration (over the loops nested in it). ok false: not of that form
+ * as far as this can tell (a load of data, a division, a product of two varying terms, ...). */
+typedef struct lin {
+    bool ok;
+    int64_t c, w;
+} lin;
+
+typedef struct lin_ctx {
+    const ptc_kir *k;
+    int v;          /* the loop's variable */
+    int *let_of;    /* var -> the value its let binds (a let inside the loop), -1 */
+    int64_t *ext;   /* var -> a loop inside the loop: its extent if constant, else -1 */
+    uint8_t *in;    /* var -> bound inside the loop (a let or a loop in its body) */
+    uint8_t *wr;    /* storage -> stored inside the loop */
+} lin_ctx;
+
+#define LIN_NONE ((lin){false, 0, 0})
+#define LIN_BIG ((int64_t)1 << 40) /* beyond this, nothing is claimed (no overflow) */
+
+static bool invariant(lin l)
+{
+    return l.ok && l.c == 0 && l.w == 0;
+}
+
+static lin lin_checked(int64_t c, int64_t w)
+{
+    return c > -LIN_BIG && c < LIN_BIG && w < LIN_BIG ? (lin){true, c, w} : LIN_NONE;
+}
+
+static lin lin_of(const lin_ctx *lc, int x)
+{
+    if (x < 0)
+        return (lin){true, 0, 0};
+    const ptc_kx *e = &lc->k->x[x];
+    switch (e->kind) {
+    case PTC_KX_ICONST:
+    case PTC_KX_FCONST: return (lin){true, 0, 0};
+    case PTC_KX_VAR:
+        if (e->var == lc->v)
+            return (lin){true, 1, 0};
+        if (!lc->in[e->var])
+            return (lin){true, 0, 0}; /* bound outside: the same in every iteration */
+        if (lc->let_of[e->var] >= 0)
+            return lin_of(lc, lc->let_of[e->var]);
+        return lc->ext[e->var] > 0 ? (lin){true, 0, lc->ext[e->var] - 1} : LIN_NONE;
+    case PTC_KX_ADD:
+    case PTC_KX_SUB: {
+        lin a = lin_of(lc, e->a), b = lin_of(lc, e->b);
+        if (!a.ok || !b.ok)
+            return LIN_NONE;
+        return lin_checked(e->kind == PTC_KX_ADD ? a.c + b.c : a.c - b.c, a.w + b.w);
+    }
+    case PTC_KX_MUL: {
+        lin a = lin_of(lc, e->a), b = lin_of(lc, e->b);
+        if (!a.ok || !b.ok)
+            return LIN_NONE;
+        if (invariant(a) && invariant(b))
+            return a;
+        const ptc_kx *ka = &lc->k->x[e->a], *kb = &lc->k->x[e->b];
+        int64_t m = ka->kind == PTC_KX_ICONST ? ka->i : kb->kind == PTC_KX_ICONST ? kb->i : 0;
+        lin o = ka->kind == PTC_KX_ICONST ? b : a;
+        if (m == 0 || m <= -LIN_BIG || m >= LIN_BIG)
+            return ka->kind == PTC_KX_ICONST || kb->kind == PTC_KX_ICONST ? (lin){true, 0, 0}
+                                                                          : LIN_NONE;
+        int64_t am = m < 0 ? -m : m;
+        if (o.c > LIN_BIG / am || o.c < -LIN_BIG / am || o.w > LIN_BIG / am)
+            return LIN_NONE;
+        return lin_checked(o.c * m, o.w * am);
+    }
+    case PTC_KX_LOAD: /* data: the same in every iteration only at an invariant index of an
+                         array the loop does not store */
+        return invariant(lin_of(lc, e->a)) && !lc->wr[storage(lc->k, e->param)]
+                   ? (lin){true, 0, 0}
+                   : LIN_NONE;
+    case PTC_KX_SUM:
+    case PTC_KX_RMAX: return LIN_NONE;
+    default: /* anything else of invariant operands is invariant */
+        return invariant(lin_of(lc, e->a)) && invariant(lin_of(lc, e->b)) &&
+                       invariant(lin_of(lc, e->c))
+                   ? (lin){true, 0, 0}
+                   : LIN_NONE;
+    }
+}
+
+static int64_t const_extent(const ptc_kir *k, int x, int64_t otherwise);
+
+static void lin_scan(lin_ctx *lc, int s)
+{
+    const ptc_kir *k = lc->k;
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_LET) {
+            lc->in[st->var] = 1;
+            lc->let_of[st->var] = st->value;
+        } else if (st->kind == PTC_KS_FOR) {
+            lc->in[st->var] = 1;
+            lc->ext[st->var] = const_extent(k, st->extent, -1);
+            lin_scan(lc, st->body);
+        } else {
+            lc->wr[storage(k, st->param)] = 1;
+        }
+    }
+}
+
+/* every store of list s writes, over the loop, elements no other iteration writes: its index
+ * c v + R with |c| past R's spread (so c v1 + R1 = c v2 + R2 gives v1 = v2), and one index
+ * for all the stores of an array (all of body) */
+static bool stores_disjoint(const lin_ctx *lc, int s, int body)
+{
+    const ptc_kir *k = lc->k;
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR && !stores_disjoint(lc, st->body, body))
+            return false;
+        if (st->kind != PTC_KS_STORE)
+            continue;
+        lin l = lin_of(lc, st->index);
+        bool any = false;
+        if (!l.ok || l.c == 0 || l.w >= (l.c < 0 ? -l.c : l.c) ||
+            !store_matches(k, body, st->param, st->index, &any))
+            return false;
+    }
+    return true;
+}
+
+/* the loads of statements s (values, indices, lets, extents) read a stored array only where
+ * their own iteration stores it */
+static bool loads_own(const ptc_kir *k, int s, int body)
+{
+    for (; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR) {
+            if (loads_other(k, st->extent, body) || !loads_own(k, st->body, body))
+                return false;
+            continue;
+        }
+        if (loads_other(k, st->value, body) ||
+            (st->kind == PTC_KS_STORE && loads_other(k, st->index, body)))
+            return false;
+    }
+    return true;
+}
+
+/* Whether the iterations of loop st are independent: no element is stored by two of them, and
+ * none reads an element another stores. An index that is data (an embedding's token row) or
+ * that repeats across iterations is not independent, even where each iteration reads only what
+ * it writes: two iterations would add into one element at once. */
+static bool iterations_independent(const ptc_kir *k, const ptc_ks *st)
+{
+    size_t nv = (size_t)(k->nvars > 0 ? k->nvars : 1), np = (size_t)(k->nparams > 0 ? k->nparams : 1);
+    lin_ctx lc = {.k = k, .v = st->var};
+    lc.let_of = malloc(nv * sizeof(int));
+    lc.ext = malloc(nv * sizeof(int64_t));
+    lc.in = calloc(nv, 1);
+    lc.wr = calloc(np, 1);
+    if (!lc.let_of || !lc.ext || !lc.in || !lc.wr)
+        abort();
+    for (size_t i = 0; i < nv; i++)
+        lc.let_of[i] = -1, lc.ext[i] = -1;
+    lin_scan(&lc, st->body);
+    bool ok = stores_disjoint(&lc, st->body, st->body) && loads_own(k, st->body, st->body);
+    free(lc.let_of);
+    free(lc.ext);
+    free(lc.in);
+    free(lc.wr);
+    return ok;
 }
 
 /* the storages expression x loads (inside its reductions too, unless skip_reduce) */
@@ -700,7 +853,7 @@ static void emit_for(em *e, const ptc_ks *st, ctx cx)
     }
     if (cx == CX_BLOCK) {
         before_stmt(e, st, false);
-        if (stores_conflict(k, st->body, st->body)) { /* iterations in order, on one thread */
+        if (!iterations_independent(k, st)) { /* iterations in order, on one thread */
             ind(e);
             fputs("if (threadIdx.x == 0) {\n", e->f);
             e->indent++;

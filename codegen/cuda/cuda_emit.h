@@ -15,8 +15,12 @@
  *               step; every thread gets the same sum, added in the same order). Scalars of the
  *               row are computed by every thread; a store of the row is made by thread 0.
  *               Barriers separate the row's statements that write memory from the others. A loop
- *               whose iterations might read what another wrote (a load of the array it stores,
- *               at another index) runs on thread 0 alone, in order.
+ *               runs on thread 0 alone, in order, unless its iterations are independent: every
+ *               store's index c v + R in the loop's variable v, with |c| larger than R's spread
+ *               (so no two iterations store one element), one index per stored array, and loads
+ *               of a stored array only at that index. A store at a data index (an embedding
+ *               gradient's token rows) is therefore sequential: two tokens of one id add into
+ *               one element, and there are no atomics.
  *
  * Top-level scalars are computed by every thread, as the CPU's threads each compute them.
  * Values are f32 and sums accumulate in f32, as on the CPU; exp, log, sqrt and tanh are CUDA's

@@ -1158,3 +1158,49 @@ Test(cuda, nvrtc_and_ptxas_comm_unit)
     }
     free(unit);
 }
+
+/* A loop of a row is spread over the block's threads only when its iterations are independent:
+ * each stores elements no other iteration stores and reads only those. A store at an index that
+ * is data (an embedding gradient's token rows: two tokens of one id add into one element), that
+ * does not move with the loop, or that repeats across iterations runs on thread 0 in order;
+ * it had been spread wherever the load matched the store, which loses updates on a GPU. */
+Test(cuda, thread_loops_only_where_iterations_are_independent)
+{
+    static const struct {
+        const char *body; /* inside `for r < 4 parallel { for j < 8 { ... } }` */
+        bool spread;
+    } cases[] = {
+        {"y[r * 8 + j] = y[r * 8 + j] + x[r * 8 + j]", true},
+        {"y[r * 8 + 7 - j] = x[r * 8 + j] * 2.0", true},
+        {"for u < 4 { y[r * 64 + j * 4 + u + 32] = x[r * 8 + j] } ", true},
+        {"let t = ids[j] y[select(t < 4, t * 8 + j, j)] = y[select(t < 4, t * 8 + j, j)] + "
+         "x[r * 8 + j]",
+         false},
+        {"y[r * 8] = y[r * 8] + x[r * 8 + j]", false},
+        {"y[r * 8 + j / 2] = y[r * 8 + j / 2] + x[r * 8 + j]", false},
+        {"for u < 4 { y[r * 64 + j * 2 + u] = x[r * 8 + j] }", false},
+        {"y[r * 8 + j] = x[r * 8 + j] y[r * 8 + (j + 1) % 8] = 0.0", false},
+        {"y[r * 8 + j] = y[r * 8 + (j + 1) % 8]", false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char text[1024], err[512];
+        snprintf(text, sizeof text,
+                 "kernel k(x: f32[32], ids: i32[8], y: out f32[256]) {\n"
+                 "for r < 4 parallel {\n for j < 8 {\n  %s\n }\n}\n}\n",
+                 cases[c].body);
+        ptc_kir *k = ptc_kir_parse_text(text, err, sizeof err);
+        cr_assert_not_null(k, "%s\n%s", err, text);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        ptc_cuda_emit_kernel(k, f);
+        fclose(f);
+        bool spread = strstr(buf, "v_j = threadIdx.x") != NULL;
+        bool alone = strstr(buf, "if (threadIdx.x == 0) {") != NULL;
+        cr_expect(spread == cases[c].spread && alone == !cases[c].spread,
+                  "case %zu (%s): the loop over j %s\n%s", c, cases[c].body,
+                  spread ? "is spread over threads" : "runs on one thread", buf);
+        free(buf);
+        ptc_kir_free(k);
+    }
+}

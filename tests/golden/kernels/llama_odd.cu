@@ -761,10 +761,12 @@ void k_op15_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
-        for (long long v_i = threadIdx.x; v_i < 8LL; v_i += blockDim.x) {
-            const long long v_t2 = (long long)p_x0[v_i];
-            const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 14LL) + v_j) : v_j);
-            p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 14LL) + v_j)] : PTC_NAN));
+        if (threadIdx.x == 0) {
+            for (long long v_i = 0; v_i < 8LL; v_i += 1) {
+                const long long v_t2 = (long long)p_x0[v_i];
+                const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 14LL) + v_j) : v_j);
+                p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 14LL) + v_j)] : PTC_NAN));
+            }
         }
     }
 }
