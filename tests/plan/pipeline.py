@@ -161,6 +161,23 @@ def traces(work):
               if e.get('cat') == 'work' and e['name'][0] in 'FB' and e['args']['step'] == 2}
     check(all((r, mb, k) in slices for r in range(8) for mb in range(4) for k in 'FB'),
           'measured trace: a slice per (rank, microbatch, forward/backward)')
+    # a run of 6 steps or more leaves 3 out as warm-up: --trace records steps 4 to 6, and
+    # --profile's calls per step are those of a 3-step run (1 left out)
+    r = subprocess.run([exe, '--steps', '7', '--quiet', '--trace', tr, '--profile'],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, 'executable with --trace --profile runs (%s)' % r.stderr.strip()[:200])
+    steps = {e['args']['step'] for e in json.load(open(tr))['traceEvents']
+             if e.get('cat') == 'work'}
+    check(steps == {4, 5, 6}, 'measured trace after the warm-up: steps %s' % sorted(steps))
+    r3 = subprocess.run([exe, '--steps', '3', '--quiet', '--profile'], capture_output=True,
+                        text=True)
+
+    def calls(out):
+        return {f[0]: f[1] for f in (l.split() for l in out.splitlines())
+                if len(f) == 4 and f[3].endswith('%')}
+    c7, c3 = calls(r.stdout + r.stderr), calls(r3.stdout + r3.stderr)
+    check(c7 and c7 == c3, '--profile: calls per step with 3 or 1 warm-up steps left out '
+          '(%s against %s)' % (sorted(c7.items())[:4], sorted(c3.items())[:4]))
 
 
 def corpus_training(work):
