@@ -288,6 +288,38 @@ Test(cpu_elementwise, transpose_and_reshape)
     free(x);
 }
 
+/* concat: rows split across the pool (3 x [64, 300] along the last axis: pieces of rows), other
+ * axes, i32, an empty operand, and more operands than the fast kernel takes (the reference) */
+Test(cpu_elementwise, concat)
+{
+    float *x = rnd(3 * 64 * 300, 10, -1, 1), *y = rnd(64 * 300, 11, -1, 1);
+    ptc_attrs at = DEF(CONCAT);
+    at.axis = 1;
+    check("concat [64,300] x 3, axis 1", PTC_OP_CONCAT, at, 3,
+          (ptc_type[]){TY(PTC_F32, 64, 300), TY(PTC_F32, 64, 300), TY(PTC_F32, 64, 300)},
+          (void *[]){x, y, x + 64 * 300}, EXACT);
+    check("concat [3,5,7] [3,2,7] [3,1,7], axis 1", PTC_OP_CONCAT, at, 3,
+          (ptc_type[]){TY(PTC_F32, 3, 5, 7), TY(PTC_F32, 3, 2, 7), TY(PTC_F32, 3, 1, 7)},
+          (void *[]){x, y, x + 500}, EXACT);
+    check("concat i32 [4,3] [4,0] [4,5], axis 1", PTC_OP_CONCAT, at, 3,
+          (ptc_type[]){TY(PTC_I32, 4, 3), TY(PTC_I32, 4, 0), TY(PTC_I32, 4, 5)},
+          (void *[]){x, y, x + 100}, EXACT);
+    at.axis = 0;
+    check("concat [2,3] [5,3], axis 0", PTC_OP_CONCAT, at, 2,
+          (ptc_type[]){TY(PTC_F32, 2, 3), TY(PTC_F32, 5, 3)}, (void *[]){x, y}, EXACT);
+    enum { MANY = 70 };
+    ptc_type ts[MANY];
+    void *ps[MANY];
+    for (int i = 0; i < MANY; i++) {
+        ts[i] = TY(PTC_F32, 2, 1 + i % 3);
+        ps[i] = x + 7 * i;
+    }
+    at.axis = 1;
+    check("concat of 70 operands, axis 1", PTC_OP_CONCAT, at, MANY, ts, ps, EXACT);
+    free(x);
+    free(y);
+}
+
 static void sum_to_case(const char *what, ptc_type tx, ptc_type to)
 {
     float *x = rnd(ptc_type_numel(&tx), 9, -1, 1);

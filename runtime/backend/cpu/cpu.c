@@ -61,6 +61,8 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     case PTC_OP_LOG_SOFTMAX:
         return ptrt_cpu_softmax(n->op == PTC_OP_LOG_SOFTMAX, &it[0], in[0], (int)at->axis, out[0]);
     case PTC_OP_RESHAPE: return ptrt_cpu_copy(ptc_type_numel(&it[0]) * 4, in[0], out[0]);
+    case PTC_OP_CONCAT:
+        return ptrt_cpu_concat(n->nin, it, (const void *const *)in, (int)at->axis, out[0]);
     case PTC_OP_TRANSPOSE: return ptrt_cpu_transpose(&it[0], in[0], out[0]);
     case PTC_OP_EMBEDDING: return ptrt_cpu_embedding(&it[0], in[0], &it[1], in[1], out[0]);
     case PTC_OP_ATTENTION:

@@ -357,6 +357,49 @@ int ptrt_cpu_copy(int64_t bytes, const void *x, void *o)
     return 1;
 }
 
+/* concat: each row of the axes before `axis` is the operands' rows one after another (up to
+ * CONCAT_MAX operands; more take the reference) */
+#define CONCAT_MAX 64
+typedef struct concat_job {
+    int nin;
+    const void *const *in;
+    int64_t row[CONCAT_MAX]; /* bytes of one row of operand i */
+    int64_t total;                        /* ... of the result */
+    char *o;
+} concat_job;
+
+static void concat_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const concat_job *j = ctx;
+    for (int64_t a = begin; a < end; a++) {
+        char *dst = j->o + a * j->total;
+        for (int i = 0; i < j->nin; i++) {
+            memcpy(dst, (const char *)j->in[i] + a * j->row[i], (size_t)j->row[i]);
+            dst += j->row[i];
+        }
+    }
+}
+
+int ptrt_cpu_concat(int nin, const ptc_type *it, const void *const *in, int axis, void *o)
+{
+    if (nin < 1 || nin > CONCAT_MAX || axis < 0 || axis >= it[0].rank)
+        return 0;
+    concat_job j = {.nin = nin, .in = in, .o = o};
+    int64_t outer = 1, inner = 4; /* (4-byte elements: the f32 and i32 the fast path takes) */
+    for (int d = 0; d < axis; d++)
+        outer *= it[0].dims[d];
+    for (int d = axis + 1; d < it[0].rank; d++)
+        inner *= it[0].dims[d];
+    for (int i = 0; i < nin; i++) {
+        j.row[i] = it[i].dims[axis] * inner;
+        j.total += j.row[i];
+    }
+    if (outer == 0 || j.total == 0)
+        return 1;
+    ptrt_cpu_parallel_for(outer, (1 << 18) / j.total + 1, concat_piece, &j);
+    return 1;
+}
+
 /* ---- casts between f32, bf16 and f16 ----
  * Bit-exact with common/half.c (round to nearest, ties to even; overflow to infinity; NaN to the
  * reference's quiet NaN) but in integer arithmetic: f32 -> f16 after Fabian Giesen's
