@@ -320,6 +320,47 @@ Test(cpu_elementwise, concat)
     free(y);
 }
 
+/* The softmax rows' exp_sum and max: the AVX-512 paths give the AVX2 paths' bits (the same exp
+ * on 16 lanes, the same 8 running sums in the same order), on rows of 1 to 300, in place and not:
+ * random rows, rows with values past exp's range, and rows with a NaN (first, and later). */
+Test(cpu_vec, avx512_softmax_rows_match_avx2)
+{
+    if (!ptrt_cpu_vec_avx2())
+        cr_skip_test("no AVX2 on this CPU");
+    float *a = malloc(300 * sizeof *a), *b = malloc(300 * sizeof *b);
+    cr_assert(a && b);
+    for (int set = 0; set < 4; set++) {
+        float *x = rnd(300, 12 + (uint32_t)set, -3, 3);
+        if (set == 1) { /* past exp's range both ways, and a large maximum late */
+            x[40] = -INFINITY;
+            x[77] = -200.0f;
+            x[150] = 95.0f;
+        }
+        if (set == 2)
+            x[0] = NAN;
+        if (set == 3)
+            x[37] = NAN;
+        for (int64_t n = 1; n <= 300; n++) {
+            ptrt_cpu_vec_no_avx512(true);
+            float m2 = ptrt_cpu_max(x, n), s2 = ptrt_cpu_exp_sum(x, m2, b, n);
+            memcpy(a, x, (size_t)n * sizeof *a);
+            float s2i = ptrt_cpu_exp_sum(a, m2, a, n); /* in place */
+            ptrt_cpu_vec_no_avx512(false);
+            float m5 = ptrt_cpu_max(x, n), s5 = ptrt_cpu_exp_sum(x, m5, a, n);
+            cr_assert(memcmp(&m2, &m5, sizeof m2) == 0, "set %d, max of %lld: %.9g vs %.9g", set,
+                      (long long)n, m2, m5);
+            cr_assert(memcmp(&s2, &s5, sizeof s2) == 0 && memcmp(&s2, &s2i, sizeof s2) == 0,
+                      "set %d, exp_sum of %lld: %.9g vs %.9g (in place %.9g)", set, (long long)n,
+                      s2, s5, s2i);
+            cr_assert(memcmp(a, b, (size_t)n * sizeof *a) == 0, "set %d: exps of %lld differ", set,
+                      (long long)n);
+        }
+        free(x);
+    }
+    free(a);
+    free(b);
+}
+
 static void sum_to_case(const char *what, ptc_type tx, ptc_type to)
 {
     float *x = rnd(ptc_type_numel(&tx), 9, -1, 1);

@@ -123,6 +123,9 @@ void ptrt_cpu_adamw_span(const ptrt_cpu_adam *a, const float *p, const float *g,
 /* Whether the AVX2+FMA paths are in use (the test runs the portable ones too). */
 bool ptrt_cpu_vec_avx2(void);
 void ptrt_cpu_vec_force_portable(bool on);
+/* exp_sum and max take their AVX-512 paths where the CPU has AVX-512F, unless this is set (the
+ * test holds them to the AVX2 paths' bits) */
+void ptrt_cpu_vec_no_avx512(bool on);
 
 /* ---- cpu_elementwise.c ---- */
 

@@ -194,10 +194,12 @@ AVX2 static float hsum8(__m256 v)
     return ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
-AVX2 static float exp_sum_avx2(const float *x, float sub, float *o, int64_t n)
+/* acc + exp(x[i] - sub) for i from `from` to n, 8 at a time (the AVX-512 loop's tail too) */
+AVX2 static __m256 exp_sum_from(const float *x, float sub, float *o, int64_t from, int64_t n,
+                                __m256 acc)
 {
-    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(sub);
-    for (int64_t i = 0; i < n; i += 8) {
+    __m256 s = _mm256_set1_ps(sub);
+    for (int64_t i = from; i < n; i += 8) {
         int64_t left = n - i;
         __m256 e = exp8(_mm256_sub_ps(load_part(x + i, left, 0), s));
         if (left < 8) /* padding must not count */
@@ -208,7 +210,12 @@ AVX2 static float exp_sum_avx2(const float *x, float sub, float *o, int64_t n)
         if (o)
             store_part(o + i, e, left);
     }
-    return hsum8(acc);
+    return acc;
+}
+
+AVX2 static float exp_sum_avx2(const float *x, float sub, float *o, int64_t n)
+{
+    return hsum8(exp_sum_from(x, sub, o, 0, n, _mm256_setzero_ps()));
 }
 
 AVX2 static float max_avx2(const float *x, int64_t n)
@@ -221,6 +228,62 @@ AVX2 static float max_avx2(const float *x, int64_t n)
     float r = b[0];
     for (int i = 1; i < 8; i++)
         r = b[i] > r ? b[i] : r;
+    return r;
+}
+
+/* ---- AVX-512: exp and max of the softmax rows (attention, softmax, cross-entropy) ----
+ * exp16 is exp8 on 16 lanes, operation for operation, and exp_sum_avx512 adds each 16 into the
+ * same 8 running sums in the same order as exp_sum_avx2 adds two 8s, so both give the same bits;
+ * the maximum is exact in any order (and passes over a NaN as max_avx2 does). */
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+AVX512 static __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), _mm512_min_ps(_mm512_set1_ps(EXP_HI), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i bits =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+AVX512 static float exp_sum_avx512(const float *x, float sub, float *o, int64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    __m512 s = _mm512_set1_ps(sub);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+        if (o)
+            _mm512_storeu_ps(o + i, e);
+    }
+    return hsum8(exp_sum_from(x, sub, o, i, n, acc));
+}
+
+AVX512 static float max_avx512(const float *x, int64_t n)
+{
+    __m512 m = _mm512_set1_ps(x[0]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+    for (; i < n; i++) /* (as max_avx2: an element joins unless it is a NaN) */
+        m = _mm512_max_ps(_mm512_set1_ps(x[i]), m);
+    float b[16];
+    _mm512_storeu_ps(b, m);
+    float r = b[0];
+    for (int k = 1; k < 16; k++)
+        r = b[k] > r ? b[k] : r;
     return r;
 }
 
@@ -322,8 +385,32 @@ AVX2 static void adamw_avx2(const ptrt_cpu_adam *a, const float *p, const float 
     adam_tail(a, p, g, m, v, po, mo, vo, n4, n);
 }
 
-static int have_avx2 = -1;
+static int have_avx2 = -1, have_avx512 = -1;
+static bool no_avx512;
 #endif
+
+void ptrt_cpu_vec_no_avx512(bool on)
+{
+#ifdef PTRT_X86
+    no_avx512 = on;
+#else
+    (void)on;
+#endif
+}
+
+/* the AVX-512 paths: AVX-512F on top of AVX2 and FMA, unless forced off */
+static bool vec_avx512(void)
+{
+#ifdef PTRT_X86
+    if (have_avx512 < 0) {
+        __builtin_cpu_init();
+        have_avx512 = __builtin_cpu_supports("avx512f");
+    }
+    return have_avx512 && !no_avx512 && ptrt_cpu_vec_avx2();
+#else
+    return false;
+#endif
+}
 
 bool ptrt_cpu_vec_avx2(void)
 {
@@ -343,6 +430,8 @@ bool ptrt_cpu_vec_avx2(void)
 float ptrt_cpu_exp_sum(const float *x, float sub, float *o, int64_t n)
 {
 #ifdef PTRT_X86
+    if (vec_avx512())
+        return exp_sum_avx512(x, sub, o, n);
     if (ptrt_cpu_vec_avx2())
         return exp_sum_avx2(x, sub, o, n);
 #endif
@@ -359,6 +448,8 @@ float ptrt_cpu_exp_sum(const float *x, float sub, float *o, int64_t n)
 float ptrt_cpu_max(const float *x, int64_t n)
 {
 #ifdef PTRT_X86
+    if (vec_avx512())
+        return max_avx512(x, n);
     if (ptrt_cpu_vec_avx2())
         return max_avx2(x, n);
 #endif
