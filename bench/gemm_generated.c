@@ -98,8 +98,7 @@ static char *gemm_text(const shape *g)
         if (g->ta)
             put(&s, &len, &cap, "  let a%d = a[p * %lld + i * %d + %d]\n", q, (long long)m, r, q);
         else
-            put(&s, &len, &cap, "  let a%d = a[(i * %d + %d) * %lld + p]\n", q, r, q,
-                (long long)k);
+            put(&s, &len, &cap, "  let a%d = a[(i * %d + %d) * %lld + p]\n", q, r, q, (long long)k);
     }
     put(&s, &len, &cap, "  for j < %lld {\n   let bj = b[p * %lld + j]\n", (long long)n,
         (long long)n);
@@ -200,9 +199,9 @@ int main(int argc, char **argv)
         {256, 1024, 1024, true, false, "(a) weight grad, A^T"},
     };
     static const shape small[] = {
-        {1, 1, 1, false, false, ""},   {7, 13, 5, false, false, ""}, {13, 1, 17, false, true, ""},
-        {6, 31, 1, true, false, ""},   {1, 29, 37, false, false, ""}, {41, 3, 2, false, true, ""},
-        {9, 10, 23, true, false, ""},  {12, 7, 19, false, false, ""},
+        {1, 1, 1, false, false, ""},  {7, 13, 5, false, false, ""},  {13, 1, 17, false, true, ""},
+        {6, 31, 1, true, false, ""},  {1, 29, 37, false, false, ""}, {41, 3, 2, false, true, ""},
+        {9, 10, 23, true, false, ""}, {12, 7, 19, false, false, ""},
     };
     const shape *sh = check ? small : bench;
     int nsh = check ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof bench / sizeof bench[0]);

@@ -364,7 +364,7 @@ typedef struct concat_job {
     int nin;
     const void *const *in;
     int64_t row[CONCAT_MAX]; /* bytes of one row of operand i */
-    int64_t total;                        /* ... of the result */
+    int64_t total;           /* ... of the result */
     char *o;
 } concat_job;
 

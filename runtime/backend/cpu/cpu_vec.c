@@ -398,19 +398,17 @@ void ptrt_cpu_vec_no_avx512(bool on)
 #endif
 }
 
+#ifdef PTRT_X86
 /* the AVX-512 paths: AVX-512F on top of AVX2 and FMA, unless forced off */
 static bool vec_avx512(void)
 {
-#ifdef PTRT_X86
     if (have_avx512 < 0) {
         __builtin_cpu_init();
         have_avx512 = __builtin_cpu_supports("avx512f");
     }
     return have_avx512 && !no_avx512 && ptrt_cpu_vec_avx2();
-#else
-    return false;
-#endif
 }
+#endif
 
 bool ptrt_cpu_vec_avx2(void)
 {
