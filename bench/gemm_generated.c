@@ -19,7 +19,6 @@
  *
  * Results: bench/results/gemm_generated_*.md. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,12 +27,9 @@
 #include <time.h>
 
 #include "cpu.h"
+#include "cpu_internal.h"
 #include "kir.h"
 #include "kjit.h"
-
-void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                          float *c, int64_t ldc);
 
 typedef struct {
     int64_t m, n, k;
@@ -48,65 +44,44 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Appends printf-formatted text to *s (grown as needed). */
-static void put(char **s, size_t *len, size_t *cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void put(char **s, size_t *len, size_t *cap, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(*s + *len, *cap - *len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < *cap - *len) {
-            *len += (size_t)n;
-            return;
-        }
-        *cap = *cap * 2 + (size_t)(n > 0 ? n : 0);
-        *s = realloc(*s, *cap);
-        if (!*s)
-            abort();
-    }
-}
-
 /* The kernel IR text of C = op(A) op(B) for a row-major shape (see the top of the file). */
 static char *gemm_text(const shape *g)
 {
-    size_t len = 0, cap = 4096;
-    char *s = malloc(cap);
-    if (!s)
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    if (!f)
         abort();
-    s[0] = 0;
     int64_t m = g->m, n = g->n, k = g->k;
-    put(&s, &len, &cap, "kernel gemm(a: f32[%lld], b: f32[%lld], c: out f32[%lld]) {\n",
-        (long long)(m * k), (long long)(k * n), (long long)(m * n));
+    fprintf(f, "kernel gemm(a: f32[%lld], b: f32[%lld], c: out f32[%lld]) {\n", (long long)(m * k),
+            (long long)(k * n), (long long)(m * n));
     if (g->tb) {
         /* NT (A not transposed: the shapes with B^T have plain A) */
-        put(&s, &len, &cap,
-            "for i < %lld parallel {\n for j < %lld {\n"
-            "  c[i * %lld + j] = sum(p < %lld: a[i * %lld + p] * b[j * %lld + p])\n }\n}\n}\n",
-            (long long)m, (long long)n, (long long)n, (long long)k, (long long)k, (long long)k);
+        fprintf(f,
+                "for i < %lld parallel {\n for j < %lld {\n"
+                "  c[i * %lld + j] = sum(p < %lld: a[i * %lld + p] * b[j * %lld + p])\n }\n}\n}\n",
+                (long long)m, (long long)n, (long long)n, (long long)k, (long long)k, (long long)k);
+        fclose(f);
         return s;
     }
     int r = m % 4 == 0 ? 4 : m % 2 == 0 ? 2 : 1;
-    put(&s, &len, &cap, "for i < %lld parallel {\n", (long long)(m / r));
+    fprintf(f, "for i < %lld parallel {\n", (long long)(m / r));
     for (int q = 0; q < r; q++)
-        put(&s, &len, &cap, " for j < %lld {\n  c[(i * %d + %d) * %lld + j] = 0.0\n }\n",
-            (long long)n, r, q, (long long)n);
-    put(&s, &len, &cap, " for p < %lld {\n", (long long)k);
+        fprintf(f, " for j < %lld {\n  c[(i * %d + %d) * %lld + j] = 0.0\n }\n", (long long)n, r, q,
+                (long long)n);
+    fprintf(f, " for p < %lld {\n", (long long)k);
     for (int q = 0; q < r; q++) {
         if (g->ta)
-            put(&s, &len, &cap, "  let a%d = a[p * %lld + i * %d + %d]\n", q, (long long)m, r, q);
+            fprintf(f, "  let a%d = a[p * %lld + i * %d + %d]\n", q, (long long)m, r, q);
         else
-            put(&s, &len, &cap, "  let a%d = a[(i * %d + %d) * %lld + p]\n", q, r, q, (long long)k);
+            fprintf(f, "  let a%d = a[(i * %d + %d) * %lld + p]\n", q, r, q, (long long)k);
     }
-    put(&s, &len, &cap, "  for j < %lld {\n   let bj = b[p * %lld + j]\n", (long long)n,
-        (long long)n);
+    fprintf(f, "  for j < %lld {\n   let bj = b[p * %lld + j]\n", (long long)n, (long long)n);
     for (int q = 0; q < r; q++)
-        put(&s, &len, &cap,
-            "   c[(i * %d + %d) * %lld + j] = c[(i * %d + %d) * %lld + j] + a%d * bj\n", r, q,
-            (long long)n, r, q, (long long)n, q);
-    put(&s, &len, &cap, "  }\n }\n}\n}\n");
+        fprintf(f, "   c[(i * %d + %d) * %lld + j] = c[(i * %d + %d) * %lld + j] + a%d * bj\n", r,
+                q, (long long)n, r, q, (long long)n, q);
+    fprintf(f, "  }\n }\n}\n}\n");
+    fclose(f);
     return s;
 }
 

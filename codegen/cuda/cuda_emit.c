@@ -176,12 +176,16 @@ static lin lin_of(const lin_ctx *lc, int x)
             return LIN_NONE;
         if (invariant(a) && invariant(b))
             return a;
+        /* a varying term times a constant m scales; times anything else, nothing is known */
         const ptc_kx *ka = &lc->k->x[e->a], *kb = &lc->k->x[e->b];
-        int64_t m = ka->kind == PTC_KX_ICONST ? ka->i : kb->kind == PTC_KX_ICONST ? kb->i : 0;
+        if (ka->kind != PTC_KX_ICONST && kb->kind != PTC_KX_ICONST)
+            return LIN_NONE;
+        int64_t m = ka->kind == PTC_KX_ICONST ? ka->i : kb->i;
         lin o = ka->kind == PTC_KX_ICONST ? b : a;
-        if (m == 0 || m <= -LIN_BIG || m >= LIN_BIG)
-            return ka->kind == PTC_KX_ICONST || kb->kind == PTC_KX_ICONST ? (lin){true, 0, 0}
-                                                                          : LIN_NONE;
+        if (m == 0)
+            return (lin){true, 0, 0};
+        if (m <= -LIN_BIG || m >= LIN_BIG)
+            return LIN_NONE;
         int64_t am = m < 0 ? -m : m;
         if (o.c > LIN_BIG / am || o.c < -LIN_BIG / am || o.w > LIN_BIG / am)
             return LIN_NONE;
