@@ -461,10 +461,11 @@ static void put_x(em *e, int x)
               : dt == PTC_F16  ? "ptc_f16_f("
                                : "(long long)",
               f);
+        fputs("PTC_LD(", f);
         put_param(e, p->param);
-        fputc('[', f);
+        fputs(", ", f);
         put_x(e, p->a);
-        fputs(dt == PTC_BF16 || dt == PTC_F16 ? "])" : "]", f);
+        fputs(dt == PTC_BF16 || dt == PTC_F16 ? "))" : ")", f);
         return;
     }
     case PTC_KX_SUM:
@@ -889,16 +890,17 @@ static void emit_store(em *e, const ptc_ks *st, ctx cx)
         e->indent++;
     }
     ind(e);
+    fputs("PTC_ST(", e->f);
     put_param(e, st->param);
-    fputc('[', e->f);
+    fputs(", ", e->f);
     put_x(e, st->index);
-    fputs(p->dtype == PTC_F32    ? "] = "
-          : p->dtype == PTC_BF16 ? "] = ptc_f_bf16("
-          : p->dtype == PTC_F16  ? "] = ptc_f_f16("
-                                 : "] = (int)(",
+    fputs(p->dtype == PTC_F32    ? ", "
+          : p->dtype == PTC_BF16 ? ", ptc_f_bf16("
+          : p->dtype == PTC_F16  ? ", ptc_f_f16("
+                                 : ", (int)(",
           e->f);
     put_x(e, st->value);
-    fputs(p->dtype == PTC_F32 ? ";\n" : ");\n", e->f);
+    fputs(p->dtype == PTC_F32 ? ");\n" : "));\n", e->f);
     if (cx == CX_BLOCK)
         e->indent--;
 }
@@ -1008,6 +1010,9 @@ void ptc_cuda_emit_prelude(FILE *f)
           "#define PTC_NAN __int_as_float(0x7fffffff)\n"
           "#define PTC_F2U(x) __float_as_uint(x)\n"
           "#define PTC_U2F(x) __uint_as_float(x)\n"
+          "/* loads and stores (the emulation checks each one for a race) */\n"
+          "#define PTC_LD(p, i) (p)[i]\n"
+          "#define PTC_ST(p, i, v) ((p)[i] = (v))\n"
           "#endif\n"
           "/* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest\n"
           " * even, NaN to the quiet NaN of its sign (as common/half.c) */\n"
@@ -1066,11 +1071,11 @@ void ptc_cuda_emit_prelude(FILE *f)
           "        v += __shfl_xor_sync(0xffffffffu, v, o);\n"
           "    __syncthreads();\n"
           "    if ((threadIdx.x & 31) == 0)\n"
-          "        sm[threadIdx.x >> 5] = v;\n"
+          "        PTC_ST(sm, threadIdx.x >> 5, v);\n"
           "    __syncthreads();\n"
           "    float s = 0.0f;\n"
           "    for (unsigned w = 0; w < blockDim.x >> 5; w++)\n"
-          "        s += sm[w];\n"
+          "        s += PTC_LD(sm, w);\n"
           "    return s;\n"
           "}\n"
           "\n"
@@ -1082,11 +1087,13 @@ void ptc_cuda_emit_prelude(FILE *f)
           "    }\n"
           "    __syncthreads();\n"
           "    if ((threadIdx.x & 31) == 0)\n"
-          "        sm[threadIdx.x >> 5] = v;\n"
+          "        PTC_ST(sm, threadIdx.x >> 5, v);\n"
           "    __syncthreads();\n"
           "    float m = PTC_LOWEST;\n"
-          "    for (unsigned w = 0; w < blockDim.x >> 5; w++)\n"
-          "        m = sm[w] > m ? sm[w] : m;\n"
+          "    for (unsigned w = 0; w < blockDim.x >> 5; w++) {\n"
+          "        const float u = PTC_LD(sm, w);\n"
+          "        m = u > m ? u : m;\n"
+          "    }\n"
           "    return m;\n"
           "}\n",
           f);

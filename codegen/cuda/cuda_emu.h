@@ -15,10 +15,30 @@
  *                         shuffles all 32 lanes of a warp reach together (the generated block
  *                         reductions);
  *   __shared__            a static variable, one per kernel; blocks do not overlap in time;
- *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will).
+ *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will);
+ *   PTC_LD(p, i)          p[i], and PTC_ST(p, i, v), p[i] = v: every load and store of the
+ *                         kernel-IR and attention kernels (global and shared memory) is written
+ *                         so, and the fibers build checks each one for a race (below).
  *
- * Entry point, exported from the shared object: ptc_cuda_emu_launch(fn, args, grid, block),
- * fn being a kernel's `k_<name>__emu`. One launch at a time per process.
+ * Entry points, exported from the shared object: ptc_cuda_emu_launch(fn, args, grid, block),
+ * fn being a kernel's `k_<name>__emu`, and ptc_cuda_emu_error(), what made the last launch fail.
+ * One launch at a time per process.
+ *
+ * The race check (fibers). A missing barrier shows as a wrong result only when the fibers happen
+ * to run in an order that exposes it, and two threads adding into one element show nothing at
+ * all: fibers do not interleave within a barrier interval, so no update is lost here that a GPU
+ * would lose. So each access is recorded, in a table keyed by address and cleared every launch,
+ * with the (block, barrier interval, thread) of its last writer and last reader, and a launch
+ * fails (-2, the first race described by ptc_cuda_emu_error) when
+ *   - two threads of one block touch one address between the same two barriers, one writing; or
+ *   - two blocks touch one address of global memory, one writing: a GPU runs blocks at once and
+ *     orders them not at all;
+ * except that stores of the same bits (the generated code's top-level statements, which every
+ * thread runs) leave the same memory in any order, and a store that leaves the bits there as
+ * they were changes nothing another thread read. Shared memory (__shared__, placed in a section of
+ * its own to be told apart) is each block's own: a block starts its record afresh. atomicAdd is not
+ * recorded. The real-threads build (ASan) does not check: its threads do interleave, and ASan is
+ * the tool there.
  */
 #ifndef PTC_CUDA_EMU_H
 #define PTC_CUDA_EMU_H
@@ -57,7 +77,6 @@ static inline float ptc_emu_u2f(unsigned int u)
 #define PTC_F2U(x) ptc_emu_f2u(x)
 #define PTC_U2F(x) ptc_emu_u2f(x)
 #define __launch_bounds__(n)
-#define __shared__ static
 
 typedef struct ptc_emu_dim3 {
     unsigned x, y, z;
@@ -70,6 +89,9 @@ typedef struct ptc_emu_dim3 {
  * exact: a fiber passes a barrier when every member has arrived (the block's threads for
  * __syncthreads, its warp's 32 for the shuffles). A launch whose fibers all wait on barriers
  * that can never complete (a barrier some threads skip) returns -1 instead of hanging. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <ucontext.h>
 
@@ -77,6 +99,178 @@ typedef struct ptc_emu_dim3 {
 
 static ptc_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 static float ptc_emu_slot[1024];
+static unsigned ptc_emu_cur;
+static int ptc_emu_epoch; /* the block's barrier intervals so far */
+static char ptc_emu_err[512];
+
+/* ---- the race check (see the top of this file) ---- */
+#define __shared__ static __attribute__((section("ptc_emu_shared")))
+extern char __start_ptc_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern char __stop_ptc_emu_shared[] __attribute__((weak, visibility("hidden")));
+
+typedef struct ptc_emu_acc {
+    const void *addr;
+    unsigned launch; /* the launch that recorded it: entries of earlier ones are free */
+    int wb, we, wt;  /* the last write: block, barrier interval, thread (wb < 0: none) */
+    int rb, re, rt;  /* the last read, likewise (rt < 0: several threads of that interval) */
+    int rblocks;     /* blocks that read it: 1, or 2 for two or more */
+    uint64_t wval;   /* the bits the last write stored */
+} ptc_emu_acc;
+
+static ptc_emu_acc *ptc_emu_tab;
+static size_t ptc_emu_cap, ptc_emu_used; /* slots (a power of 2), entries of this launch */
+static unsigned ptc_emu_gen;             /* this launch */
+static int ptc_emu_raced;                /* 1: a race, 2: no memory to check */
+
+static size_t ptc_emu_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 29;
+    return (size_t)x;
+}
+
+/* p's entry, a fresh one if this launch has not seen p; NULL without memory */
+static ptc_emu_acc *ptc_emu_entry_of(const void *p)
+{
+    if (2 * (ptc_emu_used + 1) > ptc_emu_cap) {
+        size_t cap = ptc_emu_cap ? 2 * ptc_emu_cap : (size_t)1 << 16;
+        ptc_emu_acc *t = (ptc_emu_acc *)calloc(cap, sizeof *t);
+        if (!t)
+            return NULL;
+        for (size_t i = 0; i < ptc_emu_cap; i++) {
+            if (ptc_emu_tab[i].launch != ptc_emu_gen)
+                continue;
+            size_t j = ptc_emu_hash(ptc_emu_tab[i].addr) & (cap - 1);
+            while (t[j].launch == ptc_emu_gen)
+                j = (j + 1) & (cap - 1);
+            t[j] = ptc_emu_tab[i];
+        }
+        free(ptc_emu_tab);
+        ptc_emu_tab = t;
+        ptc_emu_cap = cap;
+    }
+    for (size_t i = ptc_emu_hash(p) & (ptc_emu_cap - 1);; i = (i + 1) & (ptc_emu_cap - 1)) {
+        ptc_emu_acc *a = &ptc_emu_tab[i];
+        if (a->launch != ptc_emu_gen) {
+            *a = (ptc_emu_acc){p, ptc_emu_gen, -1, 0, 0, -1, 0, 0, 0, 0};
+            ptc_emu_used++;
+            return a;
+        }
+        if (a->addr == p)
+            return a;
+    }
+}
+
+static void ptc_emu_race(const char *what, long long at, const char *fmt, ...)
+{
+    if (ptc_emu_raced)
+        return;
+    ptc_emu_raced = 1;
+    int n = snprintf(ptc_emu_err, sizeof ptc_emu_err, "a race on %s[%lld]: ", what, at);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof ptc_emu_err)
+        vsnprintf(ptc_emu_err + n, sizeof ptc_emu_err - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* p's entry for thread t of block b, shared memory's afresh for a new block; NULL (and the
+ * check off for the launch) without memory */
+static ptc_emu_acc *ptc_emu_acc_for(const void *p, int b)
+{
+    if (ptc_emu_raced)
+        return NULL;
+    ptc_emu_acc *a = ptc_emu_entry_of(p);
+    if (!a) {
+        ptc_emu_raced = 2;
+        snprintf(ptc_emu_err, sizeof ptc_emu_err, "no memory for the race check");
+        return NULL;
+    }
+    const char *c = (const char *)p;
+    if (c >= __start_ptc_emu_shared && c < __stop_ptc_emu_shared &&
+        ((a->wb >= 0 && a->wb != b) || (a->rb >= 0 && a->rb != b)))
+        *a = (ptc_emu_acc){p, ptc_emu_gen, -1, 0, 0, -1, 0, 0, 0, 0};
+    return a;
+}
+
+/* Records a load of p, element (p - base) / size of the array named what; returns p. A race: a
+ * write by another block, or by another thread of this block since the last barrier. */
+static const void *ptc_emu_load(const void *base, const void *p, size_t size, const char *what)
+{
+    const int b = (int)blockIdx.x, e = ptc_emu_epoch, t = (int)ptc_emu_cur;
+    ptc_emu_acc *a = ptc_emu_acc_for(p, b);
+    if (!a)
+        return p;
+    const long long at = (long long)(((const char *)p - (const char *)base) / (ptrdiff_t)size);
+    if (a->wb >= 0 && a->wb != b)
+        ptc_emu_race(what, at, "block %d writes it and block %d reads it", a->wb, b);
+    else if (a->wb >= 0 && a->we == e && a->wt != t)
+        ptc_emu_race(what, at,
+                     "thread %d of block %d writes it and thread %d reads it between the same two "
+                     "barriers",
+                     a->wt, b, t);
+    if (a->rb != b) {
+        a->rblocks = a->rb < 0 ? 1 : 2;
+        a->rb = b, a->re = e, a->rt = t;
+    } else if (a->re == e) {
+        a->rt = a->rt == t ? t : -1;
+    } else {
+        a->re = e, a->rt = t;
+    }
+    return p;
+}
+
+/* Records a store of the size bytes at v to p (element (p - base) / size of what) and makes it.
+ * A race: a write of other bits by another block, or by another thread since the last barrier;
+ * or a read by another block, or another thread since the last barrier, when the store changes
+ * the bits there. Stores of the same bits from many threads (the generated code's top-level
+ * statements, which every thread runs) leave the same memory in any order. */
+static void ptc_emu_store(const void *base, void *p, const void *v, size_t size, const char *what)
+{
+    const int b = (int)blockIdx.x, e = ptc_emu_epoch, t = (int)ptc_emu_cur;
+    ptc_emu_acc *a = ptc_emu_acc_for(p, b);
+    uint64_t bits = 0;
+    memcpy(&bits, v, size < sizeof bits ? size : sizeof bits);
+    if (a) {
+        const long long at = (long long)(((const char *)p - (const char *)base) / (ptrdiff_t)size);
+        const bool same = a->wval == bits;
+        if (a->wb >= 0 && a->wb != b && !same)
+            ptc_emu_race(what, at, "blocks %d and %d both write it", a->wb, b);
+        else if (a->wb >= 0 && a->we == e && a->wt != t && !same)
+            ptc_emu_race(what, at,
+                         "threads %d and %d of block %d both write it (other values) between "
+                         "the same two barriers",
+                         a->wt, t, b);
+        if (a->rb >= 0 && memcmp(p, v, size) != 0) {
+            if (a->rblocks > 1)
+                ptc_emu_race(what, at, "two blocks or more read it and block %d writes it", b);
+            else if (a->rb != b)
+                ptc_emu_race(what, at, "block %d reads it and block %d writes it", a->rb, b);
+            else if (a->re == e && a->rt < 0)
+                ptc_emu_race(what, at,
+                             "threads of block %d read it and thread %d writes it between the "
+                             "same two barriers",
+                             b, t);
+            else if (a->re == e && a->rt != t)
+                ptc_emu_race(what, at,
+                             "thread %d of block %d reads it and thread %d writes it between the "
+                             "same two barriers",
+                             a->rt, b, t);
+        }
+        a->wb = b, a->we = e, a->wt = t, a->wval = bits;
+    }
+    memcpy(p, v, size);
+}
+#define PTC_LD(p, i)                                                                               \
+    (*(__typeof__(&(p)[0]))ptc_emu_load((const void *)(p), (const void *)&(p)[i], sizeof *(p), #p))
+#define PTC_ST(p, i, v)                                                                            \
+    do {                                                                                           \
+        __typeof__(&(p)[0]) ptc_emu_p = &(p)[i];                                                   \
+        const __typeof__((p)[0]) ptc_emu_v = (v);                                                  \
+        ptc_emu_store((const void *)(p), (void *)ptc_emu_p, &ptc_emu_v, sizeof ptc_emu_v, #p);     \
+    } while (0)
 
 typedef void (*ptc_emu_fn)(void *const *args);
 
@@ -88,7 +282,6 @@ typedef struct ptc_emu_fiber {
 
 static ptc_emu_fiber ptc_emu_fibers[1024];
 static ucontext_t ptc_emu_sched;
-static unsigned ptc_emu_cur;
 static unsigned ptc_emu_arrived[33]; /* 0: the block's barrier; 1 + w: warp w's */
 static ptc_emu_fn ptc_emu_fn_now;
 static void *const *ptc_emu_args_now;
@@ -100,6 +293,7 @@ static void ptc_emu_wait(int bar, unsigned members)
 {
     if (++ptc_emu_arrived[bar] == members) { /* the last to arrive releases the others */
         ptc_emu_arrived[bar] = 0;
+        ptc_emu_epoch += bar == 0; /* a new interval of the block (a warp's is not one) */
         for (unsigned t = 0; t < blockDim.x; t++)
             if (ptc_emu_fibers[t].state == 1 && ptc_emu_fibers[t].bar == bar)
                 ptc_emu_fibers[t].state = 0;
@@ -140,21 +334,37 @@ static void ptc_emu_entry(void)
     ptc_emu_fibers[ptc_emu_cur].state = 2; /* then back to the scheduler (uc_link) */
 }
 
-/* Runs fn on grid blocks of block threads. 0, or -1 for a block size the generated code does
- * not take (not a multiple of 32, or above 1024), no memory for the stacks, or a deadlock. */
+/* Runs fn on grid blocks of block threads. 0; -1 for a block size the generated code does not
+ * take (not a multiple of 32, or above 1024), no memory, or a deadlock; -2 for a race. The
+ * reason: ptc_cuda_emu_error(). */
 int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block);
+const char *ptc_cuda_emu_error(void);
+
+const char *ptc_cuda_emu_error(void)
+{
+    return ptc_emu_err;
+}
 
 int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block)
 {
-    if (block == 0 || block % 32 || block > 1024 || grid == 0)
+    ptc_emu_err[0] = 0;
+    if (block == 0 || block % 32 || block > 1024 || grid == 0) {
+        snprintf(ptc_emu_err, sizeof ptc_emu_err, "a launch of %u blocks of %u threads", grid,
+                 block);
         return -1;
+    }
     if (ptc_emu_nstacks < block) {
         free(ptc_emu_stacks);
         ptc_emu_stacks = (char *)malloc(PTC_EMU_STACK * block);
         ptc_emu_nstacks = ptc_emu_stacks ? block : 0;
-        if (!ptc_emu_stacks)
+        if (!ptc_emu_stacks) {
+            snprintf(ptc_emu_err, sizeof ptc_emu_err, "no memory for %u fibers' stacks", block);
             return -1;
+        }
     }
+    ptc_emu_gen++;
+    ptc_emu_used = 0;
+    ptc_emu_raced = 0;
     blockDim = (ptc_emu_dim3){block, 1, 1};
     gridDim = (ptc_emu_dim3){grid, 1, 1};
     ptc_emu_fn_now = fn;
@@ -162,6 +372,7 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
     for (unsigned b = 0; b < grid; b++) {
         blockIdx = (ptc_emu_dim3){b, 0, 0};
         memset(ptc_emu_arrived, 0, sizeof ptc_emu_arrived);
+        ptc_emu_epoch = 0;
         for (unsigned t = 0; t < block; t++) {
             ptc_emu_fiber *f = &ptc_emu_fibers[t];
             getcontext(&f->uc);
@@ -188,14 +399,22 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
                 ran = true;
                 done += ptc_emu_fibers[t].state == 2;
             }
-            if (!ran)
-                return -1; /* every fiber left waits on a barrier that cannot complete */
+            if (!ran) {
+                snprintf(ptc_emu_err, sizeof ptc_emu_err,
+                         "a deadlock in block %u: every thread left waits at a barrier that "
+                         "some threads of the block never reach",
+                         b);
+                return -1;
+            }
         }
     }
-    return 0;
+    return ptc_emu_raced == 1 ? -2 : ptc_emu_raced ? -1 : 0;
 }
 
 #else /* ---- a block's threads as POSIX threads (ASan builds, or PTC_CUDA_EMU_THREADS) ---- */
+#define __shared__ static
+#define PTC_LD(p, i) (p)[i]
+#define PTC_ST(p, i, v) ((p)[i] = (v))
 static _Thread_local ptc_emu_dim3 threadIdx, blockIdx;
 static ptc_emu_dim3 blockDim, gridDim;
 static pthread_barrier_t ptc_emu_barrier, ptc_emu_warp_barrier[32];
@@ -261,11 +480,22 @@ static void *ptc_emu_run(void *arg)
 /* Runs fn on grid blocks of block threads. 0, or -1 for a block size the generated code does
  * not take (not a multiple of 32, or above 1024) or threads that could not be started. */
 int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block);
+const char *ptc_cuda_emu_error(void);
+
+static const char *ptc_emu_err = "";
+
+const char *ptc_cuda_emu_error(void)
+{
+    return ptc_emu_err;
+}
 
 int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block)
 {
-    if (block == 0 || block % 32 || block > 1024 || grid == 0)
+    ptc_emu_err = "";
+    if (block == 0 || block % 32 || block > 1024 || grid == 0) {
+        ptc_emu_err = "a block size that is not a multiple of 32 up to 1024, or no blocks";
         return -1;
+    }
     blockDim = (ptc_emu_dim3){block, 1, 1};
     gridDim = (ptc_emu_dim3){grid, 1, 1};
     if (pthread_barrier_init(&ptc_emu_barrier, NULL, block))
@@ -280,6 +510,7 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
     for (; started < block; started++) {
         ts[started] = (ptc_emu_thread){fn, args, started};
         if (pthread_create(&th[started], NULL, ptc_emu_run, &ts[started])) {
+            ptc_emu_err = "the block's threads could not be started";
             rc = -1;
             break;
         }

@@ -62,6 +62,10 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (getenv("PTC_KEEP_TMP")) { /* the generated units and their builds, to read */
+        fprintf(stderr, "test_cuda: kept %s\n", tmpdir);
+        return;
+    }
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     cr_expect_eq(system(cmd), 0);
@@ -150,6 +154,16 @@ static void *build_emu(const char *unit, const char *name)
 
 typedef void (*emu_fn)(void *const *);
 
+/* why the emulation build's last launch failed (a race, a deadlock) */
+static const char *emu_error(void *so)
+{
+    const char *(*error)(void);
+    void *p = dlsym(so, "ptc_cuda_emu_error");
+    cr_assert_not_null(p, "no ptc_cuda_emu_error in the emulation build");
+    memcpy(&error, &p, sizeof error);
+    return error();
+}
+
 static emu_fn emu_sym(void *so, const char *sym)
 {
     void *p = dlsym(so, sym);
@@ -211,7 +225,8 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
 
     bufs want = make_bufs(k, 7), got = make_bufs(k, 7);
     cr_assert_eq(ptc_kir_run(k, want.args, 0, 1, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(launch(fn, got.args, grid, block), 0, "%s: launch %u x %u", k->name, grid, block);
+    cr_assert_eq(launch(fn, got.args, grid, block), 0, "%s: launch %u x %u: %s", k->name, grid,
+                 block, emu_error(so));
     for (int i = 0; i < k->nparams; i++) {
         const ptc_kparam *q = &k->params[i];
         if (!got.owned[i])
@@ -432,7 +447,7 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
             snprintf(sym, sizeof sym, "k_at_%s__emu", ptc_cuda_attn_names[w]);
             cr_assert_eq(launch(emu_sym(so, sym), args[w], c ? grids[c] : (unsigned)grid,
                                 c ? blocks[c] : (unsigned)block),
-                         0);
+                         0, "%s: %s", sym, emu_error(so));
         }
         char what[128];
         snprintf(what, sizeof what, "%s, block %s", name, c ? "32" : "of the architecture");
@@ -521,12 +536,16 @@ static void emu_release(void *state)
 static int emu_fused(void *state, const ptc_plan *p, int k, void *const *args, char *err,
                      size_t errn)
 {
-    (void)state, (void)err, (void)errn;
+    (void)state;
     char sym[256];
     snprintf(sym, sizeof sym, "k_%s__emu", p->kernels[k]->name);
     int grid, block;
     ptc_cuda_launch(p->kernels[k], &ptc_cuda_archs[1], &grid, &block);
-    return emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
+    int rc =
+        emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
+    if (rc)
+        snprintf(err, errn, "%s: %s", sym, emu_error(emu.so));
+    return rc;
 }
 
 static void emu_attention(int id, ptc_cuda_attn_kernel w, void *const *args)
@@ -535,9 +554,9 @@ static void emu_attention(int id, ptc_cuda_attn_kernel w, void *const *args)
     ptc_cuda_attention_launch(&emu.at[id], w, &ptc_cuda_archs[1], &grid, &block);
     char sym[64];
     snprintf(sym, sizeof sym, "k_attn%d_%s__emu", id, ptc_cuda_attn_names[w]);
-    cr_assert_eq(emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4),
-                            (unsigned)block),
-                 0);
+    cr_assert_eq(
+        emu.launch(emu_sym(emu.so, sym), args, (unsigned)(grid < 4 ? grid : 4), (unsigned)block), 0,
+        "%s: %s", sym, emu_error(emu.so));
 }
 
 static int emu_kernel(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
@@ -1203,4 +1222,118 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
         free(buf);
         ptc_kir_free(k);
     }
+}
+
+/* The emulation's race check (cuda_emu.h), on hand-written kernels of the patterns it is for:
+ * each racy one fails its launch with the race named, each race-free one passes and computes. */
+static const char race_unit[] =
+    "#define EMU(k) void k##__emu(void *const *a) { k((const int *)a[0], (float *)a[1]); }\n"
+    /* threads add into y at their ids: two threads with one id race (the pre-5e9fcd9
+     * embedding gradient); distinct ids do not */
+    "PTC_KERNEL k_scatter(const int *ids, float *y)\n"
+    "{\n"
+    "    const int j = PTC_LD(ids, threadIdx.x);\n"
+    "    PTC_ST(y, j, PTC_LD(y, j) + 1.0f);\n"
+    "}\n"
+    "EMU(k_scatter)\n"
+    /* a thread reads its neighbour's shared word: with and without the barrier between */
+    "PTC_KERNEL k_neighbour(const int *ids, float *y)\n"
+    "{\n"
+    "    __shared__ float s[64];\n"
+    "    const unsigned t = threadIdx.x;\n"
+    "    PTC_ST(s, t, (float)(t + 100 * blockIdx.x));\n"
+    "    if (PTC_LD(ids, 0))\n"
+    "        __syncthreads();\n"
+    "    PTC_ST(y, blockIdx.x * blockDim.x + t, PTC_LD(s, (t + 1) % blockDim.x));\n"
+    "}\n"
+    "EMU(k_neighbour)\n"
+    /* every block writes y[0], each its own value */
+    "PTC_KERNEL k_blocks(const int *ids, float *y)\n"
+    "{\n"
+    "    (void)ids;\n"
+    "    if (threadIdx.x == 0)\n"
+    "        PTC_ST(y, 0, (float)blockIdx.x);\n"
+    "}\n"
+    "EMU(k_blocks)\n"
+    /* block 1 writes what block 0 reads */
+    "PTC_KERNEL k_read_write(const int *ids, float *y)\n"
+    "{\n"
+    "    (void)ids;\n"
+    "    if (threadIdx.x == 0 && blockIdx.x == 0)\n"
+    "        PTC_ST(y, 1, PTC_LD(y, 0));\n"
+    "    if (threadIdx.x == 0 && blockIdx.x == 1)\n"
+    "        PTC_ST(y, 0, 5.0f);\n"
+    "}\n"
+    "EMU(k_read_write)\n"
+    /* every thread of every block stores one value and reads it back (the emitter's top-level
+     * statements): the same bits in any order, no race; an in-place update by every thread is */
+    "PTC_KERNEL k_uniform(const int *ids, float *y)\n"
+    "{\n"
+    "    if (PTC_LD(ids, 0))\n"
+    "        PTC_ST(y, 0, 3.0f);\n"
+    "    else\n"
+    "        PTC_ST(y, 0, PTC_LD(y, 0) + 1.0f);\n"
+    "    PTC_ST(y, 1 + blockIdx.x * blockDim.x + threadIdx.x, PTC_LD(y, 0));\n"
+    "}\n"
+    "EMU(k_uniform)\n";
+
+Test(cuda, emulation_finds_races)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip("the real-threads emulation (ASan) does not check for races");
+#endif
+    void *so = build_emu(race_unit, "races");
+    launch_fn launch;
+    void *p = dlsym(so, "ptc_cuda_emu_launch");
+    cr_assert_not_null(p);
+    memcpy(&launch, &p, sizeof launch);
+    static const struct {
+        const char *kernel;
+        int id0; /* ids[0]; ids[i] = i otherwise */
+        unsigned grid;
+        const char *race; /* how the message starts (fibers run in an order that changes from
+                             launch to launch: which two threads meet first changes), or NULL */
+    } cases[] = {
+        {"k_scatter", 0, 1, NULL},
+        {"k_scatter", 5, 1, "a race on y[5]: thread "},
+        {"k_neighbour", 1, 2, NULL},
+        {"k_neighbour", 0, 2, "a race on s["},
+        {"k_blocks", 0, 1, NULL},
+        {"k_blocks", 0, 2, "a race on y[0]: blocks 0 and 1 both write it"},
+        {"k_read_write", 0, 2, "a race on y[0]: block 0 reads it and block 1 writes it"},
+        {"k_uniform", 1, 3, NULL},
+        {"k_uniform", 0, 3, "a race on y[0]: "},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int ids[64];
+        float y[1 + 3 * 64] = {0};
+        for (int i = 0; i < 64; i++)
+            ids[i] = i;
+        ids[0] = cases[c].id0;
+        char sym[64];
+        snprintf(sym, sizeof sym, "%s__emu", cases[c].kernel);
+        int rc = launch(emu_sym(so, sym), (void *const[]){ids, y}, cases[c].grid, 64);
+        const char *why = emu_error(so);
+        if (!cases[c].race) {
+            cr_expect_eq(rc, 0, "case %zu (%s): %s", c, cases[c].kernel, why);
+            continue;
+        }
+        cr_expect_eq(rc, -2, "case %zu (%s): the race was not found", c, cases[c].kernel);
+        cr_expect(strstr(why, cases[c].race) != NULL, "case %zu (%s): \"%s\", not \"%s...\"", c,
+                  cases[c].kernel, why, cases[c].race);
+    }
+    /* the race-free launches computed what they say */
+    int ids[64];
+    float y[1 + 3 * 64] = {0};
+    for (int i = 0; i < 64; i++)
+        ids[i] = i;
+    ids[0] = 1;
+    cr_assert_eq(launch(emu_sym(so, "k_uniform__emu"), (void *const[]){ids, y}, 3, 64), 0);
+    for (int i = 0; i < 1 + 3 * 64; i++)
+        cr_expect_eq(y[i], 3.0f, "k_uniform: y[%d] = %g", i, y[i]);
+    cr_assert_eq(launch(emu_sym(so, "k_neighbour__emu"), (void *const[]){ids, y}, 2, 64), 0);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 64; t++)
+            cr_expect_eq(y[b * 64 + t], (float)((t + 1) % 64 + 100 * b), "k_neighbour: y[%d]",
+                         b * 64 + t);
 }

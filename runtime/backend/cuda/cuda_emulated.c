@@ -237,7 +237,9 @@ typedef int (*launch_fn)(void (*)(void *const *), void *const *, unsigned, unsig
 typedef struct efn {
     void (*fn)(void *const *);
     launch_fn launch;
-    int gpu; /* its module's */
+    const char *(*error)(void); /* why the module's last launch failed */
+    int gpu;                    /* its module's */
+    char name[128];
 } efn;
 
 typedef struct emodule {
@@ -271,13 +273,16 @@ static int e_function(void **fn, void *module, const char *name)
     emodule *m = module;
     char sym[512];
     snprintf(sym, sizeof sym, "%s__emu", name);
-    void *p = dlsym(m->so, sym), *l = dlsym(m->so, "ptc_cuda_emu_launch");
-    if (!p || !l)
+    void *p = dlsym(m->so, sym), *l = dlsym(m->so, "ptc_cuda_emu_launch"),
+         *er = dlsym(m->so, "ptc_cuda_emu_error");
+    if (!p || !l || !er)
         return E_NOT_FOUND;
     efn *f = ptc_xmalloc(sizeof *f);
     memcpy(&f->fn, &p, sizeof p);
     memcpy(&f->launch, &l, sizeof l);
+    memcpy(&f->error, &er, sizeof er);
     f->gpu = m->gpu;
+    ptc_fmt(f->name, sizeof f->name, "%s", name);
     PTC_GROW(m->fns, m->cap, m->n);
     m->fns[m->n++] = f;
     *fn = f;
@@ -323,6 +328,9 @@ static int e_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     pthread_mutex_lock(&launch_lock);
     int rc = f->launch(f->fn, args, gx < MAX_BLOCKS ? gx : MAX_BLOCKS,
                        bx < MAX_THREADS ? bx : MAX_THREADS);
+    if (rc) /* the driver says only "launch failed": the emulation says why */
+        fprintf(stderr, "ptc: cuda-emulated: kernel %s (GPU %d): %s\n", f->name, f->gpu,
+                f->error());
     pthread_mutex_unlock(&launch_lock);
     free(args);
     return rc ? E_LAUNCH_FAILED : E_OK;
@@ -800,6 +808,20 @@ static int nbuilt, capbuilt;
 
 static char *build(const char *src, char *err, size_t errn);
 
+/* at exit: the shared objects built, and their directories (the modules dlopen'd them by name,
+ * so they stay while the process runs) */
+static void remove_built(void)
+{
+    for (int i = 0; i < nbuilt; i++) {
+        char *so = built[i].image + strlen(IMAGE_PREFIX), *slash = strrchr(so, '/');
+        unlink(so);
+        if (slash) {
+            *slash = 0;
+            rmdir(so);
+        }
+    }
+}
+
 /* the unit and cuda_emu.h into a temporary directory, cc into a shared object there; once per
  * distinct unit and process */
 static char *emu_compile(const char *src, const char *name, int sm, char *err, size_t errn)
@@ -815,6 +837,8 @@ static char *emu_compile(const char *src, const char *name, int sm, char *err, s
         if (built[i].hash == key)
             image = ptc_xstrdup(built[i].image);
     if (!image && (image = build(src, err, errn))) {
+        if (nbuilt == 0)
+            atexit(remove_built);
         PTC_GROW(built, capbuilt, nbuilt);
         built[nbuilt++] = (struct built){key, ptc_xstrdup(image)};
     }
@@ -841,6 +865,9 @@ static char *build(const char *src, char *err, size_t errn)
                             sizeof werr) < 0 ||
         ptc_file_write_file(c, src, strlen(src), werr, sizeof werr) < 0) {
         ptc_fmt(err, errn, "the emulation build: %s", werr);
+        unlink(hdr);
+        unlink(c);
+        rmdir(dir);
         return NULL;
     }
     const char *cc = getenv("CC");
@@ -859,6 +886,11 @@ static char *build(const char *src, char *err, size_t errn)
                 "(cc, or $CC): %s failed: %s",
                 cc && *cc ? cc : "cc", text && len ? text : "(no output)");
         free(text);
+        unlink(hdr);
+        unlink(c);
+        unlink(log);
+        unlink(so);
+        rmdir(dir);
         return NULL;
     }
     unlink(hdr);

@@ -9,6 +9,9 @@
 #define PTC_NAN __int_as_float(0x7fffffff)
 #define PTC_F2U(x) __float_as_uint(x)
 #define PTC_U2F(x) __uint_as_float(x)
+/* loads and stores (the emulation checks each one for a race) */
+#define PTC_LD(p, i) (p)[i]
+#define PTC_ST(p, i, v) ((p)[i] = (v))
 #endif
 /* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
  * even, NaN to the quiet NaN of its sign (as common/half.c) */
@@ -67,11 +70,11 @@ PTC_DEVICE float ptc_block_sum(float v, float *sm)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
+        PTC_ST(sm, threadIdx.x >> 5, v);
     __syncthreads();
     float s = 0.0f;
     for (unsigned w = 0; w < blockDim.x >> 5; w++)
-        s += sm[w];
+        s += PTC_LD(sm, w);
     return s;
 }
 
@@ -83,11 +86,13 @@ PTC_DEVICE float ptc_block_max(float v, float *sm)
     }
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
+        PTC_ST(sm, threadIdx.x >> 5, v);
     __syncthreads();
     float m = PTC_LOWEST;
-    for (unsigned w = 0; w < blockDim.x >> 5; w++)
-        m = sm[w] > m ? sm[w] : m;
+    for (unsigned w = 0; w < blockDim.x >> 5; w++) {
+        const float u = PTC_LD(sm, w);
+        m = u > m ? u : m;
+    }
     return m;
 }
 
@@ -97,27 +102,27 @@ PTC_KERNEL __launch_bounds__(64) k_f0_add_layernorm(float *p_x0, const float *PT
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            const float v_t2 = (p_x0[((v_r * 64LL) + v_j)] + p_x1[(v_j + (((v_r / 1LL) % 8LL) * 64LL))]);
-            p_y0[((v_r * 64LL) + v_j)] = v_t2;
+            const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, (v_j + (((v_r / 1LL) % 8LL) * 64LL))));
+            PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t2);
         }
         __syncthreads();
         float r28 = 0.0f;
         for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
-            float y = p_y0[((v_r * 64LL) + v_t3)];
+            float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t3));
             r28 += y;
         }
         r28 = ptc_block_sum(r28, ptc_smem);
         const float v_t4 = (r28 / 64.0f);
         float r40 = 0.0f;
         for (long long v_t5 = threadIdx.x; v_t5 < 64LL; v_t5 += blockDim.x) {
-            float y = ((p_y0[((v_r * 64LL) + v_t5)] - v_t4) * (p_y0[((v_r * 64LL) + v_t5)] - v_t4));
+            float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4));
             r40 += y;
         }
         r40 = ptc_block_sum(r40, ptc_smem);
         const float v_t6 = (r40 / 64.0f);
         const float v_t7 = (1.0f / sqrtf((v_t6 + 9.99999975e-06f)));
         for (long long v_t8 = threadIdx.x; v_t8 < 64LL; v_t8 += blockDim.x) {
-            p_y1[((v_r * 64LL) + v_t8)] = ((((p_y0[((v_r * 64LL) + v_t8)] - v_t4) * v_t7) * p_x2[v_t8]) + p_x3[v_t8]);
+            PTC_ST(p_y1, ((v_r * 64LL) + v_t8), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t8)) - v_t4) * v_t7) * PTC_LD(p_x2, v_t8)) + PTC_LD(p_x3, v_t8)));
         }
     }
 }
@@ -133,13 +138,13 @@ PTC_KERNEL __launch_bounds__(64) k_f1_add_split(const float *PTC_RESTRICT p_x0, 
 {
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_t1 = threadIdx.x; v_t1 < 64LL; v_t1 += blockDim.x) {
-            p_y0[((v_r * 64LL) + v_t1)] = (p_x0[((v_r * 192LL) + (0LL + v_t1))] + p_x1[(0LL + v_t1)]);
+            PTC_ST(p_y0, ((v_r * 64LL) + v_t1), (PTC_LD(p_x0, ((v_r * 192LL) + (0LL + v_t1))) + PTC_LD(p_x1, (0LL + v_t1))));
         }
         for (long long v_t2 = threadIdx.x; v_t2 < 64LL; v_t2 += blockDim.x) {
-            p_y1[((v_r * 64LL) + v_t2)] = (p_x0[((v_r * 192LL) + (64LL + v_t2))] + p_x1[(64LL + v_t2)]);
+            PTC_ST(p_y1, ((v_r * 64LL) + v_t2), (PTC_LD(p_x0, ((v_r * 192LL) + (64LL + v_t2))) + PTC_LD(p_x1, (64LL + v_t2))));
         }
         for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
-            p_y2[((v_r * 64LL) + v_t3)] = (p_x0[((v_r * 192LL) + (128LL + v_t3))] + p_x1[(128LL + v_t3)]);
+            PTC_ST(p_y2, ((v_r * 64LL) + v_t3), (PTC_LD(p_x0, ((v_r * 192LL) + (128LL + v_t3))) + PTC_LD(p_x1, (128LL + v_t3))));
         }
     }
 }
@@ -156,28 +161,28 @@ PTC_KERNEL __launch_bounds__(64) k_f2_add_add_layernorm(float *p_x0, const float
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            const float v_t2 = (p_x0[((v_r * 64LL) + v_j)] + p_x1[v_j]);
-            const float v_t3 = (p_x2[((v_r * 64LL) + v_j)] + v_t2);
-            p_y0[((v_r * 64LL) + v_j)] = v_t3;
+            const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, v_j));
+            const float v_t3 = (PTC_LD(p_x2, ((v_r * 64LL) + v_j)) + v_t2);
+            PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t3);
         }
         __syncthreads();
         float r27 = 0.0f;
         for (long long v_t4 = threadIdx.x; v_t4 < 64LL; v_t4 += blockDim.x) {
-            float y = p_y0[((v_r * 64LL) + v_t4)];
+            float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t4));
             r27 += y;
         }
         r27 = ptc_block_sum(r27, ptc_smem);
         const float v_t5 = (r27 / 64.0f);
         float r39 = 0.0f;
         for (long long v_t6 = threadIdx.x; v_t6 < 64LL; v_t6 += blockDim.x) {
-            float y = ((p_y0[((v_r * 64LL) + v_t6)] - v_t5) * (p_y0[((v_r * 64LL) + v_t6)] - v_t5));
+            float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5));
             r39 += y;
         }
         r39 = ptc_block_sum(r39, ptc_smem);
         const float v_t7 = (r39 / 64.0f);
         const float v_t8 = (1.0f / sqrtf((v_t7 + 9.99999975e-06f)));
         for (long long v_t9 = threadIdx.x; v_t9 < 64LL; v_t9 += blockDim.x) {
-            p_y1[((v_r * 64LL) + v_t9)] = ((((p_y0[((v_r * 64LL) + v_t9)] - v_t5) * v_t8) * p_x3[v_t9]) + p_x4[v_t9]);
+            PTC_ST(p_y1, ((v_r * 64LL) + v_t9), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t9)) - v_t5) * v_t8) * PTC_LD(p_x3, v_t9)) + PTC_LD(p_x4, v_t9)));
         }
     }
 }
@@ -193,10 +198,10 @@ PTC_KERNEL __launch_bounds__(256) k_f3_add_gelu(float *p_x0, const float *PTC_RE
 {
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            const float v_t2 = (p_x0[((v_r * 256LL) + v_j)] + p_x1[v_j]);
+            const float v_t2 = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) + PTC_LD(p_x1, v_j));
             const float v_t3 = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
-            p_y0[((v_r * 256LL) + v_j)] = v_t2;
-            p_y1[((v_r * 256LL) + v_j)] = v_t3;
+            PTC_ST(p_y0, ((v_r * 256LL) + v_j), v_t2);
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), v_t3);
         }
     }
 }
@@ -211,36 +216,36 @@ void k_f3_add_gelu__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_f4_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
-    const float v_t0 = (p_x2[0LL] / 16.0f);
+    const float v_t0 = (PTC_LD(p_x2, 0LL) / 16.0f);
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        const long long v_t2 = (long long)p_x1[v_r];
+        const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
         for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
-            float y = p_x0[((v_r * 256LL) + v_t5)];
+            float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
             r27 = y > r27 ? y : r27;
         }
         r27 = ptc_block_max(r27, ptc_smem);
         const float v_t6 = r27;
-        const float v_t7 = p_x0[((v_r * 256LL) + v_t4)];
+        const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y1[((v_r * 256LL) + v_j)] = expf((p_x0[((v_r * 256LL) + v_j)] - v_t6));
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
         }
         __syncthreads();
         float r54 = 0.0f;
         for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
-            float y = p_y1[((v_r * 256LL) + v_t9)];
+            float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
             r54 += y;
         }
         r54 = ptc_block_sum(r54, ptc_smem);
         const float v_t10 = r54;
         if (threadIdx.x == 0)
-            p_y0[v_r] = (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f));
+            PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y1[((v_r * 256LL) + v_j)] = (((p_y1[((v_r * 256LL) + v_j)] * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0);
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
         }
     }
 }
@@ -256,9 +261,9 @@ PTC_KERNEL __launch_bounds__(256) k_f5_gelu_again_gelu_grad(float *p_x0, const f
 {
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            const float v_t2 = p_x0[((v_r * 256LL) + v_j)];
-            p_y0[((v_r * 256LL) + v_j)] = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
-            p_y1[((v_r * 256LL) + v_j)] = (((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * p_x1[((v_r * 256LL) + v_j)]);
+            const float v_t2 = PTC_LD(p_x0, ((v_r * 256LL) + v_j));
+            PTC_ST(p_y0, ((v_r * 256LL) + v_j), ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))));
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * PTC_LD(p_x1, ((v_r * 256LL) + v_j))));
         }
     }
 }
@@ -272,8 +277,8 @@ void k_f5_gelu_again_gelu_grad__emu(void *const *a)
 /* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_f6_adamw_x28(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *p_x2, float *p_x3, float *p_x4, const float *PTC_RESTRICT p_x5, const float *PTC_RESTRICT p_x6, const float *PTC_RESTRICT p_x7, float *p_x8, float *p_x9, float *p_x10, const float *PTC_RESTRICT p_x11, float *p_x12, float *p_x13, float *p_x14, const float *PTC_RESTRICT p_x15, float *p_x16, float *p_x17, float *p_x18, const float *PTC_RESTRICT p_x19, float *p_x20, float *p_x21, float *p_x22, const float *PTC_RESTRICT p_x23, float *p_x24, float *p_x25, float *p_x26, const float *PTC_RESTRICT p_x27, float *p_x28, float *p_x29, float *p_x30, const float *PTC_RESTRICT p_x31, float *p_x32, float *p_x33, float *p_x34, const float *PTC_RESTRICT p_x35, float *p_x36, float *p_x37, float *p_x38, const float *PTC_RESTRICT p_x39, float *p_x40, float *p_x41, float *p_x42, const float *PTC_RESTRICT p_x43, float *p_x44, float *p_x45, float *p_x46, const float *PTC_RESTRICT p_x47, float *p_x48, float *p_x49, float *p_x50, const float *PTC_RESTRICT p_x51, float *p_x52, float *p_x53, float *p_x54, const float *PTC_RESTRICT p_x55, float *p_x56, float *p_x57, float *p_x58, const float *PTC_RESTRICT p_x59, float *p_x60, float *p_x61, float *p_x62, const float *PTC_RESTRICT p_x63, float *p_x64, float *p_x65, float *p_x66, const float *PTC_RESTRICT p_x67, float *p_x68, float *p_x69, float *p_x70, const float *PTC_RESTRICT p_x71, float *p_x72, float *p_x73, float *p_x74, const float *PTC_RESTRICT p_x75, float *p_x76, float *p_x77, float *p_x78, const float *PTC_RESTRICT p_x79, float *p_x80, float *p_x81, float *p_x82, const float *PTC_RESTRICT p_x83, float *p_x84, float *p_x85, float *p_x86, const float *PTC_RESTRICT p_x87, float *p_x88, float *p_x89, float *p_x90, const float *PTC_RESTRICT p_x91, float *p_x92, float *p_x93, float *p_x94, const float *PTC_RESTRICT p_x95, float *p_x96, float *p_x97, float *p_x98, const float *PTC_RESTRICT p_x99, float *p_x100, float *p_x101, float *p_x102, const float *PTC_RESTRICT p_x103, float *p_x104, float *p_x105, float *p_x106, const float *PTC_RESTRICT p_x107, float *p_x108, float *p_x109, float *p_x110, const float *PTC_RESTRICT p_x111, float *p_x112, float *p_x113, float *p_x114, float *p_y0, float *p_y1, float *p_y2, float *p_y3, float *p_y4, float *p_y5, float *p_y6, float *p_y7, float *p_y8, float *p_y9, float *p_y10, float *p_y11, float *p_y12, float *p_y13, float *p_y14, float *p_y15, float *p_y16, float *p_y17, float *p_y18, float *p_y19, float *p_y20, float *p_y21, float *p_y22, float *p_y23, float *p_y24, float *p_y25, float *p_y26, float *p_y27, float *p_y28, float *p_y29, float *p_y30, float *p_y31, float *p_y32, float *p_y33, float *p_y34, float *p_y35, float *p_y36, float *p_y37, float *p_y38, float *p_y39, float *p_y40, float *p_y41, float *p_y42, float *p_y43, float *p_y44, float *p_y45, float *p_y46, float *p_y47, float *p_y48, float *p_y49, float *p_y50, float *p_y51, float *p_y52, float *p_y53, float *p_y54, float *p_y55, float *p_y56, float *p_y57, float *p_y58, float *p_y59, float *p_y60, float *p_y61, float *p_y62, float *p_y63, float *p_y64, float *p_y65, float *p_y66, float *p_y67, float *p_y68, float *p_y69, float *p_y70, float *p_y71, float *p_y72, float *p_y73, float *p_y74, float *p_y75, float *p_y76, float *p_y77, float *p_y78, float *p_y79, float *p_y80, float *p_y81, float *p_y82, float *p_y83)
 {
-    const float v_t0 = p_x5[0LL];
-    const float v_t1 = p_x6[0LL];
+    const float v_t0 = PTC_LD(p_x5, 0LL);
+    const float v_t1 = PTC_LD(p_x6, 0LL);
     const float v_t2 = (1.0f - expf((v_t1 * (-0.105360515f))));
     const float v_t3 = (1.0f - expf((v_t1 * (-0.0512932949f))));
     const float v_t4 = (v_t0 / v_t2);
@@ -320,12 +325,12 @@ PTC_KERNEL __launch_bounds__(256) k_f6_adamw_x28(const float *PTC_RESTRICT p_x0,
         case 27: s0 = p_x111; s1 = p_x1; s2 = p_x112; s3 = p_x113; s4 = p_x114; s5 = p_y81; s6 = p_y82; s7 = p_y83; n = 64LL; c0 = 0.0f; break;
         }
         for (long long v_t6 = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_t6 < n; v_t6 += (long long)gridDim.x * blockDim.x) {
-            const float v_t7 = (s0[v_t6] * s1[0LL]);
-            const float v_t8 = ((0.899999976f * s3[v_t6]) + (0.100000001f * v_t7));
-            const float v_t9 = ((0.949999988f * s4[v_t6]) + (0.0500000007f * (v_t7 * v_t7)));
-            s5[v_t6] = ((s2[v_t6] * (1.0f - (v_t0 * c0))) - ((v_t4 * v_t8) / ((sqrtf(v_t9) / v_t5) + 9.99999994e-09f)));
-            s6[v_t6] = v_t8;
-            s7[v_t6] = v_t9;
+            const float v_t7 = (PTC_LD(s0, v_t6) * PTC_LD(s1, 0LL));
+            const float v_t8 = ((0.899999976f * PTC_LD(s3, v_t6)) + (0.100000001f * v_t7));
+            const float v_t9 = ((0.949999988f * PTC_LD(s4, v_t6)) + (0.0500000007f * (v_t7 * v_t7)));
+            PTC_ST(s5, v_t6, ((PTC_LD(s2, v_t6) * (1.0f - (v_t0 * c0))) - ((v_t4 * v_t8) / ((sqrtf(v_t9) / v_t5) + 9.99999994e-09f))));
+            PTC_ST(s6, v_t6, v_t8);
+            PTC_ST(s7, v_t6, v_t9);
         }
     }
 }
@@ -363,7 +368,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -374,8 +379,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -384,7 +389,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f;
                 for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * ks[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
                 if (s > m) { /* a new maximum: rescale what was summed */
                     const float c = expf(m - s);
                     l *= c;
@@ -395,13 +400,13 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
                 const float p = expf(s - m);
                 l += p;
                 for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * vs[jj * attn0_DH + d];
+                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
             }
         }
         if (!live)
             continue;
         for (int d = 0; d < attn0_DH; d++)
-            o[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] = acc[d] / l;
+            PTC_ST(o, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d, acc[d] / l);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -421,7 +426,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -432,8 +437,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -442,7 +447,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f;
                 for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * ks[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
                 if (s > m) { /* a new maximum: rescale what was summed */
                     const float c = expf(m - s);
                     l *= c;
@@ -453,16 +458,16 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
                 const float p = expf(s - m);
                 l += p;
                 for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * vs[jj * attn0_DH + d];
+                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
             }
         }
         if (!live)
             continue;
         float dd = 0.0f;
         for (int d = 0; d < attn0_DH; d++)
-            dd += dy[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * (acc[d] / l);
-        lse[(b * attn0_H + h) * attn0_S + i] = m + logf(l);
-        dsum[(b * attn0_H + h) * attn0_S + i] = dd;
+            dd += PTC_LD(dy, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * (acc[d] / l);
+        PTC_ST(lse, (b * attn0_H + h) * attn0_S + i, m + logf(l));
+        PTC_ST(dsum, (b * attn0_H + h) * attn0_S + i, dd);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -483,8 +488,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
         float kr[attn0_DH], vr[attn0_DH], gk[attn0_DH], gv[attn0_DH];
         for (int d = 0; d < attn0_DH; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
-            kr[d] = live ? k[at] : 0.0f;
-            vr[d] = live ? v[at] : 0.0f;
+            kr[d] = live ? PTC_LD(k, at) : 0.0f;
+            vr[d] = live ? PTC_LD(v, at) : 0.0f;
             gk[d] = gv[d] = 0.0f;
         }
         for (long long h = PTC_IMAX(kh * attn0_R - attn0_H0, 0); h < PTC_IMIN((kh + 1) * attn0_R - attn0_H0, attn0_H); h++) {
@@ -493,13 +498,13 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                 __syncthreads();
                 for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                     const long long i = i0 + x / attn0_DH, at = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + x % attn0_DH;
-                    qs[x] = i < attn0_S ? q[at] : 0.0f;
-                    ds[x] = i < attn0_S ? dy[at] : 0.0f;
+                    PTC_ST(qs, x, i < attn0_S ? PTC_LD(q, at) : 0.0f);
+                    PTC_ST(ds, x, i < attn0_S ? PTC_LD(dy, at) : 0.0f);
                 }
                 for (long long x = threadIdx.x; x < attn0_BK; x += rows) {
                     const long long i = i0 + x;
-                    ls[x] = i < attn0_S ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
-                    dd[x] = i < attn0_S ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+                    PTC_ST(ls, x, i < attn0_S ? PTC_LD(lse, (b * attn0_H + h) * attn0_S + i) : 0.0f);
+                    PTC_ST(dd, x, i < attn0_S ? PTC_LD(dsum, (b * attn0_H + h) * attn0_S + i) : 0.0f);
                 }
                 __syncthreads();
                 const long long in = attn0_S - i0 < attn0_BK ? attn0_S - i0 : attn0_BK;
@@ -508,21 +513,21 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                         continue;
                     float s = 0.0f, dp = 0.0f;
                     for (int d = 0; d < attn0_DH; d++) {
-                        s += qs[ii * attn0_DH + d] * kr[d];
-                        dp += ds[ii * attn0_DH + d] * vr[d];
+                        s += PTC_LD(qs, ii * attn0_DH + d) * kr[d];
+                        dp += PTC_LD(ds, ii * attn0_DH + d) * vr[d];
                     }
-                    const float p = expf(s * attn0_SCALE - ls[ii]), g = p * (dp - dd[ii]) * attn0_SCALE;
+                    const float p = expf(s * attn0_SCALE - PTC_LD(ls, ii)), g = p * (dp - PTC_LD(dd, ii)) * attn0_SCALE;
                     for (int d = 0; d < attn0_DH; d++) {
-                        gv[d] += p * ds[ii * attn0_DH + d];
-                        gk[d] += g * qs[ii * attn0_DH + d];
+                        gv[d] += p * PTC_LD(ds, ii * attn0_DH + d);
+                        gk[d] += g * PTC_LD(qs, ii * attn0_DH + d);
                     }
                 }
             }
         }
         for (int d = 0; live && d < attn0_DH; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
-            dk[at] = gk[d];
-            dv[at] = gv[d];
+            PTC_ST(dk, at, gk[d]);
+            PTC_ST(dv, at, gv[d]);
         }
     }
 }
@@ -544,12 +549,12 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
         const long long qo = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH;
         float qr[attn0_DH], dr[attn0_DH], gq[attn0_DH];
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[qo + d] : 0.0f;
-            dr[d] = live ? dy[qo + d] : 0.0f;
+            qr[d] = live ? PTC_LD(q, qo + d) : 0.0f;
+            dr[d] = live ? PTC_LD(dy, qo + d) : 0.0f;
             gq[d] = 0.0f;
         }
-        const float l = live ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
-        const float D = live ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+        const float l = live ? PTC_LD(lse, (b * attn0_H + h) * attn0_S + i) : 0.0f;
+        const float D = live ? PTC_LD(dsum, (b * attn0_H + h) * attn0_S + i) : 0.0f;
         /* the keys any query of the tile sees (causal: up to its last query) */
         long long kend = attn0_S2;
         if (attn0_CAUSAL && i0 + rows < kend)
@@ -558,8 +563,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -568,16 +573,16 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f, dp = 0.0f;
                 for (int d = 0; d < attn0_DH; d++) {
-                    s += qr[d] * ks[jj * attn0_DH + d];
-                    dp += dr[d] * vs[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
+                    dp += dr[d] * PTC_LD(vs, jj * attn0_DH + d);
                 }
                 const float g = expf(s * attn0_SCALE - l) * (dp - D) * attn0_SCALE;
                 for (int d = 0; d < attn0_DH; d++)
-                    gq[d] += g * ks[jj * attn0_DH + d];
+                    gq[d] += g * PTC_LD(ks, jj * attn0_DH + d);
             }
         }
         for (int d = 0; live && d < attn0_DH; d++)
-            dq[qo + d] = gq[d];
+            PTC_ST(dq, qo + d, gq[d]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -590,7 +595,7 @@ void k_attn0_bwd_q__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 1024LL; v_e += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_e] = (((0LL <= (long long)p_x1[(v_e / 64LL)]) ? ((long long)p_x1[(v_e / 64LL)] < 256LL) : (1LL < 0LL)) ? p_x0[(((0LL <= (long long)p_x1[(v_e / 64LL)]) ? ((long long)p_x1[(v_e / 64LL)] < 256LL) : (1LL < 0LL)) ? (((long long)p_x1[(v_e / 64LL)] * 64LL) + (v_e % 64LL)) : 0LL)] : PTC_NAN);
+        PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 64LL)) * 64LL) + (v_e % 64LL)) : 0LL)) : PTC_NAN));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -603,7 +608,7 @@ void k_op0_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op1_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 512LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = p_x0[(((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))];
+        PTC_ST(p_y0, v_i, PTC_LD(p_x0, (((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -616,7 +621,7 @@ void k_op1_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op2_0(float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = 1.0f;
+        PTC_ST(p_y0, v_i, 1.0f);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -632,12 +637,12 @@ PTC_KERNEL __launch_bounds__(32) k_op3_0(const float *PTC_RESTRICT p_x0, float *
     for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
         float r15 = 0.0f;
         for (long long v_i = threadIdx.x; v_i < 16LL; v_i += blockDim.x) {
-            float y = p_x0[(((((v_o / 1LL) * 16LL) + v_i) * 1LL) + (v_o % 1LL))];
+            float y = PTC_LD(p_x0, (((((v_o / 1LL) * 16LL) + v_i) * 1LL) + (v_o % 1LL)));
             r15 += y;
         }
         r15 = ptc_block_sum(r15, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_o] = (r15 / 16.0f);
+            PTC_ST(p_y0, v_o, (r15 / 16.0f));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -653,39 +658,39 @@ PTC_KERNEL __launch_bounds__(64) k_op4_0(const float *PTC_RESTRICT p_x0, const f
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j0 = threadIdx.x; v_j0 < 64LL; v_j0 += blockDim.x) {
-            float y = p_x0[((v_r * 64LL) + v_j0)];
+            float y = PTC_LD(p_x0, ((v_r * 64LL) + v_j0));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         const float v_t2 = (r9 * 0.015625f);
         float r21 = 0.0f;
         for (long long v_j1 = threadIdx.x; v_j1 < 64LL; v_j1 += blockDim.x) {
-            float y = ((p_x0[((v_r * 64LL) + v_j1)] - v_t2) * (p_x0[((v_r * 64LL) + v_j1)] - v_t2));
+            float y = ((PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2) * (PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2));
             r21 += y;
         }
         r21 = ptc_block_sum(r21, ptc_smem);
         const float v_t4 = (1.0f / sqrtf(((r21 * 0.015625f) + 9.99999975e-06f)));
         if (threadIdx.x == 0)
-            p_s[(v_r * 2LL)] = v_t2;
+            PTC_ST(p_s, (v_r * 2LL), v_t2);
         __syncthreads();
         if (threadIdx.x == 0)
-            p_s[((v_r * 2LL) + 1LL)] = v_t4;
+            PTC_ST(p_s, ((v_r * 2LL) + 1LL), v_t4);
         float r44 = 0.0f;
         for (long long v_j2 = threadIdx.x; v_j2 < 64LL; v_j2 += blockDim.x) {
-            float y = (p_x2[((v_r * 64LL) + v_j2)] * p_x1[v_j2]);
+            float y = (PTC_LD(p_x2, ((v_r * 64LL) + v_j2)) * PTC_LD(p_x1, v_j2));
             r44 += y;
         }
         r44 = ptc_block_sum(r44, ptc_smem);
         const float v_t6 = (r44 * 0.015625f);
         float r63 = 0.0f;
         for (long long v_j3 = threadIdx.x; v_j3 < 64LL; v_j3 += blockDim.x) {
-            float y = ((p_x2[((v_r * 64LL) + v_j3)] * p_x1[v_j3]) * ((p_x0[((v_r * 64LL) + v_j3)] - v_t2) * v_t4));
+            float y = ((PTC_LD(p_x2, ((v_r * 64LL) + v_j3)) * PTC_LD(p_x1, v_j3)) * ((PTC_LD(p_x0, ((v_r * 64LL) + v_j3)) - v_t2) * v_t4));
             r63 += y;
         }
         r63 = ptc_block_sum(r63, ptc_smem);
         const float v_t8 = (r63 * 0.015625f);
         for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            p_y0[((v_r * 64LL) + v_j)] = (v_t4 * (((p_x2[((v_r * 64LL) + v_j)] * p_x1[v_j]) - v_t6) - (((p_x0[((v_r * 64LL) + v_j)] - v_t2) * v_t4) * v_t8)));
+            PTC_ST(p_y0, ((v_r * 64LL) + v_j), (v_t4 * (((PTC_LD(p_x2, ((v_r * 64LL) + v_j)) * PTC_LD(p_x1, v_j)) - v_t6) - (((PTC_LD(p_x0, ((v_r * 64LL) + v_j)) - v_t2) * v_t4) * v_t8))));
         }
     }
 }
@@ -702,20 +707,20 @@ PTC_KERNEL __launch_bounds__(32) k_op4_1(const float *PTC_RESTRICT p_x0, const f
     for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
         float r20 = 0.0f;
         for (long long v_r0 = threadIdx.x; v_r0 < 16LL; v_r0 += blockDim.x) {
-            float y = (p_x2[((v_r0 * 64LL) + v_j)] * ((p_x0[((v_r0 * 64LL) + v_j)] - p_s[(v_r0 * 2LL)]) * p_s[((v_r0 * 2LL) + 1LL)]));
+            float y = (PTC_LD(p_x2, ((v_r0 * 64LL) + v_j)) * ((PTC_LD(p_x0, ((v_r0 * 64LL) + v_j)) - PTC_LD(p_s, (v_r0 * 2LL))) * PTC_LD(p_s, ((v_r0 * 2LL) + 1LL))));
             r20 += y;
         }
         r20 = ptc_block_sum(r20, ptc_smem);
         if (threadIdx.x == 0)
-            p_y1[v_j] = r20;
+            PTC_ST(p_y1, v_j, r20);
         float r27 = 0.0f;
         for (long long v_r1 = threadIdx.x; v_r1 < 16LL; v_r1 += blockDim.x) {
-            float y = p_x2[((v_r1 * 64LL) + v_j)];
+            float y = PTC_LD(p_x2, ((v_r1 * 64LL) + v_j));
             r27 += y;
         }
         r27 = ptc_block_sum(r27, ptc_smem);
         if (threadIdx.x == 0)
-            p_y2[v_j] = r27;
+            PTC_ST(p_y2, v_j, r27);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -731,12 +736,12 @@ PTC_KERNEL __launch_bounds__(32) k_op6_0(const float *PTC_RESTRICT p_x0, float *
     for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
         float r25 = 0.0f;
         for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
-            float y = p_x0[((((v_j % 64LL) * 1LL) + ((v_q % 8LL) * 64LL)) + (((v_q / 8LL) % 2LL) * 512LL))];
+            float y = PTC_LD(p_x0, ((((v_j % 64LL) * 1LL) + ((v_q % 8LL) * 64LL)) + (((v_q / 8LL) % 2LL) * 512LL)));
             r25 += y;
         }
         r25 = ptc_block_sum(r25, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_j] = r25;
+            PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -752,12 +757,12 @@ PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *
     for (long long v_j = blockIdx.x; v_j < 256LL; v_j += gridDim.x) {
         float r25 = 0.0f;
         for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
-            float y = p_x0[((((v_j % 256LL) * 1LL) + ((v_q % 8LL) * 256LL)) + (((v_q / 8LL) % 2LL) * 2048LL))];
+            float y = PTC_LD(p_x0, ((((v_j % 256LL) * 1LL) + ((v_q % 8LL) * 256LL)) + (((v_q / 8LL) % 2LL) * 2048LL)));
             r25 += y;
         }
         r25 = ptc_block_sum(r25, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_j] = r25;
+            PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -770,7 +775,7 @@ void k_op7_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op8_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -783,7 +788,7 @@ void k_op8_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op9_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3072LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)] : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? p_x1[(((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)] : p_x2[(((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)]));
+        PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)) : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x1, (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)) : PTC_LD(p_x2, (((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)))));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -799,12 +804,12 @@ PTC_KERNEL __launch_bounds__(32) k_op10_0(const float *PTC_RESTRICT p_x0, float 
     for (long long v_j = blockIdx.x; v_j < 192LL; v_j += gridDim.x) {
         float r25 = 0.0f;
         for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
-            float y = p_x0[((((v_j % 192LL) * 1LL) + ((v_q % 8LL) * 192LL)) + (((v_q / 8LL) % 2LL) * 1536LL))];
+            float y = PTC_LD(p_x0, ((((v_j % 192LL) * 1LL) + ((v_q % 8LL) * 192LL)) + (((v_q / 8LL) % 2LL) * 1536LL)));
             r25 += y;
         }
         r25 = ptc_block_sum(r25, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_j] = r25;
+            PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -817,7 +822,7 @@ void k_op10_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op11_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -833,12 +838,12 @@ PTC_KERNEL __launch_bounds__(32) k_op12_0(const float *PTC_RESTRICT p_x0, float 
     for (long long v_j = blockIdx.x; v_j < 512LL; v_j += gridDim.x) {
         float r25 = 0.0f;
         for (long long v_q = threadIdx.x; v_q < 2LL; v_q += blockDim.x) {
-            float y = p_x0[((((v_j % 64LL) * 1LL) + (((v_j / 64LL) % 8LL) * 64LL)) + ((v_q % 2LL) * 512LL))];
+            float y = PTC_LD(p_x0, ((((v_j % 64LL) * 1LL) + (((v_j / 64LL) % 8LL) * 64LL)) + ((v_q % 2LL) * 512LL)));
             r25 += y;
         }
         r25 = ptc_block_sum(r25, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_j] = r25;
+            PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -851,7 +856,7 @@ void k_op12_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? p_x0[(((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)] : 0.0f);
+        PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)) : 0.0f));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -864,7 +869,7 @@ void k_op13_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op14_0(float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = 0.0f;
+        PTC_ST(p_y0, v_i, 0.0f);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -879,9 +884,9 @@ PTC_KERNEL __launch_bounds__(32) k_op14_1(const int *PTC_RESTRICT p_x0, const fl
     for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
         if (threadIdx.x == 0) {
             for (long long v_i = 0; v_i < 16LL; v_i += 1) {
-                const long long v_t2 = (long long)p_x0[v_i];
+                const long long v_t2 = (long long)PTC_LD(p_x0, v_i);
                 const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 64LL) + v_j) : v_j);
-                p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 64LL) + v_j)] : PTC_NAN));
+                PTC_ST(p_y0, v_t3, (PTC_LD(p_y0, v_t3) + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x1, ((v_i * 64LL) + v_j)) : PTC_NAN)));
             }
         }
     }
@@ -896,7 +901,7 @@ void k_op14_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op16_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -912,12 +917,12 @@ PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 8192LL) + v_j)] * p_x0[((v_r * 8192LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 8192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 8192LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_s[v_r] = r9;
+            PTC_ST(p_s, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -933,12 +938,12 @@ PTC_KERNEL __launch_bounds__(32) k_op17_1(const float *PTC_RESTRICT p_s, float *
     for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
         float r5 = 0.0f;
         for (long long v_i = threadIdx.x; v_i < 2LL; v_i += blockDim.x) {
-            float y = p_s[v_i];
+            float y = PTC_LD(p_s, v_i);
             r5 += y;
         }
         r5 = ptc_block_sum(r5, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[0LL] = r5;
+            PTC_ST(p_y0, 0LL, r5);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -954,12 +959,12 @@ PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 4096LL) + v_j)] * p_x0[((v_r * 4096LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 4096LL) + v_j)) * PTC_LD(p_x0, ((v_r * 4096LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -972,7 +977,7 @@ void k_op19_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op20_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -988,12 +993,12 @@ PTC_KERNEL __launch_bounds__(64) k_op21_0(const float *PTC_RESTRICT p_x0, float 
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 64LL) + v_j)] * p_x0[((v_r * 64LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) * PTC_LD(p_x0, ((v_r * 64LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1006,7 +1011,7 @@ void k_op21_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op22_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1022,12 +1027,12 @@ PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
         float r15 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
-            float y = ((((v_r * 8192LL) + v_j) < 12288LL) ? (p_x0[((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL)] * p_x0[((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL)]) : 0.0f);
+            float y = ((((v_r * 8192LL) + v_j) < 12288LL) ? (PTC_LD(p_x0, ((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL)) * PTC_LD(p_x0, ((((v_r * 8192LL) + v_j) < 12288LL) ? ((v_r * 8192LL) + v_j) : 0LL))) : 0.0f);
             r15 += y;
         }
         r15 = ptc_block_sum(r15, ptc_smem);
         if (threadIdx.x == 0)
-            p_s[v_r] = r15;
+            PTC_ST(p_s, v_r, r15);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1043,12 +1048,12 @@ PTC_KERNEL __launch_bounds__(192) k_op24_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 192LL) + v_j)] * p_x0[((v_r * 192LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 192LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1064,12 +1069,12 @@ PTC_KERNEL __launch_bounds__(256) k_op25_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 256LL) + v_j)] * p_x0[((v_r * 256LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) * PTC_LD(p_x0, ((v_r * 256LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1082,8 +1087,8 @@ void k_op25_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op26_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
-        p_y0[v_i] = ((1.0f < v_t1) ? 1.0f : v_t1);
+        const float v_t1 = (PTC_LD(p_x1, 0LL) / (sqrtf(PTC_LD(p_x0, 0LL)) + 9.99999997e-07f));
+        PTC_ST(p_y0, v_i, ((1.0f < v_t1) ? 1.0f : v_t1));
     }
 }
 #ifdef PTC_CUDA_EMULATE

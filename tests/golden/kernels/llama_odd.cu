@@ -9,6 +9,9 @@
 #define PTC_NAN __int_as_float(0x7fffffff)
 #define PTC_F2U(x) __float_as_uint(x)
 #define PTC_U2F(x) __uint_as_float(x)
+/* loads and stores (the emulation checks each one for a race) */
+#define PTC_LD(p, i) (p)[i]
+#define PTC_ST(p, i, v) ((p)[i] = (v))
 #endif
 /* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
  * even, NaN to the quiet NaN of its sign (as common/half.c) */
@@ -67,11 +70,11 @@ PTC_DEVICE float ptc_block_sum(float v, float *sm)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
+        PTC_ST(sm, threadIdx.x >> 5, v);
     __syncthreads();
     float s = 0.0f;
     for (unsigned w = 0; w < blockDim.x >> 5; w++)
-        s += sm[w];
+        s += PTC_LD(sm, w);
     return s;
 }
 
@@ -83,11 +86,13 @@ PTC_DEVICE float ptc_block_max(float v, float *sm)
     }
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
+        PTC_ST(sm, threadIdx.x >> 5, v);
     __syncthreads();
     float m = PTC_LOWEST;
-    for (unsigned w = 0; w < blockDim.x >> 5; w++)
-        m = sm[w] > m ? sm[w] : m;
+    for (unsigned w = 0; w < blockDim.x >> 5; w++) {
+        const float u = PTC_LD(sm, w);
+        m = u > m ? u : m;
+    }
     return m;
 }
 
@@ -97,20 +102,20 @@ PTC_KERNEL __launch_bounds__(32) k_f0_add_rmsnorm(const float *PTC_RESTRICT p_x0
     __shared__ float ptc_smem[32];
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
         for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
-            const float v_t2 = (p_x0[((v_r * 14LL) + v_j)] + p_x1[((v_r * 14LL) + v_j)]);
-            p_y0[((v_r * 14LL) + v_j)] = v_t2;
+            const float v_t2 = (PTC_LD(p_x0, ((v_r * 14LL) + v_j)) + PTC_LD(p_x1, ((v_r * 14LL) + v_j)));
+            PTC_ST(p_y0, ((v_r * 14LL) + v_j), v_t2);
         }
         __syncthreads();
         float r25 = 0.0f;
         for (long long v_t3 = threadIdx.x; v_t3 < 14LL; v_t3 += blockDim.x) {
-            float y = (p_y0[((v_r * 14LL) + v_t3)] * p_y0[((v_r * 14LL) + v_t3)]);
+            float y = (PTC_LD(p_y0, ((v_r * 14LL) + v_t3)) * PTC_LD(p_y0, ((v_r * 14LL) + v_t3)));
             r25 += y;
         }
         r25 = ptc_block_sum(r25, ptc_smem);
         const float v_t4 = (r25 / 14.0f);
         const float v_t5 = (1.0f / sqrtf((v_t4 + 9.99999975e-06f)));
         for (long long v_t6 = threadIdx.x; v_t6 < 14LL; v_t6 += blockDim.x) {
-            p_y1[((v_r * 14LL) + v_t6)] = ((p_y0[((v_r * 14LL) + v_t6)] * v_t5) * p_x2[v_t6]);
+            PTC_ST(p_y1, ((v_r * 14LL) + v_t6), ((PTC_LD(p_y0, ((v_r * 14LL) + v_t6)) * v_t5) * PTC_LD(p_x2, v_t6)));
         }
     }
 }
@@ -125,36 +130,36 @@ void k_f0_add_rmsnorm__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_f1_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
-    const float v_t0 = (p_x2[0LL] / 8.0f);
+    const float v_t0 = (PTC_LD(p_x2, 0LL) / 8.0f);
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
-        const long long v_t2 = (long long)p_x1[v_r];
+        const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
         for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
-            float y = p_x0[((v_r * 256LL) + v_t5)];
+            float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
             r27 = y > r27 ? y : r27;
         }
         r27 = ptc_block_max(r27, ptc_smem);
         const float v_t6 = r27;
-        const float v_t7 = p_x0[((v_r * 256LL) + v_t4)];
+        const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y1[((v_r * 256LL) + v_j)] = expf((p_x0[((v_r * 256LL) + v_j)] - v_t6));
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
         }
         __syncthreads();
         float r54 = 0.0f;
         for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
-            float y = p_y1[((v_r * 256LL) + v_t9)];
+            float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
             r54 += y;
         }
         r54 = ptc_block_sum(r54, ptc_smem);
         const float v_t10 = r54;
         if (threadIdx.x == 0)
-            p_y0[v_r] = (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f));
+            PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
         for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            p_y1[((v_r * 256LL) + v_j)] = (((p_y1[((v_r * 256LL) + v_j)] * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0);
+            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
         }
     }
 }
@@ -168,8 +173,8 @@ void k_f1_cross_entropy_with_grad__emu(void *const *a)
 /* launch: sm_80: grid 14, block 256, sm_90: grid 14, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_f2_adamw_x21(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *p_x2, float *p_x3, float *p_x4, const float *PTC_RESTRICT p_x5, const float *PTC_RESTRICT p_x6, const float *PTC_RESTRICT p_x7, float *p_x8, float *p_x9, float *p_x10, const float *PTC_RESTRICT p_x11, float *p_x12, float *p_x13, float *p_x14, const float *PTC_RESTRICT p_x15, float *p_x16, float *p_x17, float *p_x18, const float *PTC_RESTRICT p_x19, float *p_x20, float *p_x21, float *p_x22, const float *PTC_RESTRICT p_x23, float *p_x24, float *p_x25, float *p_x26, const float *PTC_RESTRICT p_x27, float *p_x28, float *p_x29, float *p_x30, const float *PTC_RESTRICT p_x31, float *p_x32, float *p_x33, float *p_x34, const float *PTC_RESTRICT p_x35, float *p_x36, float *p_x37, float *p_x38, const float *PTC_RESTRICT p_x39, float *p_x40, float *p_x41, float *p_x42, const float *PTC_RESTRICT p_x43, float *p_x44, float *p_x45, float *p_x46, const float *PTC_RESTRICT p_x47, float *p_x48, float *p_x49, float *p_x50, const float *PTC_RESTRICT p_x51, float *p_x52, float *p_x53, float *p_x54, const float *PTC_RESTRICT p_x55, float *p_x56, float *p_x57, float *p_x58, const float *PTC_RESTRICT p_x59, float *p_x60, float *p_x61, float *p_x62, const float *PTC_RESTRICT p_x63, float *p_x64, float *p_x65, float *p_x66, const float *PTC_RESTRICT p_x67, float *p_x68, float *p_x69, float *p_x70, const float *PTC_RESTRICT p_x71, float *p_x72, float *p_x73, float *p_x74, const float *PTC_RESTRICT p_x75, float *p_x76, float *p_x77, float *p_x78, const float *PTC_RESTRICT p_x79, float *p_x80, float *p_x81, float *p_x82, const float *PTC_RESTRICT p_x83, float *p_x84, float *p_x85, float *p_x86, float *p_y0, float *p_y1, float *p_y2, float *p_y3, float *p_y4, float *p_y5, float *p_y6, float *p_y7, float *p_y8, float *p_y9, float *p_y10, float *p_y11, float *p_y12, float *p_y13, float *p_y14, float *p_y15, float *p_y16, float *p_y17, float *p_y18, float *p_y19, float *p_y20, float *p_y21, float *p_y22, float *p_y23, float *p_y24, float *p_y25, float *p_y26, float *p_y27, float *p_y28, float *p_y29, float *p_y30, float *p_y31, float *p_y32, float *p_y33, float *p_y34, float *p_y35, float *p_y36, float *p_y37, float *p_y38, float *p_y39, float *p_y40, float *p_y41, float *p_y42, float *p_y43, float *p_y44, float *p_y45, float *p_y46, float *p_y47, float *p_y48, float *p_y49, float *p_y50, float *p_y51, float *p_y52, float *p_y53, float *p_y54, float *p_y55, float *p_y56, float *p_y57, float *p_y58, float *p_y59, float *p_y60, float *p_y61, float *p_y62)
 {
-    const float v_t0 = p_x5[0LL];
-    const float v_t1 = p_x6[0LL];
+    const float v_t0 = PTC_LD(p_x5, 0LL);
+    const float v_t1 = PTC_LD(p_x6, 0LL);
     const float v_t2 = (1.0f - expf((v_t1 * (-0.105360515f))));
     const float v_t3 = (1.0f - expf((v_t1 * (-0.0512932949f))));
     const float v_t4 = (v_t0 / v_t2);
@@ -209,12 +214,12 @@ PTC_KERNEL __launch_bounds__(256) k_f2_adamw_x21(const float *PTC_RESTRICT p_x0,
         case 20: s0 = p_x83; s1 = p_x1; s2 = p_x84; s3 = p_x85; s4 = p_x86; s5 = p_y60; s6 = p_y61; s7 = p_y62; n = 3584LL; c0 = 0.100000001f; break;
         }
         for (long long v_t6 = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_t6 < n; v_t6 += (long long)gridDim.x * blockDim.x) {
-            const float v_t7 = (s0[v_t6] * s1[0LL]);
-            const float v_t8 = ((0.899999976f * s3[v_t6]) + (0.100000001f * v_t7));
-            const float v_t9 = ((0.949999988f * s4[v_t6]) + (0.0500000007f * (v_t7 * v_t7)));
-            s5[v_t6] = ((s2[v_t6] * (1.0f - (v_t0 * c0))) - ((v_t4 * v_t8) / ((sqrtf(v_t9) / v_t5) + 9.99999994e-09f)));
-            s6[v_t6] = v_t8;
-            s7[v_t6] = v_t9;
+            const float v_t7 = (PTC_LD(s0, v_t6) * PTC_LD(s1, 0LL));
+            const float v_t8 = ((0.899999976f * PTC_LD(s3, v_t6)) + (0.100000001f * v_t7));
+            const float v_t9 = ((0.949999988f * PTC_LD(s4, v_t6)) + (0.0500000007f * (v_t7 * v_t7)));
+            PTC_ST(s5, v_t6, ((PTC_LD(s2, v_t6) * (1.0f - (v_t0 * c0))) - ((v_t4 * v_t8) / ((sqrtf(v_t9) / v_t5) + 9.99999994e-09f))));
+            PTC_ST(s6, v_t6, v_t8);
+            PTC_ST(s7, v_t6, v_t9);
         }
     }
 }
@@ -252,7 +257,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -263,8 +268,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -273,7 +278,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f;
                 for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * ks[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
                 if (s > m) { /* a new maximum: rescale what was summed */
                     const float c = expf(m - s);
                     l *= c;
@@ -284,13 +289,13 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
                 const float p = expf(s - m);
                 l += p;
                 for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * vs[jj * attn0_DH + d];
+                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
             }
         }
         if (!live)
             continue;
         for (int d = 0; d < attn0_DH; d++)
-            o[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] = acc[d] / l;
+            PTC_ST(o, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d, acc[d] / l);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -310,7 +315,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * attn0_SCALE : 0.0f;
+            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -321,8 +326,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -331,7 +336,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f;
                 for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * ks[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
                 if (s > m) { /* a new maximum: rescale what was summed */
                     const float c = expf(m - s);
                     l *= c;
@@ -342,16 +347,16 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
                 const float p = expf(s - m);
                 l += p;
                 for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * vs[jj * attn0_DH + d];
+                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
             }
         }
         if (!live)
             continue;
         float dd = 0.0f;
         for (int d = 0; d < attn0_DH; d++)
-            dd += dy[(b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d] * (acc[d] / l);
-        lse[(b * attn0_H + h) * attn0_S + i] = m + logf(l);
-        dsum[(b * attn0_H + h) * attn0_S + i] = dd;
+            dd += PTC_LD(dy, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * (acc[d] / l);
+        PTC_ST(lse, (b * attn0_H + h) * attn0_S + i, m + logf(l));
+        PTC_ST(dsum, (b * attn0_H + h) * attn0_S + i, dd);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -372,8 +377,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
         float kr[attn0_DH], vr[attn0_DH], gk[attn0_DH], gv[attn0_DH];
         for (int d = 0; d < attn0_DH; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
-            kr[d] = live ? k[at] : 0.0f;
-            vr[d] = live ? v[at] : 0.0f;
+            kr[d] = live ? PTC_LD(k, at) : 0.0f;
+            vr[d] = live ? PTC_LD(v, at) : 0.0f;
             gk[d] = gv[d] = 0.0f;
         }
         for (long long h = PTC_IMAX(kh * attn0_R - attn0_H0, 0); h < PTC_IMIN((kh + 1) * attn0_R - attn0_H0, attn0_H); h++) {
@@ -382,13 +387,13 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                 __syncthreads();
                 for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                     const long long i = i0 + x / attn0_DH, at = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + x % attn0_DH;
-                    qs[x] = i < attn0_S ? q[at] : 0.0f;
-                    ds[x] = i < attn0_S ? dy[at] : 0.0f;
+                    PTC_ST(qs, x, i < attn0_S ? PTC_LD(q, at) : 0.0f);
+                    PTC_ST(ds, x, i < attn0_S ? PTC_LD(dy, at) : 0.0f);
                 }
                 for (long long x = threadIdx.x; x < attn0_BK; x += rows) {
                     const long long i = i0 + x;
-                    ls[x] = i < attn0_S ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
-                    dd[x] = i < attn0_S ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+                    PTC_ST(ls, x, i < attn0_S ? PTC_LD(lse, (b * attn0_H + h) * attn0_S + i) : 0.0f);
+                    PTC_ST(dd, x, i < attn0_S ? PTC_LD(dsum, (b * attn0_H + h) * attn0_S + i) : 0.0f);
                 }
                 __syncthreads();
                 const long long in = attn0_S - i0 < attn0_BK ? attn0_S - i0 : attn0_BK;
@@ -397,21 +402,21 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                         continue;
                     float s = 0.0f, dp = 0.0f;
                     for (int d = 0; d < attn0_DH; d++) {
-                        s += qs[ii * attn0_DH + d] * kr[d];
-                        dp += ds[ii * attn0_DH + d] * vr[d];
+                        s += PTC_LD(qs, ii * attn0_DH + d) * kr[d];
+                        dp += PTC_LD(ds, ii * attn0_DH + d) * vr[d];
                     }
-                    const float p = expf(s * attn0_SCALE - ls[ii]), g = p * (dp - dd[ii]) * attn0_SCALE;
+                    const float p = expf(s * attn0_SCALE - PTC_LD(ls, ii)), g = p * (dp - PTC_LD(dd, ii)) * attn0_SCALE;
                     for (int d = 0; d < attn0_DH; d++) {
-                        gv[d] += p * ds[ii * attn0_DH + d];
-                        gk[d] += g * qs[ii * attn0_DH + d];
+                        gv[d] += p * PTC_LD(ds, ii * attn0_DH + d);
+                        gk[d] += g * PTC_LD(qs, ii * attn0_DH + d);
                     }
                 }
             }
         }
         for (int d = 0; live && d < attn0_DH; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
-            dk[at] = gk[d];
-            dv[at] = gv[d];
+            PTC_ST(dk, at, gk[d]);
+            PTC_ST(dv, at, gv[d]);
         }
     }
 }
@@ -433,12 +438,12 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
         const long long qo = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH;
         float qr[attn0_DH], dr[attn0_DH], gq[attn0_DH];
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? q[qo + d] : 0.0f;
-            dr[d] = live ? dy[qo + d] : 0.0f;
+            qr[d] = live ? PTC_LD(q, qo + d) : 0.0f;
+            dr[d] = live ? PTC_LD(dy, qo + d) : 0.0f;
             gq[d] = 0.0f;
         }
-        const float l = live ? lse[(b * attn0_H + h) * attn0_S + i] : 0.0f;
-        const float D = live ? dsum[(b * attn0_H + h) * attn0_S + i] : 0.0f;
+        const float l = live ? PTC_LD(lse, (b * attn0_H + h) * attn0_S + i) : 0.0f;
+        const float D = live ? PTC_LD(dsum, (b * attn0_H + h) * attn0_S + i) : 0.0f;
         /* the keys any query of the tile sees (causal: up to its last query) */
         long long kend = attn0_S2;
         if (attn0_CAUSAL && i0 + rows < kend)
@@ -447,8 +452,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                ks[x] = j < attn0_S2 ? k[at] : 0.0f;
-                vs[x] = j < attn0_S2 ? v[at] : 0.0f;
+                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -457,16 +462,16 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             for (long long jj = 0; live && jj < jn; jj++) {
                 float s = 0.0f, dp = 0.0f;
                 for (int d = 0; d < attn0_DH; d++) {
-                    s += qr[d] * ks[jj * attn0_DH + d];
-                    dp += dr[d] * vs[jj * attn0_DH + d];
+                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
+                    dp += dr[d] * PTC_LD(vs, jj * attn0_DH + d);
                 }
                 const float g = expf(s * attn0_SCALE - l) * (dp - D) * attn0_SCALE;
                 for (int d = 0; d < attn0_DH; d++)
-                    gq[d] += g * ks[jj * attn0_DH + d];
+                    gq[d] += g * PTC_LD(ks, jj * attn0_DH + d);
             }
         }
         for (int d = 0; live && d < attn0_DH; d++)
-            dq[qo + d] = gq[d];
+            PTC_ST(dq, qo + d, gq[d]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -479,7 +484,7 @@ void k_attn0_bwd_q__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 112LL; v_e += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_e] = (((0LL <= (long long)p_x1[(v_e / 14LL)]) ? ((long long)p_x1[(v_e / 14LL)] < 256LL) : (1LL < 0LL)) ? p_x0[(((0LL <= (long long)p_x1[(v_e / 14LL)]) ? ((long long)p_x1[(v_e / 14LL)] < 256LL) : (1LL < 0LL)) ? (((long long)p_x1[(v_e / 14LL)] * 14LL) + (v_e % 14LL)) : 0LL)] : PTC_NAN);
+        PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 14LL)) * 14LL) + (v_e % 14LL)) : 0LL)) : PTC_NAN));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -495,13 +500,13 @@ PTC_KERNEL __launch_bounds__(32) k_op1_0(const float *PTC_RESTRICT p_x0, const f
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
         float r11 = 0.0f;
         for (long long v_j0 = threadIdx.x; v_j0 < 14LL; v_j0 += blockDim.x) {
-            float y = (p_x0[((v_r * 14LL) + v_j0)] * p_x0[((v_r * 14LL) + v_j0)]);
+            float y = (PTC_LD(p_x0, ((v_r * 14LL) + v_j0)) * PTC_LD(p_x0, ((v_r * 14LL) + v_j0)));
             r11 += y;
         }
         r11 = ptc_block_sum(r11, ptc_smem);
         const float v_t2 = (1.0f / sqrtf(((r11 * 0.0714285746f) + 9.99999975e-06f)));
         for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
-            p_y0[((v_r * 14LL) + v_j)] = ((p_x0[((v_r * 14LL) + v_j)] * v_t2) * p_x1[v_j]);
+            PTC_ST(p_y0, ((v_r * 14LL) + v_j), ((PTC_LD(p_x0, ((v_r * 14LL) + v_j)) * v_t2) * PTC_LD(p_x1, v_j)));
         }
     }
 }
@@ -519,10 +524,10 @@ PTC_KERNEL __launch_bounds__(256) k_op2_0(const float *PTC_RESTRICT p_x0, float 
         const float v_t2 = ((float)(((v_q / 7LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
         const float v_t3 = cosf(v_t2);
         const float v_t4 = sinf(v_t2);
-        const float v_t5 = p_x0[v_t1];
-        const float v_t6 = p_x0[(v_t1 + 1LL)];
-        p_y0[v_t1] = ((v_t5 * v_t3) - (v_t6 * v_t4));
-        p_y0[(v_t1 + 1LL)] = ((v_t5 * v_t4) + (v_t6 * v_t3));
+        const float v_t5 = PTC_LD(p_x0, v_t1);
+        const float v_t6 = PTC_LD(p_x0, (v_t1 + 1LL));
+        PTC_ST(p_y0, v_t1, ((v_t5 * v_t3) - (v_t6 * v_t4)));
+        PTC_ST(p_y0, (v_t1 + 1LL), ((v_t5 * v_t4) + (v_t6 * v_t3)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -539,10 +544,10 @@ PTC_KERNEL __launch_bounds__(256) k_op3_0(const float *PTC_RESTRICT p_x0, float 
         const float v_t2 = ((float)(((v_q / 1LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
         const float v_t3 = cosf(v_t2);
         const float v_t4 = sinf(v_t2);
-        const float v_t5 = p_x0[v_t1];
-        const float v_t6 = p_x0[(v_t1 + 1LL)];
-        p_y0[v_t1] = ((v_t5 * v_t3) - (v_t6 * v_t4));
-        p_y0[(v_t1 + 1LL)] = ((v_t5 * v_t4) + (v_t6 * v_t3));
+        const float v_t5 = PTC_LD(p_x0, v_t1);
+        const float v_t6 = PTC_LD(p_x0, (v_t1 + 1LL));
+        PTC_ST(p_y0, v_t1, ((v_t5 * v_t3) - (v_t6 * v_t4)));
+        PTC_ST(p_y0, (v_t1 + 1LL), ((v_t5 * v_t4) + (v_t6 * v_t3)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -555,7 +560,7 @@ void k_op3_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op4_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] * (1.0f / (1.0f + expf((-p_x0[v_i])))));
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i)))))));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -568,7 +573,7 @@ void k_op4_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op5_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] * p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -581,7 +586,7 @@ void k_op5_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op6_0(float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = 1.0f;
+        PTC_ST(p_y0, v_i, 1.0f);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -597,12 +602,12 @@ PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *
     for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
         float r15 = 0.0f;
         for (long long v_i = threadIdx.x; v_i < 8LL; v_i += blockDim.x) {
-            float y = p_x0[(((((v_o / 1LL) * 8LL) + v_i) * 1LL) + (v_o % 1LL))];
+            float y = PTC_LD(p_x0, (((((v_o / 1LL) * 8LL) + v_i) * 1LL) + (v_o % 1LL)));
             r15 += y;
         }
         r15 = ptc_block_sum(r15, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_o] = (r15 / 8.0f);
+            PTC_ST(p_y0, v_o, (r15 / 8.0f));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -618,23 +623,23 @@ PTC_KERNEL __launch_bounds__(32) k_op8_0(const float *PTC_RESTRICT p_x0, const f
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
         float r11 = 0.0f;
         for (long long v_j0 = threadIdx.x; v_j0 < 14LL; v_j0 += blockDim.x) {
-            float y = (p_x0[((v_r * 14LL) + v_j0)] * p_x0[((v_r * 14LL) + v_j0)]);
+            float y = (PTC_LD(p_x0, ((v_r * 14LL) + v_j0)) * PTC_LD(p_x0, ((v_r * 14LL) + v_j0)));
             r11 += y;
         }
         r11 = ptc_block_sum(r11, ptc_smem);
         const float v_t2 = (1.0f / sqrtf(((r11 * 0.0714285746f) + 9.99999975e-06f)));
         if (threadIdx.x == 0)
-            p_s[v_r] = v_t2;
+            PTC_ST(p_s, v_r, v_t2);
         float r32 = 0.0f;
         for (long long v_j1 = threadIdx.x; v_j1 < 14LL; v_j1 += blockDim.x) {
-            float y = ((p_x2[((v_r * 14LL) + v_j1)] * p_x1[v_j1]) * p_x0[((v_r * 14LL) + v_j1)]);
+            float y = ((PTC_LD(p_x2, ((v_r * 14LL) + v_j1)) * PTC_LD(p_x1, v_j1)) * PTC_LD(p_x0, ((v_r * 14LL) + v_j1)));
             r32 += y;
         }
         r32 = ptc_block_sum(r32, ptc_smem);
         const float v_t4 = (r32 * 0.0714285746f);
         for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
             const long long v_t6 = ((v_r * 14LL) + v_j);
-            p_y0[v_t6] = ((v_t2 * (p_x2[v_t6] * p_x1[v_j])) - ((p_x0[v_t6] * ((v_t2 * v_t2) * v_t2)) * v_t4));
+            PTC_ST(p_y0, v_t6, ((v_t2 * (PTC_LD(p_x2, v_t6) * PTC_LD(p_x1, v_j))) - ((PTC_LD(p_x0, v_t6) * ((v_t2 * v_t2) * v_t2)) * v_t4)));
         }
     }
 }
@@ -651,12 +656,12 @@ PTC_KERNEL __launch_bounds__(32) k_op8_1(const float *PTC_RESTRICT p_x0, const f
     for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
         float r12 = 0.0f;
         for (long long v_r0 = threadIdx.x; v_r0 < 8LL; v_r0 += blockDim.x) {
-            float y = ((p_x2[((v_r0 * 14LL) + v_j)] * p_x0[((v_r0 * 14LL) + v_j)]) * p_s[v_r0]);
+            float y = ((PTC_LD(p_x2, ((v_r0 * 14LL) + v_j)) * PTC_LD(p_x0, ((v_r0 * 14LL) + v_j))) * PTC_LD(p_s, v_r0));
             r12 += y;
         }
         r12 = ptc_block_sum(r12, ptc_smem);
         if (threadIdx.x == 0)
-            p_y1[v_j] = r12;
+            PTC_ST(p_y1, v_j, r12);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -669,7 +674,7 @@ void k_op8_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (((1.0f / (1.0f + expf((-p_x0[v_i])))) * (1.0f + (p_x0[v_i] * (1.0f - (1.0f / (1.0f + expf((-p_x0[v_i])))))))) * p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (((1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))) * (1.0f + (PTC_LD(p_x0, v_i) * (1.0f - (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))))))) * PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -682,7 +687,7 @@ void k_op10_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op11_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -699,10 +704,10 @@ PTC_KERNEL __launch_bounds__(256) k_op12_0(const float *PTC_RESTRICT p_x0, float
         const float v_t2 = ((float)(((v_q / 1LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
         const float v_t3 = cosf(v_t2);
         const float v_t4 = sinf(v_t2);
-        const float v_t5 = p_x0[v_t1];
-        const float v_t6 = p_x0[(v_t1 + 1LL)];
-        p_y0[v_t1] = ((v_t5 * v_t3) + (v_t6 * v_t4));
-        p_y0[(v_t1 + 1LL)] = ((v_t6 * v_t3) - (v_t5 * v_t4));
+        const float v_t5 = PTC_LD(p_x0, v_t1);
+        const float v_t6 = PTC_LD(p_x0, (v_t1 + 1LL));
+        PTC_ST(p_y0, v_t1, ((v_t5 * v_t3) + (v_t6 * v_t4)));
+        PTC_ST(p_y0, (v_t1 + 1LL), ((v_t6 * v_t3) - (v_t5 * v_t4)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -719,10 +724,10 @@ PTC_KERNEL __launch_bounds__(256) k_op13_0(const float *PTC_RESTRICT p_x0, float
         const float v_t2 = ((float)(((v_q / 7LL) % 4LL)) * expf(((float)((v_q % 1LL)) * (-9.2103405f))));
         const float v_t3 = cosf(v_t2);
         const float v_t4 = sinf(v_t2);
-        const float v_t5 = p_x0[v_t1];
-        const float v_t6 = p_x0[(v_t1 + 1LL)];
-        p_y0[v_t1] = ((v_t5 * v_t3) + (v_t6 * v_t4));
-        p_y0[(v_t1 + 1LL)] = ((v_t6 * v_t3) - (v_t5 * v_t4));
+        const float v_t5 = PTC_LD(p_x0, v_t1);
+        const float v_t6 = PTC_LD(p_x0, (v_t1 + 1LL));
+        PTC_ST(p_y0, v_t1, ((v_t5 * v_t3) + (v_t6 * v_t4)));
+        PTC_ST(p_y0, (v_t1 + 1LL), ((v_t6 * v_t3) - (v_t5 * v_t4)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -735,7 +740,7 @@ void k_op13_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op14_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -748,7 +753,7 @@ void k_op14_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op15_0(float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3584LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = 0.0f;
+        PTC_ST(p_y0, v_i, 0.0f);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -763,9 +768,9 @@ PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const fl
     for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
         if (threadIdx.x == 0) {
             for (long long v_i = 0; v_i < 8LL; v_i += 1) {
-                const long long v_t2 = (long long)p_x0[v_i];
+                const long long v_t2 = (long long)PTC_LD(p_x0, v_i);
                 const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 14LL) + v_j) : v_j);
-                p_y0[v_t3] = (p_y0[v_t3] + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? p_x1[((v_i * 14LL) + v_j)] : PTC_NAN));
+                PTC_ST(p_y0, v_t3, (PTC_LD(p_y0, v_t3) + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x1, ((v_i * 14LL) + v_j)) : PTC_NAN)));
             }
         }
     }
@@ -783,12 +788,12 @@ PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 3584LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 3584LL) + v_j)] * p_x0[((v_r * 3584LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 3584LL) + v_j)) * PTC_LD(p_x0, ((v_r * 3584LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -804,12 +809,12 @@ PTC_KERNEL __launch_bounds__(32) k_op18_0(const float *PTC_RESTRICT p_x0, float 
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 14LL) + v_j)] * p_x0[((v_r * 14LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 14LL) + v_j)) * PTC_LD(p_x0, ((v_r * 14LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -822,7 +827,7 @@ void k_op18_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -838,12 +843,12 @@ PTC_KERNEL __launch_bounds__(224) k_op20_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 196LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 196LL) + v_j)] * p_x0[((v_r * 196LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 196LL) + v_j)) * PTC_LD(p_x0, ((v_r * 196LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -856,7 +861,7 @@ void k_op20_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op21_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        p_y0[v_i] = (p_x0[v_i] + p_x1[v_i]);
+        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -872,12 +877,12 @@ PTC_KERNEL __launch_bounds__(32) k_op22_0(const float *PTC_RESTRICT p_x0, float 
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 28LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 28LL) + v_j)] * p_x0[((v_r * 28LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 28LL) + v_j)) * PTC_LD(p_x0, ((v_r * 28LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -893,12 +898,12 @@ PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
         for (long long v_j = threadIdx.x; v_j < 1792LL; v_j += blockDim.x) {
-            float y = (p_x0[((v_r * 1792LL) + v_j)] * p_x0[((v_r * 1792LL) + v_j)]);
+            float y = (PTC_LD(p_x0, ((v_r * 1792LL) + v_j)) * PTC_LD(p_x0, ((v_r * 1792LL) + v_j)));
             r9 += y;
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
-            p_y0[v_r] = r9;
+            PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -911,8 +916,8 @@ void k_op23_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op24_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
     for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1LL; v_i += (long long)gridDim.x * blockDim.x) {
-        const float v_t1 = (p_x1[0LL] / (sqrtf(p_x0[0LL]) + 9.99999997e-07f));
-        p_y0[v_i] = ((1.0f < v_t1) ? 1.0f : v_t1);
+        const float v_t1 = (PTC_LD(p_x1, 0LL) / (sqrtf(PTC_LD(p_x0, 0LL)) + 9.99999997e-07f));
+        PTC_ST(p_y0, v_i, ((1.0f < v_t1) ? 1.0f : v_t1));
     }
 }
 #ifdef PTC_CUDA_EMULATE
