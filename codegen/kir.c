@@ -409,6 +409,29 @@ typedef union kval {
     int64_t i;
 } kval;
 
+/* The parallel-loop contract, checked (ptc_kir_run_checked). Each access is tagged with the part
+ * of the kernel that makes it: iteration i of a top-level parallel loop over n, which one thread
+ * of a target runs (the same thread for iteration i of every loop over n), or the top-level
+ * statements, which every thread runs. Per element: the last write (its part and bits) and the
+ * parts that read it. */
+typedef struct kpart {
+    int64_t n, i; /* n < 0: the top-level statements */
+    int loop;     /* the loop statement (for the message) */
+} kpart;
+
+typedef struct kacc {
+    const char *addr;          /* NULL: a free slot */
+    kpart w, r;                /* the last write, the first read */
+    bool written, read, reads; /* reads: read by two parts or more */
+    uint32_t bits;             /* what the last write stored */
+} kacc;
+
+typedef struct kcheck {
+    kacc *tab;
+    size_t cap, used;
+    kpart part; /* the part running now */
+} kcheck;
+
 typedef struct interp {
     const ptc_kir *k;
     void *const *args;
@@ -417,6 +440,7 @@ typedef struct interp {
     bool failed;
     char *err;
     size_t errn;
+    kcheck *chk; /* ptc_kir_run_checked's */
 } interp;
 
 static bool in_bounds(interp *in, int param, int64_t i)
@@ -429,6 +453,103 @@ static bool in_bounds(interp *in, int param, int64_t i)
                 (long long)in->k->params[param].numel);
     in->failed = true;
     return false;
+}
+
+static size_t hash_ptr(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    return (size_t)(x ^ x >> 29);
+}
+
+static kacc *kacc_of(kcheck *c, const char *addr)
+{
+    if (2 * (c->used + 1) > c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 1024;
+        kacc *t = ptc_xcalloc(cap, sizeof *t);
+        for (size_t i = 0; i < c->cap; i++) {
+            if (!c->tab[i].addr)
+                continue;
+            size_t j = hash_ptr(c->tab[i].addr) & (cap - 1);
+            while (t[j].addr)
+                j = (j + 1) & (cap - 1);
+            t[j] = c->tab[i];
+        }
+        free(c->tab);
+        c->tab = t;
+        c->cap = cap;
+    }
+    for (size_t i = hash_ptr(addr) & (c->cap - 1);; i = (i + 1) & (c->cap - 1)) {
+        if (!c->tab[i].addr) {
+            c->tab[i].addr = addr;
+            c->used++;
+            return &c->tab[i];
+        }
+        if (c->tab[i].addr == addr)
+            return &c->tab[i];
+    }
+}
+
+static bool same_part(kpart a, kpart b)
+{
+    return a.n == b.n && a.i == b.i;
+}
+
+static void put_part(const ptc_kir *k, kpart p, char *buf, size_t n)
+{
+    if (p.n < 0)
+        ptc_fmt(buf, n, "the top-level statements (every thread)");
+    else
+        ptc_fmt(buf, n, "iteration %s=%lld of a parallel loop over %lld",
+                k->vars[k->s[p.loop].var].name, (long long)p.i, (long long)p.n);
+}
+
+static void contract_broken(interp *in, int param, int64_t i, const char *what, kpart a,
+                            const char *how, kpart b)
+{
+    char pa[160], pb[160];
+    put_part(in->k, a, pa, sizeof pa);
+    put_part(in->k, b, pb, sizeof pb);
+    ptc_fmt(in->err, in->errn,
+            "kernel %s: the parallel loops' iterations are not independent: '%s'[%lld] is %s by "
+            "%s and %s by %s, which a target may run on another thread",
+            in->k->name, in->k->params[param].name, (long long)i, what, pa, how, pb);
+    in->failed = true;
+}
+
+/* an access to element i of param by the running part; for a store, bits are what it stores */
+static void check_access(interp *in, int param, int64_t i, bool store, uint32_t bits)
+{
+    kcheck *c = in->chk;
+    if (in->failed) /* (the first message stays) */
+        return;
+    size_t size = ptc_dtype_size(in->k->params[param].dtype);
+    const char *addr = (const char *)in->args[param] + (size_t)i * size;
+    kacc *a = kacc_of(c, addr);
+    if (!store) {
+        /* what another thread's part wrote (what every thread wrote, each wrote itself) */
+        if (a->written && a->w.n >= 0 && !same_part(a->w, c->part)) {
+            contract_broken(in, param, i, "written", a->w, "read", c->part);
+            return;
+        }
+        if (!a->read)
+            a->r = c->part, a->read = true;
+        else if (!same_part(a->r, c->part))
+            a->reads = true;
+        return;
+    }
+    if (a->written && !same_part(a->w, c->part) && a->bits != bits) {
+        contract_broken(in, param, i, "written", a->w, "written (another value)", c->part);
+        return;
+    }
+    uint32_t now = 0;
+    memcpy(&now, addr, size);
+    if (a->read && (a->reads || !same_part(a->r, c->part)) && now != bits) {
+        contract_broken(in, param, i, "read", a->r, "changed", c->part);
+        return;
+    }
+    a->w = c->part, a->written = true, a->bits = bits;
 }
 
 static kval eval(interp *in, int e)
@@ -444,6 +565,8 @@ static kval eval(interp *in, int e)
         int64_t i = eval(in, x->a).i;
         if (!in_bounds(in, x->param, i))
             return r;
+        if (in->chk)
+            check_access(in, x->param, i, false, 0);
         if (in->k->params[x->param].dtype == PTC_F32)
             r.f = ((const float *)in->args[x->param])[i];
         else if (in->k->params[x->param].dtype == PTC_BF16)
@@ -521,14 +644,23 @@ static void run_list(interp *in, int s, int depth)
             kval v = eval(in, st->value);
             if (!in_bounds(in, st->param, i))
                 return;
-            if (k->params[st->param].dtype == PTC_F32)
-                ((float *)in->args[st->param])[i] = (float)v.f;
-            else if (k->params[st->param].dtype == PTC_BF16) /* (as f32, then bf16) */
-                ((uint16_t *)in->args[st->param])[i] = ptc_bf16_bits((float)v.f);
-            else if (k->params[st->param].dtype == PTC_F16)
-                ((uint16_t *)in->args[st->param])[i] = ptc_f16_bits((float)v.f);
+            uint32_t bits; /* f32; bf16 as f32, then bf16 */
+            ptc_dtype dt = k->params[st->param].dtype;
+            if (dt == PTC_F32) {
+                float f = (float)v.f;
+                memcpy(&bits, &f, 4);
+            } else if (dt == PTC_BF16 || dt == PTC_F16) {
+                bits = dt == PTC_BF16 ? ptc_bf16_bits((float)v.f) : ptc_f16_bits((float)v.f);
+            } else {
+                int32_t w = (int32_t)v.i;
+                memcpy(&bits, &w, 4);
+            }
+            if (in->chk && (check_access(in, st->param, i, true, bits), in->failed))
+                return;
+            if (dt == PTC_BF16 || dt == PTC_F16)
+                ((uint16_t *)in->args[st->param])[i] = (uint16_t)bits;
             else
-                ((int32_t *)in->args[st->param])[i] = (int32_t)v.i;
+                memcpy((char *)in->args[st->param] + 4 * (size_t)i, &bits, 4);
             break;
         }
         default: { /* for */
@@ -537,20 +669,45 @@ static void run_list(interp *in, int s, int depth)
                 lo = n * in->tid / in->nt;
                 hi = n * (in->tid + 1) / in->nt;
             }
+            bool part = in->chk && st->parallel && depth == 0;
             for (int64_t j = lo; j < hi && !in->failed; j++) {
                 in->vars[st->var].i = j;
+                if (part)
+                    in->chk->part = (kpart){n, j, s};
                 run_list(in, st->body, depth + 1);
             }
+            if (part)
+                in->chk->part = (kpart){-1, -1, -1};
         }
         }
     }
 }
 
-int ptc_kir_run(const ptc_kir *k, void *const *args, int tid, int nt, char *err, size_t errn)
+static int run(const ptc_kir *k, void *const *args, int tid, int nt, kcheck *chk, char *err,
+               size_t errn)
 {
-    interp in = {.k = k, .args = args, .tid = tid, .nt = nt > 0 ? nt : 1, .err = err, .errn = errn};
+    interp in = {.k = k,
+                 .args = args,
+                 .tid = tid,
+                 .nt = nt > 0 ? nt : 1,
+                 .err = err,
+                 .errn = errn,
+                 .chk = chk};
     in.vars = ptc_xcalloc((size_t)(k->nvars ? k->nvars : 1), sizeof(kval));
     run_list(&in, k->body, 0);
     free(in.vars);
     return in.failed ? -1 : 0;
+}
+
+int ptc_kir_run(const ptc_kir *k, void *const *args, int tid, int nt, char *err, size_t errn)
+{
+    return run(k, args, tid, nt, NULL, err, errn);
+}
+
+int ptc_kir_run_checked(const ptc_kir *k, void *const *args, char *err, size_t errn)
+{
+    kcheck c = {.part = {-1, -1, -1}};
+    int rc = run(k, args, 0, 1, &c, err, errn);
+    free(c.tab);
+    return rc;
 }

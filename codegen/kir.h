@@ -174,6 +174,14 @@ uint64_t ptc_kir_hash(const ptc_kir *k);
  * Runs thread tid's part of the kernel over args (one pointer per parameter, aliases included).
  * Returns 0, or -1 with a message for an access out of bounds. */
 int ptc_kir_run(const ptc_kir *k, void *const *args, int tid, int nt, char *err, size_t errn);
+/* The whole kernel (ptc_kir_run's tid 0 of 1), checking the contract on parallel loops above
+ * with the data at hand: -1 with a message naming the element and the two parts of the kernel
+ * when a target's threads could race on it. An element written by one iteration of a parallel
+ * loop (over n) may be read and written again only by the same iteration of a loop over n
+ * (the same thread, for any thread count); one written by the top-level statements (which
+ * every thread runs) may be read by any part, and written again only with the same bits; a
+ * store that changes an element read by another part is a race too. */
+int ptc_kir_run_checked(const ptc_kir *k, void *const *args, char *err, size_t errn);
 
 /* Names of the expression kinds as the text form spells them (functions and reductions). */
 extern const char *const ptc_kx_names[PTC_NKX];

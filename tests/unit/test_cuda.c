@@ -224,7 +224,7 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
     memcpy(&launch, &p, sizeof launch);
 
     bufs want = make_bufs(k, 7), got = make_bufs(k, 7);
-    cr_assert_eq(ptc_kir_run(k, want.args, 0, 1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ptc_kir_run_checked(k, want.args, err, sizeof err), 0, "%s", err);
     cr_assert_eq(launch(fn, got.args, grid, block), 0, "%s: launch %u x %u: %s", k->name, grid,
                  block, emu_error(so));
     for (int i = 0; i < k->nparams; i++) {

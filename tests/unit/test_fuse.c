@@ -109,6 +109,57 @@ static double max_rel(const float *a, const float *b, int64_t n)
     return d / (scale > 0 ? scale : 1);
 }
 
+/* ptc_kir_run_checked holds kernels to the contract on parallel loops: each pattern that would
+ * race on a target's threads is named, and the patterns that would not pass. */
+Test(kir, checked_run_finds_dependent_iterations)
+{
+    static const struct {
+        const char *body;
+        const char *race; /* the start of "'ARRAY'[I] is ..." in the message, or NULL */
+    } cases[] = {
+        {"for r < 4 parallel { y[r] = x[r] } for r < 4 parallel { z[r] = y[r] * 2.0 }", NULL},
+        {"for r < 4 parallel { y[0] = y[0] + x[r] }", "'y'[0] is written by iteration r=0"},
+        {"for r < 4 parallel { y[r] = x[r] } for r < 4 parallel { z[r] = y[3 - r] }",
+         "'y'[3] is written by iteration r=3"},
+        {"for r < 4 parallel { y[r] = x[r] } for q < 2 parallel { z[q] = y[q] }",
+         "'y'[0] is written by iteration r=0 of a parallel loop over 4 and read by iteration q=0"},
+        {"for r < 4 parallel { y[r] = x[r] } m[0] = y[2]",
+         "'y'[2] is written by iteration r=2 of a parallel loop over 4 and read by the top-level"},
+        {"m[0] = x[0] * 3.0 for r < 4 parallel { y[r] = m[0] + x[r] }", NULL},
+        {"m[0] = 7.0 for r < 4 parallel { m[0] = 7.0 y[r] = x[r] }", NULL},
+        {"m[0] = 7.0 for r < 4 parallel { m[0] = x[r] }",
+         "'m'[0] is written by the top-level statements (every thread) and written (another "
+         "value) by iteration r=0"},
+        {"for r < 4 parallel { y[r] = m[0] } m[0] = 5.0",
+         "'m'[0] is read by iteration r=0 of a parallel loop over 4 and changed by the top-level"},
+        {"for r < 4 parallel { let t = ids[r] y[t] = y[t] + x[r] }", NULL}, /* distinct ids */
+        {"for r < 4 parallel { let t = ids[r] % 2 y[t] = y[t] + x[r] }",
+         "'y'[0] is written by iteration r=0"},
+        {"for r < 4 parallel { for j < 4 { z[j] = x[j] } y[r] = z[r] }", NULL}, /* same bits */
+        {"for r < 4 parallel { for j < 4 { z[j] = x[j] + float(r) } y[r] = z[r] }",
+         "'z'[0] is written by iteration r=0 of a parallel loop over 4 and written (another "
+         "value) by iteration r=1"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char text[1024], err[512];
+        snprintf(text, sizeof text,
+                 "kernel k(x: f32[4], ids: i32[4], y: out f32[4], z: out f32[4], m: out f32[1]) "
+                 "{\n%s\n}\n",
+                 cases[c].body);
+        ptc_kir *k = ptc_kir_parse_text(text, err, sizeof err);
+        cr_assert_not_null(k, "%s\n%s", err, text);
+        float x[4] = {1, 2, 3, 4}, y[4] = {0}, z[4] = {0}, m[1] = {0};
+        int32_t ids[4] = {2, 0, 3, 1};
+        int rc = ptc_kir_run_checked(k, (void *[]){x, ids, y, z, m}, err, sizeof err);
+        if (!cases[c].race)
+            cr_expect_eq(rc, 0, "case %zu (%s): %s", c, cases[c].body, err);
+        else
+            cr_expect(rc == -1 && strstr(err, cases[c].race), "case %zu (%s): %s", c, cases[c].body,
+                      rc ? err : "passed");
+        ptc_kir_free(k);
+    }
+}
+
 #ifdef PTC_TEST_JIT
 Test(kir, compiled_matches_interpreter)
 {
