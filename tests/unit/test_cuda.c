@@ -73,7 +73,24 @@ static void teardown(void)
 
 /* ---- plans ---- */
 
+/* a parallel plan's options (mesh axes "dp=2,tp=2" style, one letter pair each) */
+typedef struct par_opts {
+    const char *axes[4];
+    int sizes[4];
+    bool sp;
+    int zero, microbatches;
+} par_opts;
+
+static ptc_plan *plan_par(const char *rel, const ptc_define *defs, int ndefs, bool grads,
+                          const par_opts *po);
+
 static ptc_plan *plan_with(const char *rel, const ptc_define *defs, int ndefs, bool grads)
+{
+    return plan_par(rel, defs, ndefs, grads, NULL);
+}
+
+static ptc_plan *plan_par(const char *rel, const ptc_define *defs, int ndefs, bool grads,
+                          const par_opts *po)
 {
     char path[512], err[2048];
     snprintf(path, sizeof path, "%s/%s", PTC_SOURCE_DIR, rel);
@@ -85,7 +102,17 @@ static ptc_plan *plan_with(const char *rel, const ptc_define *defs, int ndefs, b
     ptc_frontend_opts fo = {.defines = defs, .ndefines = ndefs};
     ptc_graph *g = ptc_frontend_compile(rel, src, len, &fo, &d);
     cr_assert_not_null(g, "%s", rel);
-    ptc_compile_opts co = {.train = true};
+    ptc_compile_opts co = {.train = true, .microbatches = 1};
+    for (int a = 0; po && a < 4 && po->axes[a]; a++) {
+        snprintf(co.mesh.names[a], sizeof co.mesh.names[a], "%s", po->axes[a]);
+        co.mesh.sizes[a] = po->sizes[a];
+        co.mesh.naxes = a + 1;
+    }
+    if (po) {
+        co.seq_parallel = po->sp;
+        co.zero = po->zero;
+        co.microbatches = po->microbatches > 0 ? po->microbatches : 1;
+    }
     ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
     cr_assert_eq(ptc_run_passes(&ctx), 0, "%s: %s", rel, err);
     ptc_pass_ctx_free(&ctx);
@@ -240,7 +267,10 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
         double big = 0;
         for (int64_t j = 0; j < q->numel; j++)
             big = isfinite(a[j]) && fabs(a[j]) > big ? fabs(a[j]) : big;
-        double tol = 2e-5 * big + 1e-6;
+        /* AdamW divides by sqrt(v) + eps: with random v near 0 that amplifies float rounding
+         * (a weight of 232 off by 2.1e-5 of itself in one dp2 x tp2 shard), as in the
+         * equivalence matrix, which holds weights to 1e-4 for the same reason */
+        double tol = (strstr(k->name, "adamw") ? 1e-4 : 2e-5) * big + 1e-6;
         int bad = 0;
         for (int64_t j = 0; j < q->numel && bad < 3; j++) {
             bool ok = isnan(a[j]) ? isnan(b[j]) : isinf(a[j]) ? a[j] == b[j] : fabs(a[j] - b[j]) <= tol;
@@ -277,6 +307,14 @@ static void check_unit(ptc_kir *const *ks, int n, const char *name)
 static void check_plan(const char *rel, const ptc_define *defs, int ndefs, const char *name)
 {
     ptc_plan *p = plan_of(rel, defs, ndefs);
+    check_unit(p->kernels, p->nkernels, name);
+    ptc_plan_free(p);
+}
+
+static void check_par_plan(const char *rel, const ptc_define *defs, int ndefs, const char *name,
+                           par_opts po)
+{
+    ptc_plan *p = plan_par(rel, defs, ndefs, false, &po);
     check_unit(p->kernels, p->nkernels, name);
     ptc_plan_free(p);
 }
@@ -343,6 +381,22 @@ Test(cuda, example_kernels_emulated)
     check_plan("examples/bert_tiny.ptm", small, 2, "bert_tiny");
     check_plan("examples/moe_tiny.ptm", small, 2, "moe_tiny");
     check_plan("examples/mlp.ptm", (ptc_define[]){{"batch", 5}}, 1, "mlp");
+}
+
+/* The kernels of parallel plans: shards fuse differently (tensor-parallel slices, sequence-
+ * parallel rows, ZeRO's flat shards, pipeline stages, experts), and each fused kernel is held to
+ * the interpreter, with the parallel-loop contract and the emulation's race check on. */
+Test(cuda, parallel_plan_kernels_emulated)
+{
+    ptc_define small[] = {{"batch", 4}, {"seq", 8}};
+    check_par_plan("examples/gpt2_tiny.ptm", small, 2, "gpt2_dp2tp2",
+                   (par_opts){{"dp", "tp"}, {2, 2}, .sp = true, .zero = 3});
+    check_par_plan("examples/llama_tiny.ptm", small, 2, "llama_tp2",
+                   (par_opts){{"tp"}, {2}, .sp = true, .zero = 0});
+    check_par_plan("examples/gpt2_tiny.ptm", small, 2, "gpt2_pp2",
+                   (par_opts){{"pp", "dp"}, {2, 2}, .zero = 1, .microbatches = 2});
+    check_par_plan("examples/moe_tiny.ptm", small, 2, "moe_ep2",
+                   (par_opts){{"dp", "ep"}, {2, 2}, .zero = 1});
 }
 
 Test(cuda, odd_sizes_emulated)
