@@ -17,8 +17,9 @@
  *   __shared__            a static variable, one per kernel; blocks do not overlap in time;
  *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will);
  *   PTC_LD(p, i)          p[i], and PTC_ST(p, i, v), p[i] = v: every load and store of the
- *                         kernel-IR and attention kernels (global and shared memory) is written
- *                         so, and the fibers build checks each one for a race (below).
+ *                         kernel-IR, attention and communicator kernels (global and shared
+ *                         memory) is written so, and the fibers build checks each one for a
+ *                         race (below).
  *
  * Entry points, exported from the shared object: ptc_cuda_emu_launch(fn, args, grid, block),
  * fn being a kernel's `k_<name>__emu`, and ptc_cuda_emu_error(), what made the last launch fail.
