@@ -48,7 +48,15 @@ int ptc_kir_param(ptc_kir *k, const char *name, ptc_dtype dt, int64_t numel, boo
     p->numel = numel;
     p->out = out;
     p->alias = alias;
+    p->local = false;
     return k->nparams++;
+}
+
+int ptc_kir_local(ptc_kir *k, const char *name, int64_t numel)
+{
+    int p = ptc_kir_param(k, name, PTC_F32, numel, true, -1);
+    k->params[p].local = true;
+    return p;
 }
 
 int ptc_kir_var(ptc_kir *k, const char *name, ptc_kt type)
@@ -388,9 +396,13 @@ int ptc_kir_verify(const ptc_kir *k, char *err, size_t errn)
         for (int q = 0; q < p; q++)
             if (strcmp(k->params[q].name, pp->name) == 0)
                 return vbad(&v, "two parameters named '%s'", pp->name);
+        if (pp->local && (pp->dtype != PTC_F32 || !pp->out || pp->alias >= 0 || pp->numel < 1 ||
+                          pp->numel > PTC_KIR_LOCAL_MAX))
+            return vbad(&v, "local array '%s' must be f32 with 1 to %d elements", pp->name,
+                        PTC_KIR_LOCAL_MAX);
         if (pp->alias >= 0) {
             const ptc_kparam *a = &k->params[pp->alias];
-            if (pp->alias >= p || !pp->out || a->out || a->dtype != pp->dtype ||
+            if (pp->alias >= p || !pp->out || a->out || a->local || a->dtype != pp->dtype ||
                 a->numel < pp->numel)
                 return vbad(&v, "out parameter '%s' cannot share the bytes of '%s'", pp->name,
                             a->name);
@@ -434,7 +446,7 @@ typedef struct kcheck {
 
 typedef struct interp {
     const ptc_kir *k;
-    void *const *args;
+    void *const *args; /* the locals' the interpreter's own */
     kval *vars;
     int tid, nt;
     bool failed;
@@ -527,6 +539,20 @@ static void check_access(interp *in, int param, int64_t i, bool store, uint32_t 
     size_t size = ptc_dtype_size(in->k->params[param].dtype);
     const char *addr = (const char *)in->args[param] + (size_t)i * size;
     kacc *a = kacc_of(c, addr);
+    if (in->k->params[param].local) { /* each part's own: read only what the part wrote */
+        if (store) {
+            a->w = c->part, a->written = true;
+        } else if (!a->written || !same_part(a->w, c->part)) {
+            char pa[160];
+            put_part(in->k, c->part, pa, sizeof pa);
+            ptc_fmt(in->err, in->errn,
+                    "kernel %s: local '%s'[%lld] is read by %s before it writes it (a local's "
+                    "contents do not carry from one part of the kernel to the next)",
+                    in->k->name, in->k->params[param].name, (long long)i, pa);
+            in->failed = true;
+        }
+        return;
+    }
     if (!store) {
         /* what another thread's part wrote (what every thread wrote, each wrote itself) */
         if (a->written && a->w.n >= 0 && !same_part(a->w, c->part)) {
@@ -632,6 +658,14 @@ static kval eval(interp *in, int e)
     }
 }
 
+/* a part of the kernel starts: its locals hold NaN (nothing carries from the last part) */
+static void scrub_locals(interp *in)
+{
+    for (int p = 0; p < in->k->nparams; p++)
+        if (in->k->params[p].local)
+            memset(in->args[p], 0xff, 4 * (size_t)in->k->params[p].numel);
+}
+
 static void run_list(interp *in, int s, int depth)
 {
     const ptc_kir *k = in->k;
@@ -669,14 +703,18 @@ static void run_list(interp *in, int s, int depth)
                 lo = n * in->tid / in->nt;
                 hi = n * (in->tid + 1) / in->nt;
             }
-            bool part = in->chk && st->parallel && depth == 0;
+            bool part = st->parallel && depth == 0;
             for (int64_t j = lo; j < hi && !in->failed; j++) {
                 in->vars[st->var].i = j;
                 if (part)
+                    scrub_locals(in);
+                if (part && in->chk)
                     in->chk->part = (kpart){n, j, s};
                 run_list(in, st->body, depth + 1);
             }
             if (part)
+                scrub_locals(in);
+            if (part && in->chk)
                 in->chk->part = (kpart){-1, -1, -1};
         }
         }
@@ -686,16 +724,20 @@ static void run_list(interp *in, int s, int depth)
 static int run(const ptc_kir *k, void *const *args, int tid, int nt, kcheck *chk, char *err,
                size_t errn)
 {
-    interp in = {.k = k,
-                 .args = args,
-                 .tid = tid,
-                 .nt = nt > 0 ? nt : 1,
-                 .err = err,
-                 .errn = errn,
-                 .chk = chk};
+    /* the locals: the interpreter's own, in place of their (ignored) arguments */
+    void **a = ptc_xmalloc(sizeof(void *) * (size_t)(k->nparams ? k->nparams : 1));
+    for (int p = 0; p < k->nparams; p++)
+        a[p] = k->params[p].local ? ptc_xmalloc(4 * (size_t)k->params[p].numel) : args[p];
+    interp in = {
+        .k = k, .args = a, .tid = tid, .nt = nt > 0 ? nt : 1, .err = err, .errn = errn, .chk = chk};
     in.vars = ptc_xcalloc((size_t)(k->nvars ? k->nvars : 1), sizeof(kval));
+    scrub_locals(&in);
     run_list(&in, k->body, 0);
     free(in.vars);
+    for (int p = 0; p < k->nparams; p++)
+        if (k->params[p].local)
+            free(a[p]);
+    free(a);
     return in.failed ? -1 : 0;
 }
 

@@ -24,6 +24,12 @@
  *               share their bytes (the plan's in-place results), and a target gives both one
  *               pointer, so it knows the accesses alias.
  *
+ * A local array (`acc: local f32[64]`) is a parameter no caller passes: scratch private to each
+ * part of the kernel (an iteration of a top-level parallel loop, or the top-level statements),
+ * whose contents do not carry from one part to the next, for what a loop accumulates (an online
+ * softmax's running maximum, sum and weighted rows). Its argument slot is ignored; a target
+ * makes its own (the stack on the CPU). At most PTC_KIR_LOCAL_MAX elements each.
+ *
  * Loops marked parallel must be at the top level of the kernel and have independent iterations;
  * top-level statements must not depend on another thread's part of an earlier loop. A target runs
  * the kernel on `nt` threads, thread `tid` taking iterations [N*tid/nt, N*(tid+1)/nt) of every
@@ -44,6 +50,8 @@
 #include "text.h"
 
 typedef enum { PTC_KT_F32, PTC_KT_I64, PTC_KT_BOOL, PTC_NKT } ptc_kt;
+
+#define PTC_KIR_LOCAL_MAX 4096
 
 typedef enum {
     PTC_KX_FCONST,
@@ -107,7 +115,8 @@ typedef struct ptc_kparam {
     ptc_dtype dtype; /* f32, bf16, f16 or i32 */
     int64_t numel;
     bool out;
-    int alias; /* an out parameter over an in parameter: that parameter; else -1 */
+    int alias;  /* an out parameter over an in parameter: that parameter; else -1 */
+    bool local; /* a local array (f32, at most PTC_KIR_LOCAL_MAX): see above */
 } ptc_kparam;
 
 typedef struct ptc_kvar {
@@ -136,6 +145,8 @@ void ptc_kir_free(ptc_kir *k);
 
 /* ---- building (types are inferred as expressions are made; ptc_kir_verify checks them) ---- */
 int ptc_kir_param(ptc_kir *k, const char *name, ptc_dtype dt, int64_t numel, bool out, int alias);
+/* A local array of numel f32 (see above); loads and stores name it as a parameter. */
+int ptc_kir_local(ptc_kir *k, const char *name, int64_t numel);
 /* A new scalar name (NULL: t<N>). */
 int ptc_kir_var(ptc_kir *k, const char *name, ptc_kt type);
 int ptc_kx_f(ptc_kir *k, double v);

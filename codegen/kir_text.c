@@ -2,7 +2,7 @@
  * compiled code.
  *
  *   kernel NAME(PARAM, ...) { STATEMENT ... }
- *   PARAM     NAME: [out] f32|i32[NUMEL] [= IN_PARAM]
+ *   PARAM     NAME: [out | local] f32|bf16|f16|i32[NUMEL] [= IN_PARAM]
  *   STATEMENT let NAME = EXPR | NAME[EXPR] = EXPR | for NAME < EXPR [parallel] { STATEMENT ... }
  *   EXPR      comparison of sums of products of unary expressions (C precedence, left to right);
  *             primary: NUMBER (with '.' or 'e': f32, else i64), NAME, NAME[EXPR], (EXPR),
@@ -158,7 +158,10 @@ void ptc_kir_print(const ptc_kir *k, FILE *f)
     fprintf(f, "kernel %s(", k->name);
     for (int p = 0; p < k->nparams; p++) {
         const ptc_kparam *pp = &k->params[p];
-        fprintf(f, "%s%s: %s%s[%lld]", p ? ", " : "", pp->name, pp->out ? "out " : "",
+        fprintf(f, "%s%s: %s%s[%lld]", p ? ", " : "", pp->name,
+                pp->local ? "local "
+                : pp->out ? "out "
+                          : "",
                 ptc_dtype_name(pp->dtype), (long long)pp->numel);
         if (pp->alias >= 0)
             fprintf(f, " = %s", k->params[pp->alias].name);
@@ -472,7 +475,7 @@ static void parse_param(parser *ps)
     name_at(lx, name, sizeof name, "a parameter name");
     ptc_lex_next(lx);
     ptc_lex_expect(lx, ':');
-    bool out = ptc_lex_ident(lx, "out");
+    bool local = ptc_lex_ident(lx, "local"), out = local || ptc_lex_ident(lx, "out");
     if (out)
         ptc_lex_next(lx);
     ptc_dtype dt = ptc_lex_ident(lx, "f32")    ? PTC_F32
@@ -494,8 +497,10 @@ static void parse_param(parser *ps)
             ptc_lex_fail(lx, "unknown parameter '%s'", lx->text);
         ptc_lex_next(lx);
     }
-    if (!lx->failed)
-        ptc_kir_param(ps->k, name, dt, n, out, alias);
+    if (!lx->failed) {
+        int p = ptc_kir_param(ps->k, name, dt, n, out, alias); /* (may move the array) */
+        ps->k->params[p].local = local;
+    }
 }
 
 ptc_kir *ptc_kir_parse(ptc_lexer *lx)

@@ -961,6 +961,11 @@ static bool has_block_reduction(const ptc_kir *k)
 
 void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
 {
+    for (int i = 0; i < k->nparams; i++)
+        if (k->params[i].local) { /* (no kernel of a plan has them: the attention kernels do) */
+            fprintf(f, "#error \"kernel %s: local arrays are not emitted as CUDA yet\"\n", k->name);
+            return;
+        }
     int block = 32;
     for (int a = 0; a < ptc_cuda_narchs; a++) {
         int g, b;

@@ -422,6 +422,12 @@ LLVMModuleRef ptc_llvm_emit(LLVMContextRef C, const ptc_kir *k, const char *symb
     e.ptr = ptc_xcalloc((size_t)(k->nparams ? k->nparams : 1), sizeof *e.ptr);
     e.var = ptc_xcalloc((size_t)(k->nvars ? k->nvars : 1), sizeof *e.var);
     for (int p = 0; p < k->nparams; p++) {
+        if (k->params[p].local) { /* on this thread's stack, for every part it runs */
+            e.ptr[p] =
+                LLVMBuildArrayAlloca(e.B, e.f32, iconst(&e, k->params[p].numel), k->params[p].name);
+            LLVMSetAlignment(e.ptr[p], 64);
+            continue;
+        }
         if (k->params[p].alias >= 0) { /* the same pointer: LLVM sees the accesses alias */
             e.ptr[p] = e.ptr[k->params[p].alias];
             continue;
