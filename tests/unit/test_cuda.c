@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "attn_test.h"
 #include "cuda.h"
 #include "cuda_emit.h"
 #include "backend.h"
@@ -414,27 +415,6 @@ Test(cuda, odd_sizes_emulated)
 
 /* ---- attention ---- */
 
-static float *random_floats(int64_t n, unsigned seed)
-{
-    float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-    srand(seed);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-    return x;
-}
-
-static void expect_close(const float *got, const float *want, int64_t n, const char *what)
-{
-    double big = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++)
-        big = fabs(want[i]) > big ? fabs(want[i]) : big;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        worst = d > worst || d != d ? d : worst;
-    }
-    cr_expect(worst <= 1e-5 * big + 1e-6, "%s: off by %g (largest value %g)", what, worst, big);
-}
-
 /* The four attention kernels of shape a, emulated with sm's tiles at grid x block, against the
  * reference attention and attention_grad (double precision, the softmax recomputed). */
 static void check_attention(const ptc_cuda_attn *a, int sm)
@@ -454,34 +434,10 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     void *p = dlsym(so, "ptc_cuda_emu_launch");
     memcpy(&launch, &p, sizeof launch);
 
-    int64_t qf = a->heads * a->head_dim, kf = a->kv_heads * a->head_dim;
-    int64_t nq = a->batch * a->seq * qf, nk = a->batch * a->kv_seq * kf;
-    int64_t ns = a->batch * a->heads * a->seq;
-    float *q = random_floats(nq, 1), *k = random_floats(nk, 2), *v = random_floats(nk, 3);
-    float *dy = random_floats(nq, 4);
-    ptc_type tq = {PTC_F32, 3, {a->batch, a->seq, qf}}, tk = {PTC_F32, 3, {a->batch, a->kv_seq, kf}};
-    /* a shard (ratio set): the reference attention_shard at coordinate h0 / heads */
-    ptrt_kcall n = {.op = a->ratio ? PTC_OP_ATTENTION_SHARD : PTC_OP_ATTENTION, .nin = 3, .nout = 1};
-    n.attrs.heads = a->heads;
-    n.attrs.kv_heads = a->kv_heads;
-    n.attrs.causal = a->causal;
-    if (a->ratio) {
-        n.attrs.n = a->ratio * a->kv_heads;
-        n.coord = (int)(a->h0 / a->heads);
-    }
-    float *o_ref = malloc((size_t)nq * 4), *dq_ref = malloc((size_t)nq * 4);
-    float *dk_ref = malloc((size_t)nk * 4), *dv_ref = malloc((size_t)nk * 4);
-    char err[512];
-    ptc_type it[4] = {tq, tk, tk, tq}, ot[3] = {tq, tk, tk};
-    cr_assert_eq(ptrt_ref_run(&n, it, (void *[]){q, k, v}, ot, (void *[]){o_ref}, err, sizeof err),
-                 0, "%s", err);
-    n.op = a->ratio ? PTC_OP_ATTENTION_SHARD_GRAD : PTC_OP_ATTENTION_GRAD;
-    n.nin = 4;
-    n.nout = 3;
-    ot[0] = tq;
-    cr_assert_eq(ptrt_ref_run(&n, it, (void *[]){q, k, v, dy}, ot,
-                              (void *[]){dq_ref, dk_ref, dv_ref}, err, sizeof err),
-                 0, "%s", err);
+    attn_ref r = attn_ref_make(a->batch, a->seq, a->kv_seq, a->heads, a->kv_heads, a->head_dim,
+                               a->causal, a->ratio, a->h0);
+    int64_t nq = r.nq, nk = r.nk, ns = r.ns;
+    float *q = r.q, *k = r.k, *v = r.v, *dy = r.dy;
 
     const ptc_cuda_arch *arch = &ptc_cuda_archs[sm >= 90 ? 1 : 0];
     unsigned blocks[2] = {0, 32}, grids[2] = {0, 3};
@@ -505,18 +461,10 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
         }
         char what[128];
         snprintf(what, sizeof what, "%s, block %s", name, c ? "32" : "of the architecture");
-        char w2[160];
-        snprintf(w2, sizeof w2, "%s: o", what);
-        expect_close(o, o_ref, nq, w2);
-        snprintf(w2, sizeof w2, "%s: dq", what);
-        expect_close(dq, dq_ref, nq, w2);
-        snprintf(w2, sizeof w2, "%s: dk", what);
-        expect_close(dk, dk_ref, nk, w2);
-        snprintf(w2, sizeof w2, "%s: dv", what);
-        expect_close(dv, dv_ref, nk, w2);
+        attn_ref_expect(&r, o, dq, dk, dv, what);
         free(o), free(dq), free(dk), free(dv), free(lse), free(ds);
     }
-    free(q), free(k), free(v), free(dy), free(o_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    attn_ref_free(&r);
     dlclose(so);
 }
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_test.h"
 #include "cuda_emit.h"
 #include "kernel.h"
 #include "kir.h"
@@ -23,27 +24,6 @@
 #ifdef PTC_TEST_JIT
 #include "kjit.h"
 #endif
-
-static float *random_floats(int64_t n, unsigned seed)
-{
-    float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-    srand(seed);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-    return x;
-}
-
-static void expect_close(const float *got, const float *want, int64_t n, const char *what)
-{
-    double big = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++)
-        big = fabs(want[i]) > big ? fabs(want[i]) : big;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        worst = d > worst || d != d ? d : worst;
-    }
-    cr_expect(worst <= 1e-5 * big + 1e-6, "%s: off by %g (largest value %g)", what, worst, big);
-}
 
 typedef enum { INTERP, JIT } how;
 
@@ -66,29 +46,11 @@ static void run(const ptc_kir *k, void **args, how h)
 
 static void check_shape(ptc_kir_attn a, how h)
 {
-    int64_t qf = a.heads * a.head_dim, kf = a.kv_heads * a.head_dim;
-    int64_t nq = a.batch * a.seq * qf, nk = a.batch * a.kv_seq * kf;
-    int64_t ns = a.batch * a.heads * a.seq;
-    float *q = random_floats(nq, 1), *k = random_floats(nk, 2), *v = random_floats(nk, 3);
-    float *dy = random_floats(nq, 4);
-    ptc_type tq = {PTC_F32, 3, {a.batch, a.seq, qf}}, tk = {PTC_F32, 3, {a.batch, a.kv_seq, kf}};
-    ptrt_kcall n = {.op = PTC_OP_ATTENTION, .nin = 3, .nout = 1};
-    n.attrs.heads = a.heads;
-    n.attrs.kv_heads = a.kv_heads;
-    n.attrs.causal = a.causal;
-    float *o_ref = malloc((size_t)nq * 4), *dq_ref = malloc((size_t)nq * 4);
-    float *dk_ref = malloc((size_t)nk * 4), *dv_ref = malloc((size_t)nk * 4);
+    attn_ref r =
+        attn_ref_make(a.batch, a.seq, a.kv_seq, a.heads, a.kv_heads, a.head_dim, a.causal, 0, 0);
+    int64_t nq = r.nq, nk = r.nk, ns = r.ns;
+    float *q = r.q, *k = r.k, *v = r.v, *dy = r.dy;
     char err[1024];
-    ptc_type it[4] = {tq, tk, tk, tq}, ot[3] = {tq, tk, tk};
-    cr_assert_eq(ptrt_ref_run(&n, it, (void *[]){q, k, v}, ot, (void *[]){o_ref}, err, sizeof err),
-                 0, "%s", err);
-    n.op = PTC_OP_ATTENTION_GRAD;
-    n.nin = 4;
-    n.nout = 3;
-    cr_assert_eq(ptrt_ref_run(&n, it, (void *[]){q, k, v, dy}, ot,
-                              (void *[]){dq_ref, dk_ref, dv_ref}, err, sizeof err),
-                 0, "%s", err);
-
     ptc_kir *ks[PTC_KIR_ATTN_NKERNELS];
     for (int w = 0; w < PTC_KIR_ATTN_NKERNELS; w++) {
         ks[w] = ptc_kir_attention(&a, (ptc_kir_attn_kernel)w, "at", err, sizeof err);
@@ -102,33 +64,29 @@ static void check_shape(ptc_kir_attn a, how h)
     run(ks[PTC_KIR_ATTN_DQ], (void *[]){q, k, v, dy, lse, ds, dq, NULL}, h);
     run(ks[PTC_KIR_ATTN_DKV], (void *[]){q, k, v, dy, lse, ds, dk, dv, NULL, NULL}, h);
     char what[160];
-    const char *name = h == INTERP ? "interpreter" : "LLVM";
-    snprintf(what, sizeof what, "%s: b%lld s%lld s2%lld h%lld g%lld dh%lld%s", name,
-             (long long)a.batch, (long long)a.seq, (long long)a.kv_seq, (long long)a.heads,
-             (long long)a.kv_heads, (long long)a.head_dim, a.causal ? " causal" : "");
-    char w2[200];
-    snprintf(w2, sizeof w2, "%s: o", what);
-    expect_close(o, o_ref, nq, w2);
-    snprintf(w2, sizeof w2, "%s: dq", what);
-    expect_close(dq, dq_ref, nq, w2);
-    snprintf(w2, sizeof w2, "%s: dk", what);
-    expect_close(dk, dk_ref, nk, w2);
-    snprintf(w2, sizeof w2, "%s: dv", what);
-    expect_close(dv, dv_ref, nk, w2);
+    snprintf(what, sizeof what, "%s: b%lld s%lld s2%lld h%lld g%lld dh%lld%s",
+             h == INTERP ? "interpreter" : "LLVM", (long long)a.batch, (long long)a.seq,
+             (long long)a.kv_seq, (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim,
+             a.causal ? " causal" : "");
+    attn_ref_expect(&r, o, dq, dk, dv, what);
     for (int w = 0; w < PTC_KIR_ATTN_NKERNELS; w++)
         ptc_kir_free(ks[w]);
-    free(q), free(k), free(v), free(dy), free(o_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    attn_ref_free(&r);
     free(o), free(dq), free(dk), free(dv), free(lse), free(ds);
 }
 
+/* clang-format off */
 static const ptc_kir_attn shapes[] = {
     /* batch, seq, kv_seq, heads, kv_heads, head_dim, causal */
-    {1, 1, 1, 1, 1, 1, true},     {2, 7, 7, 3, 3, 5, true},
-    {2, 13, 13, 4, 2, 8, true},                               /* grouped-query */
-    {1, 13, 13, 6, 1, 16, false}, {2, 5, 11, 2, 2, 3, false}, /* more keys than queries */
-    {1, 5, 11, 2, 1, 4, true},                                /* causal: query i sees keys 0..i */
+    {1, 1, 1, 1, 1, 1, true},
+    {2, 7, 7, 3, 3, 5, true},
+    {2, 13, 13, 4, 2, 8, true},   /* grouped-query */
+    {1, 13, 13, 6, 1, 16, false},
+    {2, 5, 11, 2, 2, 3, false},   /* more keys than queries */
+    {1, 5, 11, 2, 1, 4, true},    /* causal: query i sees keys 0..i */
     {1, 37, 37, 2, 2, 64, true},
 };
+/* clang-format on */
 
 Test(kir_attention, interpreter_matches_reference)
 {
