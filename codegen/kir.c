@@ -446,7 +446,7 @@ typedef struct kcheck {
 
 typedef struct interp {
     const ptc_kir *k;
-    void *const *args; /* the locals' the interpreter's own */
+    void *const *args; /* (a local's slot: an array of the interpreter's own) */
     kval *vars;
     int tid, nt;
     bool failed;
@@ -689,8 +689,11 @@ static void run_list(interp *in, int s, int depth)
                 int32_t w = (int32_t)v.i;
                 memcpy(&bits, &w, 4);
             }
-            if (in->chk && (check_access(in, st->param, i, true, bits), in->failed))
-                return;
+            if (in->chk) {
+                check_access(in, st->param, i, true, bits);
+                if (in->failed)
+                    return;
+            }
             if (dt == PTC_BF16 || dt == PTC_F16)
                 ((uint16_t *)in->args[st->param])[i] = (uint16_t)bits;
             else
