@@ -177,8 +177,8 @@ static void ptc_emu_race(const char *what, long long at, const char *fmt, ...)
     va_end(ap);
 }
 
-/* p's entry for thread t of block b, shared memory's afresh for a new block; NULL (and the
- * check off for the launch) without memory */
+/* p's entry for an access by block b (a shared word's afresh when b is a new block); NULL,
+ * and the check off for the rest of the launch, when a race was found or memory ran out */
 static ptc_emu_acc *ptc_emu_acc_for(const void *p, int b)
 {
     if (ptc_emu_raced)
