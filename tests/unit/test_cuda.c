@@ -80,6 +80,7 @@ typedef struct par_opts {
     int sizes[4];
     bool sp;
     int zero, microbatches;
+    ptc_dtype precision; /* 0 (f32) or PTC_BF16 / PTC_F16 (with loss scaling) */
 } par_opts;
 
 static ptc_plan *plan_par(const char *rel, const ptc_define *defs, int ndefs, bool grads,
@@ -113,6 +114,10 @@ static ptc_plan *plan_par(const char *rel, const ptc_define *defs, int ndefs, bo
         co.seq_parallel = po->sp;
         co.zero = po->zero;
         co.microbatches = po->microbatches > 0 ? po->microbatches : 1;
+        if (po->precision == PTC_BF16 || po->precision == PTC_F16) {
+            co.precision = po->precision;
+            co.loss_scaling = po->precision == PTC_F16;
+        }
     }
     ptc_pass_ctx ctx = {.g = g, .opts = &co, .err = err, .errn = sizeof err};
     cr_assert_eq(ptc_run_passes(&ctx), 0, "%s: %s", rel, err);
@@ -398,6 +403,36 @@ Test(cuda, parallel_plan_kernels_emulated)
                    (par_opts){{"pp", "dp"}, {2, 2}, .zero = 1, .microbatches = 2});
     check_par_plan("examples/moe_tiny.ptm", small, 2, "moe_ep2",
                    (par_opts){{"dp", "ep"}, {2, 2}, .zero = 1});
+}
+
+/* Mixed precision's fused kernels (bf16 and f16 storage, the casts and the loss scaling fused
+ * in) on a parallel plan: the parallel-loop contract, on random data (the emulation's float
+ * sums may round a 16-bit result differently from the interpreter's double ones, so its
+ * comparison, bit for bit on 16-bit outputs, is left to the f32 plans above). */
+Test(cuda, mixed_precision_kernels_keep_the_contract)
+{
+    ptc_define small[] = {{"batch", 4}, {"seq", 8}};
+    ptc_dtype precisions[2] = {PTC_BF16, PTC_F16};
+    for (int i = 0; i < 2; i++) {
+        par_opts po = {{"dp", "tp"}, {2, 2}, .sp = true, .zero = 1, .precision = precisions[i]};
+        ptc_plan *p = plan_par("examples/gpt2_tiny.ptm", small, 2, false, &po);
+        int half = 0; /* kernels with 16-bit operands: the ones this is for */
+        for (int j = 0; j < p->nkernels; j++) {
+            for (int q = 0; q < p->kernels[j]->nparams; q++)
+                if (p->kernels[j]->params[q].dtype == precisions[i]) {
+                    half++;
+                    break;
+                }
+            char err[1024];
+            bufs b = make_bufs(p->kernels[j], 7);
+            cr_expect_eq(ptc_kir_run_checked(p->kernels[j], b.args, err, sizeof err), 0, "%s",
+                         err);
+            free_bufs(p->kernels[j], &b);
+        }
+        cr_expect_gt(half, 0, "%s: no fused kernel with 16-bit operands (of %d)",
+                     ptc_dtype_name(precisions[i]), p->nkernels);
+        ptc_plan_free(p);
+    }
 }
 
 Test(cuda, odd_sizes_emulated)
