@@ -425,8 +425,7 @@ Test(cuda, mixed_precision_kernels_keep_the_contract)
                 }
             char err[1024];
             bufs b = make_bufs(p->kernels[j], 7);
-            cr_expect_eq(ptc_kir_run_checked(p->kernels[j], b.args, err, sizeof err), 0, "%s",
-                         err);
+            cr_expect_eq(ptc_kir_run_checked(p->kernels[j], b.args, err, sizeof err), 0, "%s", err);
             free_bufs(p->kernels[j], &b);
         }
         cr_expect_gt(half, 0, "%s: no fused kernel with 16-bit operands (of %d)",
