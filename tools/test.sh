@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # test.sh - sets up and runs the whole test suite: the build and every ctest test (unit, golden,
 # training, PyTorch comparison), then the same suite under AddressSanitizer + UndefinedBehavior-
-# Sanitizer, then the fuzzers for a short run (tests/fuzz/run.sh). CI runs exactly this.
-#   tools/test.sh [--quick]     --quick skips the sanitizer build and the fuzzer
+# Sanitizer, then short trainings under ThreadSanitizer (tools/tsan.sh: the CPU pool, ranks as
+# threads, ranks sharing an emulated GPU), then the fuzzers for a short run (tests/fuzz/run.sh).
+# CI runs exactly this.
+#   tools/test.sh [--quick]     --quick skips the sanitizer builds and the fuzzer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=${1:-}
@@ -20,6 +22,9 @@ if [ "$quick" != --quick ]; then
   # the full equivalence matrix ran above; under the sanitizers a subset keeps CI short
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE "slow|equivalence"
   python3 tests/equivalence/matrix.py build-asan/tools/ptc --quick
+
+  echo "== ThreadSanitizer =="
+  tools/tsan.sh
 
   echo "== fuzzers: front end, flags, checkpoints, token files, safetensors (90 s in all) =="
   tests/fuzz/run.sh 90

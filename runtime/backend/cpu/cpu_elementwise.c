@@ -9,6 +9,7 @@
  * pool. Reductions keep double accumulators, summed in fixed-size blocks combined in order.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -528,10 +529,12 @@ __attribute__((target("avx2,f16c"))) static int64_t f16_to_f32_f16c(const uint16
 /* (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c") */
 static bool have_f16c(void)
 {
-    static int f = -1;
+    static atomic_int have = -1; /* (pool threads may look at once: see cpu_vec.c's have_avx2) */
+    int f = atomic_load_explicit(&have, memory_order_relaxed);
     if (f < 0) {
         unsigned int a, b, c, d;
         f = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+        atomic_store_explicit(&have, f, memory_order_relaxed);
     }
     return f && ptrt_cpu_vec_avx2();
 }

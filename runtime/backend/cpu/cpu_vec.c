@@ -15,6 +15,7 @@
  * not depend on where it sits in the array.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -385,7 +386,9 @@ AVX2 static void adamw_avx2(const ptrt_cpu_adam *a, const float *p, const float 
     adam_tail(a, p, g, m, v, po, mo, vo, n4, n);
 }
 
-static int have_avx2 = -1, have_avx512 = -1;
+/* what the CPU has, -1 until a call first looks: any pool thread may be first, so relaxed
+ * atomics (each thread that looks finds the same answer; ThreadSanitizer saw the plain ints) */
+static atomic_int have_avx2 = -1, have_avx512 = -1;
 static bool no_avx512;
 #endif
 
@@ -402,22 +405,26 @@ void ptrt_cpu_vec_no_avx512(bool on)
 /* the AVX-512 paths: AVX-512F on top of AVX2 and FMA, unless forced off */
 static bool vec_avx512(void)
 {
-    if (have_avx512 < 0) {
+    int have = atomic_load_explicit(&have_avx512, memory_order_relaxed);
+    if (have < 0) {
         __builtin_cpu_init();
-        have_avx512 = __builtin_cpu_supports("avx512f");
+        have = __builtin_cpu_supports("avx512f");
+        atomic_store_explicit(&have_avx512, have, memory_order_relaxed);
     }
-    return have_avx512 && !no_avx512 && ptrt_cpu_vec_avx2();
+    return have && !no_avx512 && ptrt_cpu_vec_avx2();
 }
 #endif
 
 bool ptrt_cpu_vec_avx2(void)
 {
 #ifdef PTRT_X86
-    if (have_avx2 < 0) {
+    int have = atomic_load_explicit(&have_avx2, memory_order_relaxed);
+    if (have < 0) {
         __builtin_cpu_init();
-        have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&have_avx2, have, memory_order_relaxed);
     }
-    return have_avx2 && !force_portable;
+    return have && !force_portable;
 #else
     return false;
 #endif

@@ -603,6 +603,7 @@ static int n_run(const eop *q)
 
 typedef struct estream {
     int gpu;
+    pthread_t owner; /* the thread that last queued on it (its rank's) */
     eop *q;
     int n, cap, done; /* queued [done, n) */
     int64_t head;     /* calls run before q[0] */
@@ -638,6 +639,7 @@ static int e_stream_create(void **stream, unsigned flags)
         return E_INVALID_CONTEXT;
     estream *s = ptc_xcalloc(1, sizeof *s);
     s->gpu = current_gpu;
+    s->owner = pthread_self(); /* (until a rank's thread queues on it) */
     pthread_mutex_lock(&stream_lock);
     PTC_GROW(streams, capstreams, nstreams);
     streams[nstreams++] = s;
@@ -700,7 +702,10 @@ static int e_stream_wait_event(void *stream, void *event, unsigned flags)
     return flush(e->s, e->pos);
 }
 
-/* everything queued on the current GPU's streams */
+/* everything queued on the current GPU's streams by this thread. Ranks that share a GPU
+ * (threads; --device cuda-emulated has one GPU by default) each flush their own: a stream is
+ * one rank's (nccl_comm.c), and flushing another rank's raced with that rank queueing on it and
+ * running it (ThreadSanitizer saw it; 4 ranks on one GPU failed under it) */
 static int flush_gpu(void)
 {
     int rc = E_OK;
@@ -709,7 +714,7 @@ static int flush_gpu(void)
     estream **mine = ptc_xmalloc(sizeof *mine * (size_t)(n + 1));
     int k = 0;
     for (int i = 0; i < n; i++)
-        if (streams[i]->gpu == current_gpu)
+        if (streams[i]->gpu == current_gpu && pthread_equal(streams[i]->owner, pthread_self()))
             mine[k++] = streams[i];
     pthread_mutex_unlock(&stream_lock);
     for (int i = 0; i < k; i++)
@@ -728,6 +733,11 @@ static int n_call(eop q, void *stream)
         return N_INVALID_ARGUMENT;
     PTC_GROW(s->q, s->cap, s->n);
     s->q[s->n++] = q;
+    if (!pthread_equal(s->owner, pthread_self())) { /* (read under the lock by flush_gpu) */
+        pthread_mutex_lock(&stream_lock);
+        s->owner = pthread_self();
+        pthread_mutex_unlock(&stream_lock);
+    }
     return N_OK;
 }
 
