@@ -22,7 +22,8 @@
  *             in double, so the row-major to column-major mapping is what is tested.
  *   streams   the default stream runs every call at once; a stream of its own (NCCL's calls,
  *             bucket copies) runs only when the default stream waits for its events or the
- *             context synchronizes, so a missing wait shows in the results.
+ *             thread that queued on it synchronizes the context, so a missing wait shows in
+ *             the results.
  *   NCCL      over the job's host communicator (threads or MPI processes): see below.
  */
 #define _GNU_SOURCE /* mkdtemp */
@@ -596,10 +597,11 @@ static int n_run(const eop *q)
 /* ---- streams and events. The default stream (NULL) runs every call at once, as above. A
  * stream of its own (cuStreamCreate; ptc queues only NCCL's calls there) defers what is queued
  * on it until the default stream waits for an event recorded after it (cuStreamWaitEvent), or
- * the context synchronizes: a kernel that reads a collective's output, or overwrites its input,
- * without that wait sees the buffers as they were before the collective, as on a GPU where the
- * collective has not run yet. A stream belongs to one rank's thread (nccl_comm.c makes one per
- * rank, one rank per GPU). ---- */
+ * the thread that queued on it synchronizes the context: a kernel that reads a collective's
+ * output, or overwrites its input, without that wait sees the buffers as they were before the
+ * collective, as on a GPU where the collective has not run yet. A stream belongs to one rank's
+ * thread (nccl_comm.c makes one per rank); ranks may share a GPU (threads), and each runs only
+ * its own streams' calls. ---- */
 
 typedef struct estream {
     int gpu;
