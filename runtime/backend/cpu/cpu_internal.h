@@ -30,7 +30,7 @@
  * process, so results still do not depend on the thread count; the v3 and v4 copies may contract
  * a * b + c into one FMA where the baseline rounds twice, which is why kernels that promise the
  * reference's bits keep to adds and exact products there. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) &&    \
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) &&       \
     !defined(__SANITIZE_THREAD__) /* (ThreadSanitizer's code in an ifunc resolver: a crash) */
 #define PTRT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
