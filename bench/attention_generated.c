@@ -2,7 +2,8 @@
  * through LLVM as the jit backend compiles fused kernels, against the cpu backend's hand-written
  * attention (runtime/backend/cpu/cpu_attention.c: register-blocked block products), forward and
  * backward, on the issue-16 configurations' attention shapes, on the pool's threads (2 unless
- * PTC_THREADS says otherwise). It is the measurement behind keeping the C kernels on the CPU.
+ * PTC_THREADS says otherwise), run as the jit backend runs a fused kernel (ptrt_jit_run). It is the
+ * measurement behind keeping the C kernels on the CPU.
  *
  *   cmake --build build --target attention_generated
  *   build/bench/attention_generated          # ms of each, best of 5
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "cpu.h"
 #include "cpu_internal.h"
 #include "kir_attention.h"
@@ -25,26 +27,6 @@ static double now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-typedef struct part_job {
-    ptc_kfn fn;
-    void *const *args;
-    int64_t nt;
-} part_job;
-
-static void run_parts(void *ctx, int64_t begin, int64_t end)
-{
-    part_job *j = ctx;
-    for (int64_t t = begin; t < end; t++)
-        j->fn(j->args, t, j->nt);
-}
-
-/* a kernel on the pool, as the jit backend runs a fused kernel: part t of nt on each thread */
-static void run_kernel(ptc_kfn fn, void *const *args)
-{
-    part_job j = {fn, args, ptrt_cpu_threads()};
-    ptrt_cpu_parallel_for(j.nt, 1, run_parts, &j);
 }
 
 static float *randoms(int64_t n)
@@ -91,19 +73,20 @@ int main(void)
             ptc_kir_free(kk);
         }
         double best[4] = {1e9, 1e9, 1e9, 1e9};
+        int64_t nt = ptrt_cpu_threads();
         for (int rep = 0; rep < 5; rep++) {
             double t0 = now();
             ptrt_cpu_attention(&tq, q, &tk, k, v, a->heads, a->kv_heads, a->causal, o);
             double t1 = now();
-            run_kernel(fn[PTC_KIR_ATTN_FWD], (void *const[]){q, k, v, o, NULL, NULL});
+            ptrt_jit_run(fn[PTC_KIR_ATTN_FWD], (void *const[]){q, k, v, o, NULL, NULL}, nt);
             double t2 = now();
             ptrt_cpu_attention_grad(&tq, &tk, (void *const[]){q, k, v, dy}, a->heads, a->kv_heads,
                                     a->causal, (void *const[]){dq, dk, dv});
             double t3 = now();
-            run_kernel(fn[PTC_KIR_ATTN_STATS], (void *const[]){q, k, v, dy, lse, ds});
-            run_kernel(fn[PTC_KIR_ATTN_DQ], (void *const[]){q, k, v, dy, lse, ds, dq, NULL});
-            run_kernel(fn[PTC_KIR_ATTN_DKV],
-                       (void *const[]){q, k, v, dy, lse, ds, dk, dv, NULL, NULL});
+            ptrt_jit_run(fn[PTC_KIR_ATTN_STATS], (void *const[]){q, k, v, dy, lse, ds}, nt);
+            ptrt_jit_run(fn[PTC_KIR_ATTN_DQ], (void *const[]){q, k, v, dy, lse, ds, dq, NULL}, nt);
+            ptrt_jit_run(fn[PTC_KIR_ATTN_DKV],
+                         (void *const[]){q, k, v, dy, lse, ds, dk, dv, NULL, NULL}, nt);
             double t4 = now(), d[4] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3};
             for (int i = 0; i < 4; i++)
                 best[i] = d[i] < best[i] ? d[i] : best[i];

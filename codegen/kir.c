@@ -453,6 +453,7 @@ typedef struct interp {
     char *err;
     size_t errn;
     kcheck *chk; /* ptc_kir_run_checked's */
+    bool locals; /* the kernel has local arrays */
 } interp;
 
 static bool in_bounds(interp *in, int param, int64_t i)
@@ -661,6 +662,8 @@ static kval eval(interp *in, int e)
 /* a part of the kernel starts: its locals hold NaN (nothing carries from the last part) */
 static void scrub_locals(interp *in)
 {
+    if (!in->locals) /* (most kernels: no scan of their parameters per part) */
+        return;
     for (int p = 0; p < in->k->nparams; p++)
         if (in->k->params[p].local)
             memset(in->args[p], 0xff, 4 * (size_t)in->k->params[p].numel);
@@ -727,17 +730,29 @@ static void run_list(interp *in, int s, int depth)
 static int run(const ptc_kir *k, void *const *args, int tid, int nt, kcheck *chk, char *err,
                size_t errn)
 {
-    /* the locals: the interpreter's own, in place of their (ignored) arguments */
-    void **a = ptc_xmalloc(sizeof(void *) * (size_t)(k->nparams ? k->nparams : 1));
+    bool locals = false;
     for (int p = 0; p < k->nparams; p++)
-        a[p] = k->params[p].local ? ptc_xmalloc(4 * (size_t)k->params[p].numel) : args[p];
-    interp in = {
-        .k = k, .args = a, .tid = tid, .nt = nt > 0 ? nt : 1, .err = err, .errn = errn, .chk = chk};
+        locals |= k->params[p].local;
+    /* the locals: the interpreter's own, in place of their (ignored) arguments */
+    void **a = NULL;
+    if (locals) {
+        a = ptc_xmalloc(sizeof(void *) * (size_t)k->nparams);
+        for (int p = 0; p < k->nparams; p++)
+            a[p] = k->params[p].local ? ptc_xmalloc(4 * (size_t)k->params[p].numel) : args[p];
+    }
+    interp in = {.k = k,
+                 .args = locals ? a : args,
+                 .tid = tid,
+                 .nt = nt > 0 ? nt : 1,
+                 .err = err,
+                 .errn = errn,
+                 .chk = chk,
+                 .locals = locals};
     in.vars = ptc_xcalloc((size_t)(k->nvars ? k->nvars : 1), sizeof(kval));
     scrub_locals(&in);
     run_list(&in, k->body, 0);
     free(in.vars);
-    for (int p = 0; p < k->nparams; p++)
+    for (int p = 0; locals && p < k->nparams; p++)
         if (k->params[p].local)
             free(a[p]);
     free(a);

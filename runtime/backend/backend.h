@@ -78,6 +78,10 @@ extern const ptrt_backend ptrt_backend_ref;
 extern const ptrt_backend ptrt_backend_cpu;
 /* NULL in a build without LLVM */
 extern const ptrt_backend *const ptrt_backend_jit;
+/* (builds with LLVM) A compiled kernel (codegen/llvm/kjit.h's ptc_kfn) as the jit backend runs a
+ * fused kernel: part t of nt on each of the CPU backend's threads (nt 1: the calling thread). */
+void ptrt_jit_run(void (*fn)(void *const *args, int64_t tid, int64_t nt), void *const *args,
+                  int64_t nt);
 
 /* Runs a fused kernel by interpreting its kernel IR, on the calling thread (the ref backend) or on
  * the CPU backend's threads (cpu). */

@@ -67,15 +67,20 @@ static void piece(void *ctx, int64_t begin, int64_t end)
         j->fn(j->args, t, j->nt);
 }
 
+void ptrt_jit_run(ptc_kfn fn, void *const *args, int64_t nt)
+{
+    job j = {.fn = fn, .args = args, .nt = nt};
+    if (nt == 1)
+        fn(args, 0, 1);
+    else
+        ptrt_cpu_parallel_for(nt, 1, piece, &j);
+}
+
 static int jit_fused(void *state, const ptc_plan *p, int k, void *const *args, char *err,
                      size_t errn)
 {
     const jit_state *s = state;
-    job j = {.fn = s->fns[k], .args = args, .nt = s->small[k] ? 1 : ptrt_cpu_threads()};
-    if (j.nt == 1)
-        j.fn(args, 0, 1);
-    else
-        ptrt_cpu_parallel_for(j.nt, 1, piece, &j);
+    ptrt_jit_run(s->fns[k], args, s->small[k] ? 1 : ptrt_cpu_threads());
     return 0;
 }
 
