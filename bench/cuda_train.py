@@ -131,7 +131,9 @@ def main():
     with tempfile.TemporaryDirectory() as wd:
         ours = run_ptc(args, wd)
     theirs, why = (None, "--no-torch") if args.no_torch else run_torch(args)
-    commit = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).stdout.strip()
+    # PTC_COMMIT: a copy of the tree without .git (a lent GPU machine gets one) names its commit
+    commit = os.environ.get("PTC_COMMIT") or \
+        sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).stdout.strip() or "unknown"
     now = datetime.datetime.now()
     lines = [f"# cuda_train: ptc on {args.device} vs PyTorch, {now:%Y-%m-%d %H:%M}", "",
              "    " + " ".join(["python3", "bench/cuda_train.py"] + sys.argv[1:]), "",

@@ -11,7 +11,8 @@
 # Writes bench/results/gpu_check_<date>.md: device, date, commit, each command, its exit status and
 # the tail of its output. Needs only PTC (default build/tools/ptc, with ptc-runner beside it) and
 # python3; a library the binaries lack on the GPU machine is named before anything runs.
-# GPU_CHECK_STEPS (default 10) sets the benchmark's timed steps, to fit a short lease.
+# GPU_CHECK_STEPS (default 10) sets the benchmark's timed steps and GPU_CHECK_LIMIT (default 420)
+# each step's seconds, to fit a short lease.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 ptc=${1:-$root/build/tools/ptc}
@@ -31,7 +32,8 @@ out="$root/bench/results/gpu_check_$stamp.md"
 mkdir -p "$root/bench/results"
 device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
          head -1)
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# PTC_COMMIT: a copy of the tree without .git (a lent GPU machine gets one) names its commit
+commit=${PTC_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 {
   echo "# gpu_check, $stamp UTC"
   echo
@@ -56,15 +58,15 @@ step() { # step TITLE SECONDS CMD...
     echo "    $*"
     echo
     echo '```'
-    tail -n 40 "$log"
+    tail -n 200 "$log"
     echo '```'
   } >> "$out"
   echo "$title: exit $rc ($((SECONDS - t0)) s)"
   rm -f "$log"
 }
-step "CUDA backend against the CPU (cuda_emulated.py --device cuda)" 420 \
+step "CUDA backend against the CPU (cuda_emulated.py --device cuda)" "${GPU_CHECK_LIMIT:-420}" \
   python3 "$root/tests/train/cuda_emulated.py" "$ptc" "$root" --device cuda
-step "GPT-2 124M bf16 against PyTorch (cuda_train.py)" 420 \
+step "GPT-2 124M bf16 against PyTorch (cuda_train.py)" "${GPU_CHECK_LIMIT:-420}" \
   python3 "$root/bench/cuda_train.py" --ptc "$ptc" --steps "${GPU_CHECK_STEPS:-10}" --warmup 2
 echo "recorded in $out"
 exit $rc_all
