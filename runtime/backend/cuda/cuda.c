@@ -15,8 +15,15 @@
 /* ---- the process's devices ----
  * The driver is started once per process, on the real libraries or the emulation. Each GPU is
  * started when a rank is first bound to it (bind: rank r runs on GPU r mod the number of GPUs):
- * its primary context, architecture, cuBLASLt handle and workspace. A thread's calls go to the
- * GPU it was last bound to (thread-local); the executor binds before it calls anything. */
+ * its primary context and architecture. A thread's calls go to the GPU it was last bound to
+ * (thread-local); the executor binds before it calls anything.
+ *
+ * Each rank has a cuBLASLt handle and workspace of its own, made on its GPU when it first binds.
+ * Ranks that share a GPU are threads that queue GEMMs at the same time, and one handle used from
+ * two threads at once gave wrong products on an H200 (every plan of 2 or 4 ranks on one GPU
+ * trained to other losses than the CPU, differently each run; with a handle per rank they match
+ * it: bench/results/gpu_check_2026-11-26_*.md). The emulated cuBLASLt fails a call that finds
+ * its handle in use by another thread. */
 
 #define MAX_GPUS 64
 
@@ -28,9 +35,6 @@ typedef struct gpu {
     ptc_cuda_arch arch;
     char name[256];
     char bus[64]; /* PCI bus id */
-    void *lt;      /* cuBLASLt handle */
-    ptrt_cudev ws; /* its workspace */
-    size_t ws_bytes;
     /* the device communicator's reduction (comm_reduce): its module, loaded on first use, and
      * the block of device memory its arguments go through */
     void *comm_module, *comm_fn;
@@ -46,6 +50,13 @@ static struct {
     const ptrt_cuda_driver *d;
     int count;
     gpu gpus[MAX_GPUS];
+    /* by rank: its cuBLASLt handle and workspace, on the GPU it was made on (grows under lock) */
+    struct rank_gemm {
+        int gpu; /* -1: none yet */
+        void *lt;
+        ptrt_cudev ws;
+    } *gemms;
+    int ngemms;
     /* the first error since the last sync */
     int err_rc;
     char err_call[160];
@@ -53,6 +64,8 @@ static struct {
 
 static _Thread_local int cur = -1;      /* the GPU this thread is bound to */
 static _Thread_local int cur_rank = -1; /* and the rank it was bound for */
+static _Thread_local void *cur_lt;       /* that rank's cuBLASLt handle and workspace */
+static _Thread_local ptrt_cudev cur_ws;
 
 static void latch(int rc, const char *call)
 {
@@ -100,7 +113,7 @@ static int start_gpu_locked(int i)
     gpu *g = &G.gpus[i];
     const ptrt_cuda_driver *d = G.d;
     int rc, dev = 0, major = 0, minor = 0, sms = 0;
-    char nm[200] = "?", e[768];
+    char nm[200] = "?";
     if ((rc = d->cuDeviceGet(&dev, i))) {
         ptc_fmt(g->msg, sizeof g->msg, "cuDeviceGet(%d): %s", i, errstr(rc));
         return -1;
@@ -133,17 +146,42 @@ static int start_gpu_locked(int i)
                 errstr(rc));
         return -1;
     }
-    if (G.impl->gemm_start(&g->lt, e, sizeof e) < 0) {
-        ptc_fmt(g->msg, sizeof g->msg, "GPU %d: %s", i, e);
-        return -1;
+    return 0;
+}
+
+/* rank's cuBLASLt handle and workspace on GPU i, made where it has none there yet (G.lock
+ * held; GPU i started and current in this thread). 0, or -1 with why. */
+static int rank_gemm_locked(int rank, int i, char *err, size_t errn)
+{
+    if (rank < 0)
+        rank = 0;
+    if (rank >= G.ngemms) {
+        int n = rank + 1 > 2 * G.ngemms ? rank + 1 : 2 * G.ngemms;
+        G.gemms = ptc_xrealloc(G.gemms, (size_t)n * sizeof *G.gemms);
+        for (int k = G.ngemms; k < n; k++)
+            G.gemms[k] = (struct rank_gemm){.gpu = -1};
+        G.ngemms = n;
     }
-    if ((rc = d->cuMemAlloc(&g->ws, WS_BYTES))) {
-        ptc_fmt(g->msg, sizeof g->msg,
-                "GPU %d: cannot allocate cuBLASLt's workspace of %zu bytes: %s", i, WS_BYTES,
-                errstr(rc));
-        return -1;
+    struct rank_gemm *r = &G.gemms[rank];
+    if (r->gpu != i) { /* (a rank moved to another GPU keeps its old handle: rare, small) */
+        char e[768];
+        void *lt = NULL;
+        ptrt_cudev ws = 0;
+        int rc = 0;
+        if (G.impl->gemm_start(&lt, e, sizeof e) < 0) {
+            ptc_fmt(err, errn, "GPU %d, rank %d: %s", i, rank, e);
+            return -1;
+        }
+        if ((rc = G.d->cuMemAlloc(&ws, WS_BYTES))) {
+            ptc_fmt(err, errn,
+                    "GPU %d, rank %d: cannot allocate cuBLASLt's workspace of %zu bytes: %s", i,
+                    rank, WS_BYTES, errstr(rc));
+            return -1;
+        }
+        *r = (struct rank_gemm){.gpu = i, .lt = lt, .ws = ws};
     }
-    g->ws_bytes = WS_BYTES;
+    cur_lt = r->lt;
+    cur_ws = r->ws;
     return 0;
 }
 
@@ -153,10 +191,9 @@ static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
 {
     /* already bound there (the executor binds before its every call): no lock. A thread that
      * bound once saw the driver's start and G.count under the lock, set once. */
-    if (cur >= 0 && G.impl == impl && cur == (rank > 0 ? rank : 0) % G.count) {
-        cur_rank = rank;
+    if (cur >= 0 && G.impl == impl && cur == (rank > 0 ? rank : 0) % G.count &&
+        rank == cur_rank)
         return 0;
-    }
     pthread_mutex_lock(&G.lock);
     if (G.state == 0) {
         G.impl = impl;
@@ -177,13 +214,13 @@ static int bind_on(const ptrt_cuda_impl *impl, int rank, char *err, size_t errn)
             rc = -1;
         }
     }
-    pthread_mutex_unlock(&G.lock);
     if (rc == 0 && cur != i) {
         latch(G.d->cuCtxSetCurrent(G.gpus[i].ctx), "cuCtxSetCurrent");
         cur = i;
     }
-    if (rc == 0)
+    if (rc == 0 && (rc = rank_gemm_locked(rank, i, err, errn)) == 0)
         cur_rank = rank;
+    pthread_mutex_unlock(&G.lock);
     return rc;
 }
 
@@ -453,10 +490,10 @@ ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b
 
 static void gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
 {
-    gpu *h = here();
+    (void)here();
     ptrt_cuda_gemm q = ptrt_cuda_gemm_of(g, a, b, c);
     char call[160];
-    int rc = G.impl->gemm(h->lt, &q, h->ws, h->ws_bytes, call, sizeof call);
+    int rc = G.impl->gemm(cur_lt, &q, cur_ws, WS_BYTES, call, sizeof call);
     latch(rc, call);
 }
 

@@ -29,6 +29,7 @@
 #define _GNU_SOURCE /* mkdtemp */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -915,10 +916,20 @@ static char *build(const char *src, char *err, size_t errn)
     return image;
 }
 
+/* A handle serves one thread at a time: the real cuBLASLt, given one handle from two threads
+ * at once, computed wrong products (cuda.c gives each rank its own). The emulated call marks
+ * its handle busy and fails where another thread has it. Handles live as long as the process,
+ * as the backend's do. */
+typedef struct emu_lt {
+    atomic_int busy;
+} emu_lt;
+
 static int emu_gemm_start(void **handle, char *err, size_t errn)
 {
     (void)err, (void)errn;
-    *handle = NULL;
+    emu_lt *h = ptc_xcalloc(1, sizeof *h);
+    atomic_init(&h->busy, 0);
+    *handle = h;
     return 0;
 }
 
@@ -929,11 +940,28 @@ static double at(const void *p, int ab, int64_t i)
                            : ((const float *)p)[i];
 }
 
-/* D = alpha op(X) op(Y) + beta D, column-major, as cuBLASLt reads the description */
+static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln);
+
+/* one cublasLtMatmul on handle */
 static int emu_gemm(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_t ws_bytes,
                     char *call, size_t calln)
 {
-    (void)handle, (void)ws, (void)ws_bytes;
+    (void)ws, (void)ws_bytes;
+    emu_lt *h = handle;
+    if (!h || atomic_exchange(&h->busy, 1)) {
+        ptc_fmt(call, calln, "cublasLtMatmul (emulated): %s",
+                h ? "its handle is in use by another thread (a handle serves one thread at a time)"
+                  : "no handle");
+        return E_INVALID_VALUE;
+    }
+    int rc = emu_matmul(g, call, calln);
+    atomic_store(&h->busy, 0);
+    return rc;
+}
+
+/* D = alpha op(X) op(Y) + beta D, column-major, as cuBLASLt reads the description */
+static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln)
+{
     const void *x = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->x);
     const void *y = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->y);
     float *d = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->d);
