@@ -6,21 +6,25 @@
  *
  * The kernels, for one attention shape (q [B,S,H*dh], k and v [B,S2,G*dh], G kv heads):
  *   fwd     o = softmax(q k^T / sqrt(dh)) v; a thread per query row, a block per tile of
- *           blockDim.x queries of one (batch, head);
+ *           blockDim.x queries of one (batch, head); the keys of a tile go in chunks of
+ *           @_C, each chunk's scores first, then one rescale for the chunk's maximum;
  *   stats   the same pass, keeping per query row lse = max + log(sum) and D = dy . o (the two
  *           numbers the backward needs; the plan's attention keeps no softmax statistics, so the
  *           backward recomputes them: FlashAttention-2's backward with its forward's outputs
  *           recomputed);
- *   bwd_kv  dk and dv: a thread per key row, a block per tile of keys of one (batch, kv head),
- *           over the query heads that share the kv head and the query tiles (causal: from the
- *           key tile's first position on); no atomics, each dk/dv row has one writer;
+ *   bwd_kv  dk and dv: two threads per key row, each holding half of the row's k, v and their
+ *           gradients (their dot products meet through a warp shuffle), a block per tile of
+ *           blockDim.x / 2 keys of one (batch, kv head), over the query heads that share the kv
+ *           head and the query tiles (causal: from the key tile's first position on); no
+ *           atomics, each dk/dv element has one writer;
  *   bwd_q   dq: a thread per query row over the key tiles.
  * Sums are f32. Tiles: the key (or query) tile in shared memory holds BK rows of k and v
  * (of q and dy); BK is 32 rows for sm_80 and 64 for sm_90, at most 48 KiB of static shared
- * memory; the threads of a block (the rows it computes) are 64 on sm_80 and 128 on sm_90.
- * These sizes are not tuned: no GPU has measured them (one thread per row keeps a row of q or
- * k, v and the accumulators in registers; tensor-core tiles are the next step once a GPU can
- * time them).
+ * memory; the threads of a block are 64 on sm_80 and 128 on sm_90. Rows of a head size that
+ * divides by 4 are read from shared memory 4 floats at a time (PTC_LD4), which on an H200 is
+ * what made the loops fast enough to matter (bench/results/gpu_2026-11-26.md: before, attention
+ * was 144 of GPT-2 124M's 255 ms a step, with a load per multiply-add and 464 bytes of spills in
+ * bwd_kv). The sizes are otherwise untuned; tensor-core tiles are the next step.
  */
 #include "cuda_emit.h"
 
@@ -45,8 +49,9 @@ void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel whic
                                const ptc_cuda_arch *arch, int *grid, int *block)
 {
     int64_t rows = rows_of(arch);
+    int64_t keys = rows / 2; /* bwd_kv: two threads per key */
     int64_t n = which == PTC_CUDA_ATTN_BWD_KV
-                    ? a->batch * a->kv_heads * ((a->kv_seq + rows - 1) / rows)
+                    ? a->batch * a->kv_heads * ((a->kv_seq + keys - 1) / keys)
                     : a->batch * a->heads * ((a->seq + rows - 1) / rows);
     int64_t wave = (int64_t)arch->sms * (2048 / rows);
     *block = (int)rows;
@@ -55,6 +60,89 @@ void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel whic
 
 const char *const ptc_cuda_attn_names[PTC_CUDA_ATTN_NKERNELS] = {"fwd", "stats", "bwd_kv",
                                                                  "bwd_q"};
+
+/* Text with @ standing for the attention's name, printed with it substituted. */
+static void put_named(FILE *f, const char *text, const char *n)
+{
+    for (const char *c = text; *c; c++)
+        if (*c == '@')
+            fputs(n, f);
+        else
+            fputc(*c, f);
+}
+
+/* Row arithmetic over shared memory: r . sh[row], acc += p sh[row] (a whole row of dh), and the
+ * same over half a row (the dims at .. at + nd of bwd_kv's thread). Rows whose size divides by 4
+ * (by 8 for halves) load 4 floats at a time; the sums keep the order of the one-at-a-time loop. */
+static const char helpers[] =
+    "PTC_DEVICE float @_dot(const float *r, const float *sh, long long row)\n"
+    "{\n"
+    "    float s = 0.0f;\n"
+    "#if @_DH % 4 == 0\n"
+    "    for (int d = 0; d < @_DH; d += 4) {\n"
+    "        const float4 x = PTC_LD4(sh, (row * @_DH + d) / 4);\n"
+    "        s += r[d] * x.x;\n"
+    "        s += r[d + 1] * x.y;\n"
+    "        s += r[d + 2] * x.z;\n"
+    "        s += r[d + 3] * x.w;\n"
+    "    }\n"
+    "#else\n"
+    "    for (int d = 0; d < @_DH; d++)\n"
+    "        s += r[d] * PTC_LD(sh, row * @_DH + d);\n"
+    "#endif\n"
+    "    return s;\n"
+    "}\n"
+    "PTC_DEVICE void @_axpy(float *acc, float p, const float *sh, long long row)\n"
+    "{\n"
+    "#if @_DH % 4 == 0\n"
+    "    for (int d = 0; d < @_DH; d += 4) {\n"
+    "        const float4 x = PTC_LD4(sh, (row * @_DH + d) / 4);\n"
+    "        acc[d] += p * x.x;\n"
+    "        acc[d + 1] += p * x.y;\n"
+    "        acc[d + 2] += p * x.z;\n"
+    "        acc[d + 3] += p * x.w;\n"
+    "    }\n"
+    "#else\n"
+    "    for (int d = 0; d < @_DH; d++)\n"
+    "        acc[d] += p * PTC_LD(sh, row * @_DH + d);\n"
+    "#endif\n"
+    "}\n"
+    "PTC_DEVICE float @_hdot(const float *r, const float *sh, long long at, int nd)\n"
+    "{\n"
+    "    float s = 0.0f;\n"
+    "#if @_DH % 8 == 0\n"
+    "    (void)nd;\n"
+    "    for (int d = 0; d < @_HD; d += 4) {\n"
+    "        const float4 x = PTC_LD4(sh, (at + d) / 4);\n"
+    "        s += r[d] * x.x;\n"
+    "        s += r[d + 1] * x.y;\n"
+    "        s += r[d + 2] * x.z;\n"
+    "        s += r[d + 3] * x.w;\n"
+    "    }\n"
+    "#else\n"
+    "    for (int d = 0; d < @_HD; d++)\n"
+    "        if (d < nd)\n"
+    "            s += r[d] * PTC_LD(sh, at + d);\n"
+    "#endif\n"
+    "    return s;\n"
+    "}\n"
+    "PTC_DEVICE void @_haxpy(float *acc, float p, const float *sh, long long at, int nd)\n"
+    "{\n"
+    "#if @_DH % 8 == 0\n"
+    "    (void)nd;\n"
+    "    for (int d = 0; d < @_HD; d += 4) {\n"
+    "        const float4 x = PTC_LD4(sh, (at + d) / 4);\n"
+    "        acc[d] += p * x.x;\n"
+    "        acc[d + 1] += p * x.y;\n"
+    "        acc[d + 2] += p * x.z;\n"
+    "        acc[d + 3] += p * x.w;\n"
+    "    }\n"
+    "#else\n"
+    "    for (int d = 0; d < @_HD; d++)\n"
+    "        if (d < nd)\n"
+    "            acc[d] += p * PTC_LD(sh, at + d);\n"
+    "#endif\n"
+    "}\n";
 
 /* the constants of one shape, and the tile per architecture */
 static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
@@ -67,7 +155,8 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             "#define %s_SCALE %.9ef\n"
             "#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || "
             "(defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)\n"
-            "#define %s_BK %lld\n#else\n#define %s_BK %lld\n#endif\n",
+            "#define %s_BK %lld\n#else\n#define %s_BK %lld\n#endif\n"
+            "#define %s_C 8\n#define %s_HD ((%s_DH + 1) / 2)\n",
             n, (long long)a->batch, (long long)a->seq, (long long)a->heads,
             (long long)a->head_dim, (long long)a->batch, (long long)a->kv_seq,
             (long long)a->kv_heads, (long long)a->head_dim, a->causal ? ", causal" : "", n,
@@ -75,18 +164,10 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             (long long)a->heads, n, (long long)a->kv_heads, n, (long long)a->head_dim, n,
             a->causal ? 1 : 0, n, (long long)a->h0, n,
             (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n, (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
-            (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim));
+            (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim), n, n, n);
+    put_named(f, helpers, n);
 }
 
-/* Text with @ standing for the attention's name, printed with it substituted. */
-static void put_named(FILE *f, const char *text, const char *n)
-{
-    for (const char *c = text; *c; c++)
-        if (*c == '@')
-            fputs(n, f);
-        else
-            fputc(*c, f);
-}
 
 /* The loop over the key tiles of fwd, stats and bwd_q: k and v rows j0.. in shared memory, and
  * jn, how many of them query i sees; the kernels' texts around it follow. */
@@ -110,7 +191,7 @@ static const char kv_tiles[] =
 /* fwd and stats: one query row per thread, key/value tiles in shared memory, online softmax */
 static const char fwd_body[] =
     "{\n"
-    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
+    "    __shared__ __align__(16) float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
     "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
     "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
     "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
@@ -123,21 +204,26 @@ static const char fwd_body[] =
     "        }\n";
 
 static const char fwd_loop[] =
-    "            for (long long jj = 0; live && jj < jn; jj++) {\n"
-    "                float s = 0.0f;\n"
-    "                for (int d = 0; d < @_DH; d++)\n"
-    "                    s += qr[d] * PTC_LD(ks, jj * @_DH + d);\n"
-    "                if (s > m) { /* a new maximum: rescale what was summed */\n"
-    "                    const float c = expf(m - s);\n"
-    "                    l *= c;\n"
-    "                    for (int d = 0; d < @_DH; d++)\n"
-    "                        acc[d] *= c;\n"
-    "                    m = s;\n"
+    "            for (long long jc = 0; live && jc < jn; jc += @_C) {\n"
+    "                /* the chunk's scores, then one rescale for its maximum */\n"
+    "                float sc[@_C], mx = m;\n"
+    "                for (int c = 0; c < @_C; c++) {\n"
+    "                    sc[c] = jc + c < jn ? @_dot(qr, ks, jc + c) : -PTC_INF;\n"
+    "                    mx = sc[c] > mx ? sc[c] : mx;\n"
     "                }\n"
-    "                const float p = expf(s - m);\n"
-    "                l += p;\n"
-    "                for (int d = 0; d < @_DH; d++)\n"
-    "                    acc[d] += p * PTC_LD(vs, jj * @_DH + d);\n"
+    "                if (mx > m) {\n"
+    "                    const float r = expf(m - mx);\n"
+    "                    l *= r;\n"
+    "                    for (int d = 0; d < @_DH; d++)\n"
+    "                        acc[d] *= r;\n"
+    "                    m = mx;\n"
+    "                }\n"
+    "                for (int c = 0; c < @_C; c++)\n"
+    "                    if (jc + c < jn) {\n"
+    "                        const float p = expf(sc[c] - m);\n"
+    "                        l += p;\n"
+    "                        @_axpy(acc, p, vs, jc + c);\n"
+    "                    }\n"
     "            }\n"
     "        }\n"
     "        if (!live)\n"
@@ -158,20 +244,24 @@ static const char stats_tail[] =
     "    }\n"
     "}\n";
 
-/* dk, dv: one key row per thread over the query tiles of every query head of its kv head */
+/* dk, dv: two threads per key row (lanes 2k and 2k + 1 of a warp: dims 0 .. HD and HD .. dh)
+ * over the query tiles of every query head of its kv head. Every lane runs every query of a
+ * tile (the shuffle needs the whole warp); causality and rows past the end weigh zero. */
 static const char bwd_kv[] =
     "{\n"
-    "    __shared__ float qs[@_BK * @_DH], ds[@_BK * @_DH], ls[@_BK], dd[@_BK];\n"
-    "    const long long rows = blockDim.x, nkb = (@_S2 + rows - 1) / rows;\n"
+    "    __shared__ __align__(16) float qs[@_BK * @_DH], ds[@_BK * @_DH];\n"
+    "    __shared__ float ls[@_BK], dd[@_BK];\n"
+    "    const long long rows = blockDim.x, keys = rows / 2, nkb = (@_S2 + keys - 1) / keys;\n"
+    "    const int half = threadIdx.x & 1, d0 = half ? @_HD : 0, nd = half ? @_DH - @_HD : @_HD;\n"
     "    for (long long t = blockIdx.x; t < @_B * @_G * nkb; t += gridDim.x) {\n"
-    "        const long long b = t / (@_G * nkb), kh = t / nkb % @_G, j0 = t % nkb * rows;\n"
-    "        const long long j = j0 + threadIdx.x;\n"
+    "        const long long b = t / (@_G * nkb), kh = t / nkb % @_G, j0 = t % nkb * keys;\n"
+    "        const long long j = j0 + threadIdx.x / 2;\n"
     "        const int live = j < @_S2;\n"
-    "        float kr[@_DH], vr[@_DH], gk[@_DH], gv[@_DH];\n"
-    "        for (int d = 0; d < @_DH; d++) {\n"
-    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d;\n"
-    "            kr[d] = live ? PTC_LD(k, at) : 0.0f;\n"
-    "            vr[d] = live ? PTC_LD(v, at) : 0.0f;\n"
+    "        float kr[@_HD], vr[@_HD], gk[@_HD], gv[@_HD];\n"
+    "        for (int d = 0; d < @_HD; d++) {\n"
+    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d0 + d;\n"
+    "            kr[d] = live && d < nd ? PTC_LD(k, at) : 0.0f;\n"
+    "            vr[d] = live && d < nd ? PTC_LD(v, at) : 0.0f;\n"
     "            gk[d] = gv[d] = 0.0f;\n"
     "        }\n"
     "        for (long long h = PTC_IMAX(kh * @_R - @_H0, 0); h < PTC_IMIN((kh + 1) * @_R - @_H0, @_H); h++) {\n"
@@ -190,24 +280,21 @@ static const char bwd_kv[] =
     "                }\n"
     "                __syncthreads();\n"
     "                const long long in = @_S - i0 < @_BK ? @_S - i0 : @_BK;\n"
-    "                for (long long ii = 0; live && ii < in; ii++) {\n"
-    "                    if (@_CAUSAL && i0 + ii < j)\n"
+    "                for (long long ii = 0; ii < in; ii++) {\n"
+    "                    const long long at = ii * @_DH + d0;\n"
+    "                    float s = @_hdot(kr, qs, at, nd), dp = @_hdot(vr, ds, at, nd);\n"
+    "                    s += __shfl_xor_sync(0xffffffffu, s, 1);\n"
+    "                    dp += __shfl_xor_sync(0xffffffffu, dp, 1);\n"
+    "                    if (!live || (@_CAUSAL && i0 + ii < j))\n"
     "                        continue;\n"
-    "                    float s = 0.0f, dp = 0.0f;\n"
-    "                    for (int d = 0; d < @_DH; d++) {\n"
-    "                        s += PTC_LD(qs, ii * @_DH + d) * kr[d];\n"
-    "                        dp += PTC_LD(ds, ii * @_DH + d) * vr[d];\n"
-    "                    }\n"
     "                    const float p = expf(s * @_SCALE - PTC_LD(ls, ii)), g = p * (dp - PTC_LD(dd, ii)) * @_SCALE;\n"
-    "                    for (int d = 0; d < @_DH; d++) {\n"
-    "                        gv[d] += p * PTC_LD(ds, ii * @_DH + d);\n"
-    "                        gk[d] += g * PTC_LD(qs, ii * @_DH + d);\n"
-    "                    }\n"
+    "                    @_haxpy(gv, p, ds, at, nd);\n"
+    "                    @_haxpy(gk, g, qs, at, nd);\n"
     "                }\n"
     "            }\n"
     "        }\n"
-    "        for (int d = 0; live && d < @_DH; d++) {\n"
-    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d;\n"
+    "        for (int d = 0; live && d < nd; d++) {\n"
+    "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d0 + d;\n"
     "            PTC_ST(dk, at, gk[d]);\n"
     "            PTC_ST(dv, at, gv[d]);\n"
     "        }\n"
@@ -217,7 +304,7 @@ static const char bwd_kv[] =
 /* dq: one query row per thread over the key tiles */
 static const char bwd_q[] =
     "{\n"
-    "    __shared__ float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
+    "    __shared__ __align__(16) float ks[@_BK * @_DH], vs[@_BK * @_DH];\n"
     "    const long long rows = blockDim.x, nqb = (@_S + rows - 1) / rows;\n"
     "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
     "        const long long b = t / (@_H * nqb), h = t / nqb % @_H, i0 = t % nqb * rows;\n"
@@ -235,14 +322,9 @@ static const char bwd_q[] =
 
 static const char bwd_q_loop[] =
     "            for (long long jj = 0; live && jj < jn; jj++) {\n"
-    "                float s = 0.0f, dp = 0.0f;\n"
-    "                for (int d = 0; d < @_DH; d++) {\n"
-    "                    s += qr[d] * PTC_LD(ks, jj * @_DH + d);\n"
-    "                    dp += dr[d] * PTC_LD(vs, jj * @_DH + d);\n"
-    "                }\n"
+    "                const float s = @_dot(qr, ks, jj), dp = @_dot(dr, vs, jj);\n"
     "                const float g = expf(s * @_SCALE - l) * (dp - D) * @_SCALE;\n"
-    "                for (int d = 0; d < @_DH; d++)\n"
-    "                    gq[d] += g * PTC_LD(ks, jj * @_DH + d);\n"
+    "                @_axpy(gq, g, ks, jj);\n"
     "            }\n"
     "        }\n"
     "        for (int d = 0; live && d < @_DH; d++)\n"

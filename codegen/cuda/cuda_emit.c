@@ -1018,6 +1018,8 @@ void ptc_cuda_emit_prelude(FILE *f)
           "/* loads and stores (the emulation checks each one for a race) */\n"
           "#define PTC_LD(p, i) (p)[i]\n"
           "#define PTC_ST(p, i, v) ((p)[i] = (v))\n"
+          "/* p[4i .. 4i + 3] in one 16-byte load (p 16-byte aligned) */\n"
+          "#define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])\n"
           "#endif\n"
           "/* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest\n"
           " * even, NaN to the quiet NaN of its sign (as common/half.c) */\n"

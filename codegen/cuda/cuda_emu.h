@@ -19,7 +19,7 @@
  *   PTC_LD(p, i)          p[i], and PTC_ST(p, i, v), p[i] = v: every load and store of the
  *                         kernel-IR, attention and communicator kernels (global and shared
  *                         memory) is written so, and the fibers build checks each one for a
- *                         race (below).
+ *                         race (below); PTC_LD4(p, i), float4 of p[4i .. 4i + 3], as 4 loads.
  *
  * Entry points, exported from the shared object: ptc_cuda_emu_launch(fn, args, grid, block),
  * fn being a kernel's `k_<name>__emu`, and ptc_cuda_emu_error(), what made the last launch fail.
@@ -78,6 +78,16 @@ static inline float ptc_emu_u2f(unsigned int u)
 #define PTC_F2U(x) ptc_emu_f2u(x)
 #define PTC_U2F(x) ptc_emu_u2f(x)
 #define __launch_bounds__(n)
+#define __align__(n) __attribute__((aligned(n)))
+
+/* CUDA's float4, and PTC_LD4(p, i): the 4 floats p[4i .. 4i + 3] as one float4 (a 16-byte
+ * load on the GPU), checked as 4 loads (PTC_LD is defined below, by build) */
+typedef struct float4 {
+    float x, y, z, w;
+} float4;
+#define PTC_LD4(p, i)                                                                              \
+    ((float4){PTC_LD(p, 4 * (i)), PTC_LD(p, 4 * (i) + 1), PTC_LD(p, 4 * (i) + 2),                 \
+              PTC_LD(p, 4 * (i) + 3)})
 
 typedef struct ptc_emu_dim3 {
     unsigned x, y, z;

@@ -12,6 +12,8 @@
 /* loads and stores (the emulation checks each one for a race) */
 #define PTC_LD(p, i) (p)[i]
 #define PTC_ST(p, i, v) ((p)[i] = (v))
+/* p[4i .. 4i + 3] in one 16-byte load (p 16-byte aligned) */
+#define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])
 #endif
 /* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
  * even, NaN to the quiet NaN of its sign (as common/half.c) */
@@ -357,10 +359,80 @@ void k_f6_adamw_x28__emu(void *const *a)
 #else
 #define attn0_BK 32
 #endif
+#define attn0_C 8
+#define attn0_HD ((attn0_DH + 1) / 2)
+PTC_DEVICE float attn0_dot(const float *r, const float *sh, long long row)
+{
+    float s = 0.0f;
+#if attn0_DH % 4 == 0
+    for (int d = 0; d < attn0_DH; d += 4) {
+        const float4 x = PTC_LD4(sh, (row * attn0_DH + d) / 4);
+        s += r[d] * x.x;
+        s += r[d + 1] * x.y;
+        s += r[d + 2] * x.z;
+        s += r[d + 3] * x.w;
+    }
+#else
+    for (int d = 0; d < attn0_DH; d++)
+        s += r[d] * PTC_LD(sh, row * attn0_DH + d);
+#endif
+    return s;
+}
+PTC_DEVICE void attn0_axpy(float *acc, float p, const float *sh, long long row)
+{
+#if attn0_DH % 4 == 0
+    for (int d = 0; d < attn0_DH; d += 4) {
+        const float4 x = PTC_LD4(sh, (row * attn0_DH + d) / 4);
+        acc[d] += p * x.x;
+        acc[d + 1] += p * x.y;
+        acc[d + 2] += p * x.z;
+        acc[d + 3] += p * x.w;
+    }
+#else
+    for (int d = 0; d < attn0_DH; d++)
+        acc[d] += p * PTC_LD(sh, row * attn0_DH + d);
+#endif
+}
+PTC_DEVICE float attn0_hdot(const float *r, const float *sh, long long at, int nd)
+{
+    float s = 0.0f;
+#if attn0_DH % 8 == 0
+    (void)nd;
+    for (int d = 0; d < attn0_HD; d += 4) {
+        const float4 x = PTC_LD4(sh, (at + d) / 4);
+        s += r[d] * x.x;
+        s += r[d + 1] * x.y;
+        s += r[d + 2] * x.z;
+        s += r[d + 3] * x.w;
+    }
+#else
+    for (int d = 0; d < attn0_HD; d++)
+        if (d < nd)
+            s += r[d] * PTC_LD(sh, at + d);
+#endif
+    return s;
+}
+PTC_DEVICE void attn0_haxpy(float *acc, float p, const float *sh, long long at, int nd)
+{
+#if attn0_DH % 8 == 0
+    (void)nd;
+    for (int d = 0; d < attn0_HD; d += 4) {
+        const float4 x = PTC_LD4(sh, (at + d) / 4);
+        acc[d] += p * x.x;
+        acc[d + 1] += p * x.y;
+        acc[d + 2] += p * x.z;
+        acc[d + 3] += p * x.w;
+    }
+#else
+    for (int d = 0; d < attn0_HD; d++)
+        if (d < nd)
+            acc[d] += p * PTC_LD(sh, at + d);
+#endif
+}
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
 PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, float *PTC_RESTRICT o)
 {
-    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
@@ -386,21 +458,26 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
             if (attn0_CAUSAL && i + 1 - j0 < jn)
                 jn = i + 1 - j0;
-            for (long long jj = 0; live && jj < jn; jj++) {
-                float s = 0.0f;
-                for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
-                if (s > m) { /* a new maximum: rescale what was summed */
-                    const float c = expf(m - s);
-                    l *= c;
-                    for (int d = 0; d < attn0_DH; d++)
-                        acc[d] *= c;
-                    m = s;
+            for (long long jc = 0; live && jc < jn; jc += attn0_C) {
+                /* the chunk's scores, then one rescale for its maximum */
+                float sc[attn0_C], mx = m;
+                for (int c = 0; c < attn0_C; c++) {
+                    sc[c] = jc + c < jn ? attn0_dot(qr, ks, jc + c) : -PTC_INF;
+                    mx = sc[c] > mx ? sc[c] : mx;
                 }
-                const float p = expf(s - m);
-                l += p;
-                for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
+                if (mx > m) {
+                    const float r = expf(m - mx);
+                    l *= r;
+                    for (int d = 0; d < attn0_DH; d++)
+                        acc[d] *= r;
+                    m = mx;
+                }
+                for (int c = 0; c < attn0_C; c++)
+                    if (jc + c < jn) {
+                        const float p = expf(sc[c] - m);
+                        l += p;
+                        attn0_axpy(acc, p, vs, jc + c);
+                    }
             }
         }
         if (!live)
@@ -418,7 +495,7 @@ void k_attn0_fwd__emu(void *const *a)
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
 PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum)
 {
-    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
@@ -444,21 +521,26 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
             if (attn0_CAUSAL && i + 1 - j0 < jn)
                 jn = i + 1 - j0;
-            for (long long jj = 0; live && jj < jn; jj++) {
-                float s = 0.0f;
-                for (int d = 0; d < attn0_DH; d++)
-                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
-                if (s > m) { /* a new maximum: rescale what was summed */
-                    const float c = expf(m - s);
-                    l *= c;
-                    for (int d = 0; d < attn0_DH; d++)
-                        acc[d] *= c;
-                    m = s;
+            for (long long jc = 0; live && jc < jn; jc += attn0_C) {
+                /* the chunk's scores, then one rescale for its maximum */
+                float sc[attn0_C], mx = m;
+                for (int c = 0; c < attn0_C; c++) {
+                    sc[c] = jc + c < jn ? attn0_dot(qr, ks, jc + c) : -PTC_INF;
+                    mx = sc[c] > mx ? sc[c] : mx;
                 }
-                const float p = expf(s - m);
-                l += p;
-                for (int d = 0; d < attn0_DH; d++)
-                    acc[d] += p * PTC_LD(vs, jj * attn0_DH + d);
+                if (mx > m) {
+                    const float r = expf(m - mx);
+                    l *= r;
+                    for (int d = 0; d < attn0_DH; d++)
+                        acc[d] *= r;
+                    m = mx;
+                }
+                for (int c = 0; c < attn0_C; c++)
+                    if (jc + c < jn) {
+                        const float p = expf(sc[c] - m);
+                        l += p;
+                        attn0_axpy(acc, p, vs, jc + c);
+                    }
             }
         }
         if (!live)
@@ -479,17 +561,19 @@ void k_attn0_stats__emu(void *const *a)
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
 PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dk, float *PTC_RESTRICT dv)
 {
-    __shared__ float qs[attn0_BK * attn0_DH], ds[attn0_BK * attn0_DH], ls[attn0_BK], dd[attn0_BK];
-    const long long rows = blockDim.x, nkb = (attn0_S2 + rows - 1) / rows;
+    __shared__ __align__(16) float qs[attn0_BK * attn0_DH], ds[attn0_BK * attn0_DH];
+    __shared__ float ls[attn0_BK], dd[attn0_BK];
+    const long long rows = blockDim.x, keys = rows / 2, nkb = (attn0_S2 + keys - 1) / keys;
+    const int half = threadIdx.x & 1, d0 = half ? attn0_HD : 0, nd = half ? attn0_DH - attn0_HD : attn0_HD;
     for (long long t = blockIdx.x; t < attn0_B * attn0_G * nkb; t += gridDim.x) {
-        const long long b = t / (attn0_G * nkb), kh = t / nkb % attn0_G, j0 = t % nkb * rows;
-        const long long j = j0 + threadIdx.x;
+        const long long b = t / (attn0_G * nkb), kh = t / nkb % attn0_G, j0 = t % nkb * keys;
+        const long long j = j0 + threadIdx.x / 2;
         const int live = j < attn0_S2;
-        float kr[attn0_DH], vr[attn0_DH], gk[attn0_DH], gv[attn0_DH];
-        for (int d = 0; d < attn0_DH; d++) {
-            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
-            kr[d] = live ? PTC_LD(k, at) : 0.0f;
-            vr[d] = live ? PTC_LD(v, at) : 0.0f;
+        float kr[attn0_HD], vr[attn0_HD], gk[attn0_HD], gv[attn0_HD];
+        for (int d = 0; d < attn0_HD; d++) {
+            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d0 + d;
+            kr[d] = live && d < nd ? PTC_LD(k, at) : 0.0f;
+            vr[d] = live && d < nd ? PTC_LD(v, at) : 0.0f;
             gk[d] = gv[d] = 0.0f;
         }
         for (long long h = PTC_IMAX(kh * attn0_R - attn0_H0, 0); h < PTC_IMIN((kh + 1) * attn0_R - attn0_H0, attn0_H); h++) {
@@ -508,24 +592,21 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                 }
                 __syncthreads();
                 const long long in = attn0_S - i0 < attn0_BK ? attn0_S - i0 : attn0_BK;
-                for (long long ii = 0; live && ii < in; ii++) {
-                    if (attn0_CAUSAL && i0 + ii < j)
+                for (long long ii = 0; ii < in; ii++) {
+                    const long long at = ii * attn0_DH + d0;
+                    float s = attn0_hdot(kr, qs, at, nd), dp = attn0_hdot(vr, ds, at, nd);
+                    s += __shfl_xor_sync(0xffffffffu, s, 1);
+                    dp += __shfl_xor_sync(0xffffffffu, dp, 1);
+                    if (!live || (attn0_CAUSAL && i0 + ii < j))
                         continue;
-                    float s = 0.0f, dp = 0.0f;
-                    for (int d = 0; d < attn0_DH; d++) {
-                        s += PTC_LD(qs, ii * attn0_DH + d) * kr[d];
-                        dp += PTC_LD(ds, ii * attn0_DH + d) * vr[d];
-                    }
                     const float p = expf(s * attn0_SCALE - PTC_LD(ls, ii)), g = p * (dp - PTC_LD(dd, ii)) * attn0_SCALE;
-                    for (int d = 0; d < attn0_DH; d++) {
-                        gv[d] += p * PTC_LD(ds, ii * attn0_DH + d);
-                        gk[d] += g * PTC_LD(qs, ii * attn0_DH + d);
-                    }
+                    attn0_haxpy(gv, p, ds, at, nd);
+                    attn0_haxpy(gk, g, qs, at, nd);
                 }
             }
         }
-        for (int d = 0; live && d < attn0_DH; d++) {
-            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d;
+        for (int d = 0; live && d < nd; d++) {
+            const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d0 + d;
             PTC_ST(dk, at, gk[d]);
             PTC_ST(dv, at, gv[d]);
         }
@@ -540,7 +621,7 @@ void k_attn0_bwd_kv__emu(void *const *a)
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
 PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dq)
 {
-    __shared__ float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
+    __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
     for (long long t = blockIdx.x; t < attn0_B * attn0_H * nqb; t += gridDim.x) {
         const long long b = t / (attn0_H * nqb), h = t / nqb % attn0_H, i0 = t % nqb * rows;
@@ -571,14 +652,9 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             if (attn0_CAUSAL && i + 1 - j0 < jn)
                 jn = i + 1 - j0;
             for (long long jj = 0; live && jj < jn; jj++) {
-                float s = 0.0f, dp = 0.0f;
-                for (int d = 0; d < attn0_DH; d++) {
-                    s += qr[d] * PTC_LD(ks, jj * attn0_DH + d);
-                    dp += dr[d] * PTC_LD(vs, jj * attn0_DH + d);
-                }
+                const float s = attn0_dot(qr, ks, jj), dp = attn0_dot(dr, vs, jj);
                 const float g = expf(s * attn0_SCALE - l) * (dp - D) * attn0_SCALE;
-                for (int d = 0; d < attn0_DH; d++)
-                    gq[d] += g * PTC_LD(ks, jj * attn0_DH + d);
+                attn0_axpy(gq, g, ks, jj);
             }
         }
         for (int d = 0; live && d < attn0_DH; d++)
