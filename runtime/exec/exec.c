@@ -733,6 +733,10 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
         int rc = x->nfl ? settle(x, i, msg, sizeof msg) : 0;
         if (rc == 0)
             rc = run_instr(x, i, msg, sizeof msg);
+        /* a device runs what is queued later: timed, each instruction waits for its own work
+         * (so a profile or trace gives the device's time, at the cost of every overlap) */
+        if (rc == 0 && (x->profile || x->tracing) && !x->be->host && x->be->sync)
+            rc = x->be->sync(msg, sizeof msg);
         int slot = in->kind == PTC_INSTR_FUSED ? PTC_NOPS : (int)in->op;
         if (x->profile) {
             x->prof_s[slot] += seconds() - t0;

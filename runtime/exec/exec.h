@@ -97,7 +97,10 @@ void ptrt_exec_set_trace(ptrt_exec *x, bool on, double t0, int max);
 const struct ptc_trace_event *ptrt_exec_trace(const ptrt_exec *x, int *n);
 
 /* Profiling: with it on, the time of every instruction is added up by op kind. Switching it on
- * (again) clears the sums. */
+ * (again) clears the sums. On a device, profiling and tracing wait for each instruction's work
+ * to finish before its clock stops (be->sync), so the times are the device's: no collective
+ * overlaps then, and where ranks share a device an instruction's time includes the other ranks'
+ * work queued before it. */
 void ptrt_exec_set_profile(ptrt_exec *x, bool on);
 /* The sums as a table, largest first: op, calls and milliseconds per step (divided by steps). */
 void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps);
