@@ -14,6 +14,7 @@ commit and command.
     python3 bench/cuda_train.py                         # on a GPU machine
     python3 bench/cuda_train.py --device cuda-emulated --model tiny --steps 2 --warmup 1 \\
         --no-torch                                      # a smoke run of this script, no GPU
+    python3 bench/cuda_train.py --baseline old/ptc --rounds 3   # a change, side by side
 """
 import argparse
 import datetime
@@ -46,10 +47,10 @@ def shutil_which(x):
     return which(x)
 
 
-def run_ptc(args, wd):
+def run_ptc(args, wd, ptc=None, name="g"):
     model, defs = CONFIGS[args.model]
-    exe = os.path.join(wd, "g")
-    cmd = [args.ptc, os.path.join(ROOT, model), "-o", exe, "--precision", args.precision]
+    exe = os.path.join(wd, name)
+    cmd = [ptc or args.ptc, os.path.join(ROOT, model), "-o", exe, "--precision", args.precision]
     for k, v in defs.items():
         cmd += ["-D", f"{k}={v}"]
     b = sh(cmd)
@@ -127,9 +128,19 @@ def main():
     ap.add_argument("--torch-device", default="cuda", help="cpu: the PyTorch side on the CPU, "
                     "for a smoke run of this script")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--baseline", metavar="PTC", help="another ptc build (with its ptc-runner "
+                    "beside it), run in the same rounds: a change measured side by side")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved runs of each ptc; the "
+                    "median of their medians is reported")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as wd:
-        ours = run_ptc(args, wd)
+        runs, base = [], []
+        for _ in range(max(args.rounds, 1)):
+            runs.append(run_ptc(args, wd))
+            if args.baseline:
+                base.append(run_ptc(args, wd, args.baseline, "g_base"))
+        ours = sorted(runs, key=lambda r: r["ms"])[len(runs) // 2]
+        baseline = sorted(base, key=lambda r: r["ms"])[len(base) // 2] if base else None
     theirs, why = (None, "--no-torch") if args.no_torch else run_torch(args)
     # PTC_COMMIT: a copy of the tree without .git (a lent GPU machine gets one) names its commit
     commit = os.environ.get("PTC_COMMIT") or \
@@ -142,10 +153,17 @@ def main():
              f"- ptc: `{ours['cmd']}`", "",
              "| system | ms/step (median) | tok/s | MFU |", "|---|---|---|---|",
              f"| ptc | {ours['ms']:.1f} | {ours['tok_s']:.0f} | {ours['mfu']:.1f}% |"]
+    if baseline:
+        lines.insert(-4, f"- baseline: `{baseline['cmd']}`; {len(runs)} interleaved rounds, "
+                         f"each row the median round")
+        lines.append(f"| ptc baseline | {baseline['ms']:.1f} | {baseline['tok_s']:.0f} | "
+                     f"{baseline['mfu']:.1f}% |")
     if theirs:
         lines.append(f"| PyTorch {theirs['torch']} eager ({args.torch_device}) | {theirs['ms']:.1f} | "
                      f"{theirs['tok_s']:.0f} | |")
         lines += ["", f"ptc / PyTorch: {ours['tok_s'] / theirs['tok_s']:.2f}x"]
+    if baseline:
+        lines += ["", f"ptc / baseline: {ours['tok_s'] / baseline['tok_s']:.3f}x"]
     else:
         lines += ["", f"PyTorch not run: {why}"]
     text = "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_bundle.sh [DIR] - packs what bench/gpu_check.sh needs on a GPU machine that cannot build ptc
+# gpu_bundle.sh [DIR [BASELINE_TOOLS]] - packs what bench/gpu_check.sh needs on a GPU machine that cannot build ptc
 # (no flex, bison, LLVM or Criterion there, no network): the ptc and ptc-runner of build/tools,
 # stripped, and the shared libraries they link that are not the C and C++ runtimes (libLLVM and
 # what it pulls in, Open MPI), into DIR (default .gpu, which .gitignore keeps out of git), with
@@ -12,9 +12,13 @@
 # folders of NVRTC, cuBLASLt and NCCL on the library path, copies the binaries to build/tools
 # (where gpu_check.sh looks), and sets PTC_COMMIT (the copy of the tree there has no .git).
 # The binaries need a glibc at least as new as this machine's (Debian 12: 2.36).
+# BASELINE_TOOLS: the build/tools folder of another build (another commit's worktree, say):
+# its ptc and ptc-runner go along too, and env.sh sets GPU_CHECK_BASELINE to them, so that
+# gpu_check.sh times both side by side.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$root/.gpu}
+baseline=${2:-}
 bin=$root/build/tools
 for b in ptc ptc-runner; do
   [ -x "$bin/$b" ] || { echo "gpu_bundle: no $bin/$b (run tools/setup.sh first)" >&2; exit 2; }
@@ -23,6 +27,11 @@ rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/lib"
 strip -o "$dir/bin/ptc" "$bin/ptc"
 strip -o "$dir/bin/ptc-runner" "$bin/ptc-runner"
+if [ -n "$baseline" ]; then
+  mkdir -p "$dir/baseline"
+  strip -o "$dir/baseline/ptc" "$baseline/ptc"
+  strip -o "$dir/baseline/ptc-runner" "$baseline/ptc-runner"
+fi
 ldd "$bin/ptc" "$bin/ptc-runner" | awk '/=> \//{print $3}' | sort -u |
   grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$dir/lib/"; done
@@ -50,6 +59,7 @@ done
 export LD_LIBRARY_PATH=$_p${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p build/tools && cp "$_b/bin/ptc" "$_b/bin/ptc-runner" build/tools/
 export PTC_COMMIT=$(cat "$_b/COMMIT")
+[ -x "$_b/baseline/ptc" ] && export GPU_CHECK_BASELINE=$_b/baseline/ptc
 if ldd build/tools/ptc | grep -q 'not found'; then
   echo "gpu env: still missing:" >&2; ldd build/tools/ptc | grep 'not found' >&2
 fi

@@ -12,7 +12,8 @@
 # the tail of its output. Needs only PTC (default build/tools/ptc, with ptc-runner beside it) and
 # python3; a library the binaries lack on the GPU machine is named before anything runs.
 # GPU_CHECK_STEPS (default 10) sets the benchmark's timed steps and GPU_CHECK_LIMIT (default 420)
-# each step's seconds, to fit a short lease.
+# each step's seconds, to fit a short lease. GPU_CHECK_BASELINE=PTC also times that other ptc
+# build (ptc-runner beside it), in 3 rounds interleaved with this one: a change side by side.
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 ptc=${1:-$root/build/tools/ptc}
@@ -67,6 +68,7 @@ step() { # step TITLE SECONDS CMD...
 step "CUDA backend against the CPU (cuda_emulated.py --device cuda)" "${GPU_CHECK_LIMIT:-420}" \
   python3 "$root/tests/train/cuda_emulated.py" "$ptc" "$root" --device cuda
 step "GPT-2 124M bf16 against PyTorch (cuda_train.py)" "${GPU_CHECK_LIMIT:-420}" \
-  python3 "$root/bench/cuda_train.py" --ptc "$ptc" --steps "${GPU_CHECK_STEPS:-10}" --warmup 2
+  python3 "$root/bench/cuda_train.py" --ptc "$ptc" --steps "${GPU_CHECK_STEPS:-10}" --warmup 2 \
+  ${GPU_CHECK_BASELINE:+--baseline "$GPU_CHECK_BASELINE" --rounds 3}
 echo "recorded in $out"
 exit $rc_all
