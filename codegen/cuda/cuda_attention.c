@@ -158,17 +158,16 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             "(defined(PTC_CUDA_EMU_ARCH) && PTC_CUDA_EMU_ARCH >= 900)\n"
             "#define %s_BK %lld\n#else\n#define %s_BK %lld\n#endif\n"
             "#define %s_C 8\n#define %s_HD ((%s_DH + 1) / 2)\n",
-            n, (long long)a->batch, (long long)a->seq, (long long)a->heads,
-            (long long)a->head_dim, (long long)a->batch, (long long)a->kv_seq,
-            (long long)a->kv_heads, (long long)a->head_dim, a->causal ? ", causal" : "", n,
-            (long long)a->batch, n, (long long)a->seq, n, (long long)a->kv_seq, n,
-            (long long)a->heads, n, (long long)a->kv_heads, n, (long long)a->head_dim, n,
-            a->causal ? 1 : 0, n, (long long)a->h0, n,
-            (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n, (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
+            n, (long long)a->batch, (long long)a->seq, (long long)a->heads, (long long)a->head_dim,
+            (long long)a->batch, (long long)a->kv_seq, (long long)a->kv_heads,
+            (long long)a->head_dim, a->causal ? ", causal" : "", n, (long long)a->batch, n,
+            (long long)a->seq, n, (long long)a->kv_seq, n, (long long)a->heads, n,
+            (long long)a->kv_heads, n, (long long)a->head_dim, n, a->causal ? 1 : 0, n,
+            (long long)a->h0, n, (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n,
+            (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
             (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim), n, n, n);
     put_named(f, helpers, n);
 }
-
 
 /* The loop over the key tiles of fwd, stats and bwd_q: k and v rows j0.. in shared memory, and
  * jn, how many of them query i sees; the kernels' texts around it follow. */

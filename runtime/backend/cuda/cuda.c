@@ -163,7 +163,7 @@ static int rank_gemm_locked(int rank, int i, char *err, size_t errn)
         G.ngemms = n;
     }
     struct rank_gemm *r = &G.gemms[rank];
-    if (r->gpu != i) { /* (a rank moved to another GPU keeps its old handle: rare, small) */
+    if (r->gpu != i) { /* (rank r is always on GPU r mod the count: made once) */
         char e[768];
         void *lt = NULL;
         ptrt_cudev ws = 0;
