@@ -196,6 +196,75 @@ static int sum(ob *b, const char *v, int64_t n, int (*body)(ob *, int, void *), 
     return reduce(b, PTC_KX_SUM, v, n, body, ctx);
 }
 
+/* ---- long column sums in two passes (PTC_OPK_COLSUM_ROWS) ---- */
+
+#define CHUNK PTC_OPK_COLSUM_ROWS
+
+static bool two_pass(int64_t rows)
+{
+    return rows > 2 * CHUNK;
+}
+
+static int64_t chunks_of(int64_t rows)
+{
+    return (rows + CHUNK - 1) / CHUNK;
+}
+
+/* a value at row c CHUNK + t of chunk c (body, given the row), 0 past the last row */
+typedef struct chunked {
+    int (*body)(ob *, int, void *);
+    void *ctx;
+    int c;
+    int64_t rows;
+} chunked;
+static int chunk_row(ob *b, int t, void *p)
+{
+    chunked *h = p;
+    ptc_kir *k = b->k;
+    int r = B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, h->c, I(k, CHUNK)), t);
+    if (h->rows % CHUNK == 0)
+        return h->body(b, r, h->ctx);
+    int live = B(k, PTC_KX_LT, r, I(k, h->rows));
+    int v = h->body(b, ptc_kx_select(k, live, r, I(k, 0)), h->ctx);
+    return ptc_kx_select(k, live, v, F(k, 0.0));
+}
+
+/* the first pass's sum for chunk c (the caller's column already set in ctx) */
+static int chunk_sum(ob *b, const char *v, int c, int64_t rows, int (*body)(ob *, int, void *),
+                     void *ctx)
+{
+    chunked h = {.body = body, .ctx = ctx, .c = c, .rows = rows};
+    return sum(b, v, CHUNK, chunk_row, &h);
+}
+
+/* the second pass: results outs[o] (the op's result numbers) [j] = the sum over the chunks c of
+ * scratch[at[o] + c cols + j], as a kernel of its own */
+typedef struct partials {
+    int s, j;
+    int64_t at, cols;
+} partials;
+static int partial(ob *b, int c, void *p)
+{
+    partials *q = p;
+    ptc_kir *k = b->k;
+    return L(b, q->s, B(k, PTC_KX_ADD, I(k, q->at), MA(k, c, q->cols, q->j)));
+}
+static void sum_chunks(ob *b, int64_t scratch, int64_t rows, int64_t cols, int n,
+                       const int *outs, const int64_t *at, const ptc_type *ot)
+{
+    begin(b);
+    partials q = {.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, scratch, false), .cols = cols};
+    int y[PTC_MAX_RESULTS];
+    for (int o = 0; o < n; o++)
+        y[o] = out(b, outs[o], &ot[outs[o]]);
+    q.j = par(b, "j", cols);
+    for (int o = 0; o < n; o++) {
+        q.at = at[o];
+        ptc_kir_store(b->k, y[o], q.j, sum(b, "c", chunks_of(rows), partial, &q));
+    }
+    ptc_kir_end(b->k);
+}
+
 static void axis_view(const ptc_type *t, int axis, int64_t *outer, int64_t *n, int64_t *inner)
 {
     *outer = *inner = 1;
@@ -352,6 +421,24 @@ static int build_sum_to(ob *b, const ptc_type *it, const ptc_type *ot, char *why
             kept *= it->dims[d];
         else
             summed *= it->dims[d];
+    }
+    /* the innermost dim kept (a bias's gradient): rows of columns, summed in two passes where
+     * long; otherwise the summed elements of a result are close together already */
+    if (it->rank > 0 && c.kept[it->rank - 1] && two_pass(summed)) {
+        int64_t nch = chunks_of(summed);
+        b->ok->scratch = nch * kept;
+        begin(b);
+        c.x = in(b, 0, it);
+        int s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, nch * kept, true);
+        int cj = par(b, "cj", nch * kept);
+        c.j = B(b->k, PTC_KX_REM, cj, I(b->k, kept));
+        int ch = B(b->k, PTC_KX_DIV, cj, I(b->k, kept));
+        ptc_kir_store(b->k, s, cj, chunk_sum(b, "t", ch, summed, st_body, &c));
+        ptc_kir_end(b->k);
+        int outs[1] = {0};
+        int64_t at[1] = {0};
+        sum_chunks(b, nch * kept, summed, kept, 1, outs, at, ot);
+        return 0;
     }
     begin(b);
     c.x = in(b, 0, it);
@@ -565,6 +652,24 @@ static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const pt
     ptc_kir_end(k);
     ptc_kir_end(k);
 
+    if (two_pass(l.rows)) { /* chunks' sums after the statistics, then their sums */
+        int64_t nch = chunks_of(l.rows), at[2] = {2 * l.rows, 2 * l.rows + nch * l.d};
+        b->ok->scratch = 2 * l.rows + 2 * nch * l.d;
+        begin(b);
+        l.x = in(b, 0, &it[0]);
+        l.dy = in(b, 2, &it[2]);
+        l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, b->ok->scratch, true);
+        k = b->k;
+        int cj = par(b, "cj", nch * l.d);
+        l.j = B(k, PTC_KX_REM, cj, I(k, l.d));
+        int ch = B(k, PTC_KX_DIV, cj, I(k, l.d));
+        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[0])), chunk_sum(b, "t0", ch, l.rows, ln_dg, &l));
+        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[1])), chunk_sum(b, "t1", ch, l.rows, ln_db, &l));
+        ptc_kir_end(k);
+        int outs[2] = {1, 2};
+        sum_chunks(b, b->ok->scratch, l.rows, l.d, 2, outs, at, ot);
+        return;
+    }
     begin(b);
     l.x = in(b, 0, &it[0]);
     l.dy = in(b, 2, &it[2]);
@@ -996,6 +1101,23 @@ static void build_rmsnorm_grad(ob *b, double eps, const ptc_type *it, const ptc_
     ptc_kir_end(k);
     ptc_kir_end(k);
 
+    if (two_pass(l.rows)) { /* chunks' sums after the statistics, then their sums */
+        int64_t nch = chunks_of(l.rows), at[1] = {l.rows};
+        b->ok->scratch = l.rows + nch * l.d;
+        begin(b);
+        l.x = in(b, 0, &it[0]);
+        l.dy = in(b, 2, &it[2]);
+        l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, b->ok->scratch, true);
+        k = b->k;
+        int cj = par(b, "cj", nch * l.d);
+        l.j = B(k, PTC_KX_REM, cj, I(k, l.d));
+        int ch = B(k, PTC_KX_DIV, cj, I(k, l.d));
+        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[0])), chunk_sum(b, "t", ch, l.rows, n_dgx, &l));
+        ptc_kir_end(k);
+        int outs[1] = {1};
+        sum_chunks(b, b->ok->scratch, l.rows, l.d, 1, outs, at, ot);
+        return;
+    }
     begin(b);
     l.x = in(b, 0, &it[0]);
     l.dy = in(b, 2, &it[2]);

@@ -60,6 +60,42 @@ static bool has_loop(const ptc_kir *k, int s)
     return false;
 }
 
+static int64_t const_extent(const ptc_kir *k, int x, int64_t otherwise);
+
+/* the reductions in x all run over at most n iterations, known when the kernel is built */
+static bool reductions_within(const ptc_kir *k, int x, int64_t n)
+{
+    if (x < 0)
+        return true;
+    const ptc_kx *e = &k->x[x];
+    if (is_reduce(e) && const_extent(k, e->a, n + 1) > n)
+        return false;
+    return reductions_within(k, e->a, n) && reductions_within(k, e->b, n) &&
+           reductions_within(k, e->c, n);
+}
+
+#define THREAD_REDUCTION 32 /* the longest reduction a parallel iteration runs on one thread */
+
+/* A parallel loop whose body reduces (or loops) runs a block per iteration, the block's threads
+ * sharing each reduction, except where its body has no loop and reduces over at most
+ * THREAD_REDUCTION iterations: then a thread per iteration, each reduction in order on its
+ * thread. kir_ops.c builds its column sums so (a thread per (chunk of rows, column), then a thread
+ * per column over the chunks): a block per column has a warp read 32 rows of one column, one
+ * 32-byte sector a float, and on an H200 sum_to and layernorm_grad took 3 to 15 times the time
+ * of reading their operands once (docs/cuda.md). */
+static bool row_loop(const ptc_kir *k, const ptc_ks *st)
+{
+    if (!has_loop(k, st->body))
+        return false;
+    for (int s = st->body; s >= 0; s = k->s[s].next) {
+        const ptc_ks *b = &k->s[s];
+        if (b->kind == PTC_KS_FOR || !reductions_within(k, b->value, THREAD_REDUCTION) ||
+            (b->kind == PTC_KS_STORE && !reductions_within(k, b->index, THREAD_REDUCTION)))
+            return true;
+    }
+    return false;
+}
+
 static bool x_eq(const ptc_kir *k, int a, int b)
 {
     if (a == b)
@@ -367,7 +403,7 @@ void ptc_cuda_launch(const ptc_kir *k, const ptc_cuda_arch *arch, int *grid, int
         const ptc_ks *st = &k->s[s];
         if (st->kind != PTC_KS_FOR || !st->parallel)
             continue;
-        if (has_loop(k, st->body)) {
+        if (row_loop(k, st)) {
             int64_t w = row_width(k, st->body);
             width = w > width ? w : width;
         } else {
@@ -384,7 +420,7 @@ void ptc_cuda_launch(const ptc_kir *k, const ptc_cuda_arch *arch, int *grid, int
         if (st->kind != PTC_KS_FOR || !st->parallel)
             continue;
         int64_t n = const_extent(k, st->extent, INT32_MAX);
-        int64_t g = has_loop(k, st->body) ? n : (n + b - 1) / b;
+        int64_t g = row_loop(k, st) ? n : (n + b - 1) / b;
         blocks = g > blocks ? g : blocks;
     }
     int64_t wave = (int64_t)arch->sms * (2048 / b);
@@ -840,7 +876,7 @@ static void emit_for(em *e, const ptc_ks *st, ctx cx)
 {
     const ptc_kir *k = e->k;
     if (cx == CX_TOP && st->parallel) {
-        if (has_loop(k, st->body)) { /* a row loop: a block per iteration */
+        if (row_loop(k, st)) { /* a row loop: a block per iteration */
             /* rows are independent (a parallel loop), so a row needs no barrier against the
              * row before; the reductions' own barriers keep their shared words apart */
             open_loop(e, st, "blockIdx.x", "gridDim.x");
@@ -948,7 +984,7 @@ static bool has_block_reduction(const ptc_kir *k)
 {
     for (int s = k->body; s >= 0; s = k->s[s].next) {
         const ptc_ks *st = &k->s[s];
-        if (st->kind != PTC_KS_FOR || !st->parallel || !has_loop(k, st->body))
+        if (st->kind != PTC_KS_FOR || !st->parallel || !row_loop(k, st))
             continue;
         for (int r = st->body; r >= 0; r = k->s[r].next)
             if (k->s[r].kind != PTC_KS_FOR &&

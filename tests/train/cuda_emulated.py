@@ -40,6 +40,10 @@ CASES = [  # (name, model, ptc flags)
     ('bert_tiny', 'bert_tiny.ptm', SMALL),
     ('llama_tiny', 'llama_tiny.ptm', SMALL),
     ('mlp', 'mlp.ptm', []),
+    # 80 rows: the bias gradients (sum_to) and the norms' parameter gradients as two-pass column
+    # sums (kir_ops.c: PTC_OPK_COLSUM_ROWS), a thread per (chunk, column)
+    ('gpt2_tiny 80 rows', 'gpt2_tiny.ptm', ['-D', 'batch=2', '-D', 'seq=40']),
+    ('llama_tiny 80 rows', 'llama_tiny.ptm', ['-D', 'batch=2', '-D', 'seq=40']),
     # 4 ranks on the one (emulated) GPU: tensor and data parallel, sequence parallel, ZeRO-1;
     # their collectives in the GPU's memory (the device communicator)
     ('gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny.ptm',

@@ -151,6 +151,11 @@ Test(kir_ops, sum_to)
     sum_to(TY(PTC_F32, 5, 7, 3), TY(PTC_F32, 5, 1, 3));
     sum_to(TY(PTC_F32, 2, 11), SCALAR(PTC_F32));
     sum_to(TY(PTC_F32, 1, 1), TY(PTC_F32, 1));
+    /* long column sums, in two passes: rows a multiple of the chunk, and not; two kept dims */
+    sum_to(TY(PTC_F32, 2, 64, 3), TY(PTC_F32, 3));
+    sum_to(TY(PTC_F32, 67, 5), TY(PTC_F32, 5));
+    sum_to(TY(PTC_F32, 97, 4, 3), TY(PTC_F32, 4, 3));
+    sum_to(TY(PTC_F32, 3, 67, 5), TY(PTC_F32, 3, 1, 5));
 }
 
 Test(kir_ops, shape_ops)
@@ -188,6 +193,11 @@ Test(kir_ops, model_ops)
     check(PTC_OP_LAYERNORM_GRAD, e, 3, ln, 0);
     ptc_type ln1[] = {TY(PTC_F32, 1, 1), TY(PTC_F32, 1), TY(PTC_F32, 1, 1)};
     check(PTC_OP_LAYERNORM_GRAD, e, 3, ln1, 0);
+    /* 145 and 128 rows: the parameters' gradients in two passes */
+    ptc_type lnl[] = {TY(PTC_F32, 5, 29, 13), TY(PTC_F32, 13), TY(PTC_F32, 5, 29, 13)};
+    check(PTC_OP_LAYERNORM_GRAD, e, 3, lnl, 0);
+    ptc_type ln128[] = {TY(PTC_F32, 128, 3), TY(PTC_F32, 3), TY(PTC_F32, 128, 3)};
+    check(PTC_OP_LAYERNORM_GRAD, e, 3, ln128, 0);
 }
 
 Test(kir_ops, rank_dependent_ops)
@@ -267,6 +277,8 @@ Test(kir_ops, rows_and_norms)
     check(PTC_OP_RMSNORM_GRAD, e, 3, rg, 0);
     ptc_type one[] = {TY(PTC_F32, 1, 1), TY(PTC_F32, 1), TY(PTC_F32, 1, 1)};
     check(PTC_OP_RMSNORM_GRAD, e, 3, one, 0);
+    ptc_type rgl[] = {TY(PTC_F32, 5, 29, 13), TY(PTC_F32, 13), TY(PTC_F32, 5, 29, 13)};
+    check(PTC_OP_RMSNORM_GRAD, e, 3, rgl, 0);
 }
 
 Test(kir_ops, losses_and_rope)

@@ -706,19 +706,16 @@ void k_op2_0__emu(void *const *a)
     k_op2_0((float *)a[0]);
 }
 #endif
-/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op3_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op3_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+    for (long long v_o = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_o < 1LL; v_o += (long long)gridDim.x * blockDim.x) {
         float r15 = 0.0f;
-        for (long long v_i = threadIdx.x; v_i < 16LL; v_i += blockDim.x) {
+        for (long long v_i = 0; v_i < 16LL; v_i += 1) {
             float y = PTC_LD(p_x0, (((((v_o / 1LL) * 16LL) + v_i) * 1LL) + (v_o % 1LL)));
             r15 += y;
         }
-        r15 = ptc_block_sum(r15, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_o, (r15 / 16.0f));
+        PTC_ST(p_y0, v_o, (r15 / 16.0f));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -776,27 +773,22 @@ void k_op4_0__emu(void *const *a)
     k_op4_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
 }
 #endif
-/* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op4_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op4_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 64LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r20 = 0.0f;
-        for (long long v_r0 = threadIdx.x; v_r0 < 16LL; v_r0 += blockDim.x) {
+        for (long long v_r0 = 0; v_r0 < 16LL; v_r0 += 1) {
             float y = (PTC_LD(p_x2, ((v_r0 * 64LL) + v_j)) * ((PTC_LD(p_x0, ((v_r0 * 64LL) + v_j)) - PTC_LD(p_s, (v_r0 * 2LL))) * PTC_LD(p_s, ((v_r0 * 2LL) + 1LL))));
             r20 += y;
         }
-        r20 = ptc_block_sum(r20, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y1, v_j, r20);
+        PTC_ST(p_y1, v_j, r20);
         float r27 = 0.0f;
-        for (long long v_r1 = threadIdx.x; v_r1 < 16LL; v_r1 += blockDim.x) {
+        for (long long v_r1 = 0; v_r1 < 16LL; v_r1 += 1) {
             float y = PTC_LD(p_x2, ((v_r1 * 64LL) + v_j));
             r27 += y;
         }
-        r27 = ptc_block_sum(r27, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y2, v_j, r27);
+        PTC_ST(p_y2, v_j, r27);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -805,19 +797,16 @@ void k_op4_1__emu(void *const *a)
     k_op4_1((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
 }
 #endif
-/* launch: sm_80: grid 64, block 32, sm_90: grid 64, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op6_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op6_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 64LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 64LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r25 = 0.0f;
-        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+        for (long long v_q = 0; v_q < 16LL; v_q += 1) {
             float y = PTC_LD(p_x0, ((((v_j % 64LL) * 1LL) + ((v_q % 8LL) * 64LL)) + (((v_q / 8LL) % 2LL) * 512LL)));
             r25 += y;
         }
-        r25 = ptc_block_sum(r25, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_j, r25);
+        PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -826,19 +815,16 @@ void k_op6_0__emu(void *const *a)
     k_op6_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 256, block 32, sm_90: grid 256, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 256LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 256LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r25 = 0.0f;
-        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+        for (long long v_q = 0; v_q < 16LL; v_q += 1) {
             float y = PTC_LD(p_x0, ((((v_j % 256LL) * 1LL) + ((v_q % 8LL) * 256LL)) + (((v_q / 8LL) % 2LL) * 2048LL)));
             r25 += y;
         }
-        r25 = ptc_block_sum(r25, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_j, r25);
+        PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -873,19 +859,16 @@ void k_op9_0__emu(void *const *a)
     k_op9_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
 }
 #endif
-/* launch: sm_80: grid 192, block 32, sm_90: grid 192, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op10_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 192LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 192LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r25 = 0.0f;
-        for (long long v_q = threadIdx.x; v_q < 16LL; v_q += blockDim.x) {
+        for (long long v_q = 0; v_q < 16LL; v_q += 1) {
             float y = PTC_LD(p_x0, ((((v_j % 192LL) * 1LL) + ((v_q % 8LL) * 192LL)) + (((v_q / 8LL) % 2LL) * 1536LL)));
             r25 += y;
         }
-        r25 = ptc_block_sum(r25, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_j, r25);
+        PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -907,19 +890,16 @@ void k_op11_0__emu(void *const *a)
     k_op11_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 512, block 32, sm_90: grid 512, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op12_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op12_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 512LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 512LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r25 = 0.0f;
-        for (long long v_q = threadIdx.x; v_q < 2LL; v_q += blockDim.x) {
+        for (long long v_q = 0; v_q < 2LL; v_q += 1) {
             float y = PTC_LD(p_x0, ((((v_j % 64LL) * 1LL) + (((v_j / 64LL) % 8LL) * 64LL)) + ((v_q % 2LL) * 512LL)));
             r25 += y;
         }
-        r25 = ptc_block_sum(r25, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_j, r25);
+        PTC_ST(p_y0, v_j, r25);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1007,19 +987,16 @@ void k_op17_0__emu(void *const *a)
     k_op17_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op17_1(const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op17_1(const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+    for (long long v_o = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_o < 1LL; v_o += (long long)gridDim.x * blockDim.x) {
         float r5 = 0.0f;
-        for (long long v_i = threadIdx.x; v_i < 2LL; v_i += blockDim.x) {
+        for (long long v_i = 0; v_i < 2LL; v_i += 1) {
             float y = PTC_LD(p_s, v_i);
             r5 += y;
         }
-        r5 = ptc_block_sum(r5, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, 0LL, r5);
+        PTC_ST(p_y0, 0LL, r5);
     }
 }
 #ifdef PTC_CUDA_EMULATE

@@ -671,19 +671,16 @@ void k_op6_0__emu(void *const *a)
     k_op6_0((float *)a[0]);
 }
 #endif
-/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op7_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_o = blockIdx.x; v_o < 1LL; v_o += gridDim.x) {
+    for (long long v_o = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_o < 1LL; v_o += (long long)gridDim.x * blockDim.x) {
         float r15 = 0.0f;
-        for (long long v_i = threadIdx.x; v_i < 8LL; v_i += blockDim.x) {
+        for (long long v_i = 0; v_i < 8LL; v_i += 1) {
             float y = PTC_LD(p_x0, (((((v_o / 1LL) * 8LL) + v_i) * 1LL) + (v_o % 1LL)));
             r15 += y;
         }
-        r15 = ptc_block_sum(r15, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_o, (r15 / 8.0f));
+        PTC_ST(p_y0, v_o, (r15 / 8.0f));
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -725,19 +722,16 @@ void k_op8_0__emu(void *const *a)
     k_op8_0((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3], (float *)a[4]);
 }
 #endif
-/* launch: sm_80: grid 14, block 32, sm_90: grid 14, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op8_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op8_1(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_s, float *PTC_RESTRICT p_y1)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
+    for (long long v_j = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_j < 14LL; v_j += (long long)gridDim.x * blockDim.x) {
         float r12 = 0.0f;
-        for (long long v_r0 = threadIdx.x; v_r0 < 8LL; v_r0 += blockDim.x) {
+        for (long long v_r0 = 0; v_r0 < 8LL; v_r0 += 1) {
             float y = ((PTC_LD(p_x2, ((v_r0 * 14LL) + v_j)) * PTC_LD(p_x0, ((v_r0 * 14LL) + v_j))) * PTC_LD(p_s, v_r0));
             r12 += y;
         }
-        r12 = ptc_block_sum(r12, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y1, v_j, r12);
+        PTC_ST(p_y1, v_j, r12);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -878,19 +872,16 @@ void k_op17_0__emu(void *const *a)
     k_op17_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op18_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+    for (long long v_r = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_r < 1LL; v_r += (long long)gridDim.x * blockDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 14LL; v_j += blockDim.x) {
+        for (long long v_j = 0; v_j < 14LL; v_j += 1) {
             float y = (PTC_LD(p_x0, ((v_r * 14LL) + v_j)) * PTC_LD(p_x0, ((v_r * 14LL) + v_j)));
             r9 += y;
         }
-        r9 = ptc_block_sum(r9, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_r, r9);
+        PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -946,19 +937,16 @@ void k_op21_0__emu(void *const *a)
     k_op21_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op22_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op22_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    __shared__ float ptc_smem[32];
-    for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
+    for (long long v_r = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_r < 1LL; v_r += (long long)gridDim.x * blockDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 28LL; v_j += blockDim.x) {
+        for (long long v_j = 0; v_j < 28LL; v_j += 1) {
             float y = (PTC_LD(p_x0, ((v_r * 28LL) + v_j)) * PTC_LD(p_x0, ((v_r * 28LL) + v_j)));
             r9 += y;
         }
-        r9 = ptc_block_sum(r9, ptc_smem);
-        if (threadIdx.x == 0)
-            PTC_ST(p_y0, v_r, r9);
+        PTC_ST(p_y0, v_r, r9);
     }
 }
 #ifdef PTC_CUDA_EMULATE
