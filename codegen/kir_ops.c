@@ -624,6 +624,34 @@ static int ln_db(ob *b, int r, void *c)
     return L(b, l->dy, MA(b->k, r, l->d, l->j));
 }
 
+/* The norms' parameter gradients over many rows (x, dy: operands 0 and 2): results outs[o] [j]
+ * = the sum over the rows r of body[o] at (r, column l->j), in two passes whose chunk sums follow
+ * the rows' statistics (stats floats) in scratch. */
+static void norm_param_grads(ob *b, nrm *l, int64_t stats, int n,
+                             int (*const *body)(ob *, int, void *), const int *outs,
+                             const ptc_type *it, const ptc_type *ot)
+{
+    int64_t nch = chunks_of(l->rows), at[PTC_MAX_RESULTS];
+    b->ok->scratch = stats + n * nch * l->d;
+    begin(b);
+    l->x = in(b, 0, &it[0]);
+    l->dy = in(b, 2, &it[2]);
+    l->s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, b->ok->scratch, true);
+    ptc_kir *k = b->k;
+    int cj = par(b, "cj", nch * l->d);
+    l->j = B(k, PTC_KX_REM, cj, I(k, l->d));
+    int ch = B(k, PTC_KX_DIV, cj, I(k, l->d));
+    for (int o = 0; o < n; o++) {
+        char v[8];
+        snprintf(v, sizeof v, "t%d", o);
+        at[o] = stats + o * nch * l->d;
+        ptc_kir_store(k, l->s, B(k, PTC_KX_ADD, cj, I(k, at[o])),
+                      chunk_sum(b, v, ch, l->rows, body[o], l));
+    }
+    ptc_kir_end(k);
+    sum_chunks(b, b->ok->scratch, l->rows, l->d, n, outs, at, ot);
+}
+
 static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const ptc_type *ot)
 {
     nrm l = {.d = it[0].dims[it[0].rank - 1]};
@@ -652,22 +680,9 @@ static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const pt
     ptc_kir_end(k);
     ptc_kir_end(k);
 
-    if (two_pass(l.rows)) { /* chunks' sums after the statistics, then their sums */
-        int64_t nch = chunks_of(l.rows), at[2] = {2 * l.rows, 2 * l.rows + nch * l.d};
-        b->ok->scratch = 2 * l.rows + 2 * nch * l.d;
-        begin(b);
-        l.x = in(b, 0, &it[0]);
-        l.dy = in(b, 2, &it[2]);
-        l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, b->ok->scratch, true);
-        k = b->k;
-        int cj = par(b, "cj", nch * l.d);
-        l.j = B(k, PTC_KX_REM, cj, I(k, l.d));
-        int ch = B(k, PTC_KX_DIV, cj, I(k, l.d));
-        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[0])), chunk_sum(b, "t0", ch, l.rows, ln_dg, &l));
-        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[1])), chunk_sum(b, "t1", ch, l.rows, ln_db, &l));
-        ptc_kir_end(k);
-        int outs[2] = {1, 2};
-        sum_chunks(b, b->ok->scratch, l.rows, l.d, 2, outs, at, ot);
+    if (two_pass(l.rows)) {
+        int (*const body[2])(ob *, int, void *) = {ln_dg, ln_db};
+        norm_param_grads(b, &l, 2 * l.rows, 2, body, (const int[]){1, 2}, it, ot);
         return;
     }
     begin(b);
@@ -1101,21 +1116,9 @@ static void build_rmsnorm_grad(ob *b, double eps, const ptc_type *it, const ptc_
     ptc_kir_end(k);
     ptc_kir_end(k);
 
-    if (two_pass(l.rows)) { /* chunks' sums after the statistics, then their sums */
-        int64_t nch = chunks_of(l.rows), at[1] = {l.rows};
-        b->ok->scratch = l.rows + nch * l.d;
-        begin(b);
-        l.x = in(b, 0, &it[0]);
-        l.dy = in(b, 2, &it[2]);
-        l.s = param(b, PTC_OPK_SCRATCH, "s", PTC_F32, b->ok->scratch, true);
-        k = b->k;
-        int cj = par(b, "cj", nch * l.d);
-        l.j = B(k, PTC_KX_REM, cj, I(k, l.d));
-        int ch = B(k, PTC_KX_DIV, cj, I(k, l.d));
-        ptc_kir_store(k, l.s, B(k, PTC_KX_ADD, cj, I(k, at[0])), chunk_sum(b, "t", ch, l.rows, n_dgx, &l));
-        ptc_kir_end(k);
-        int outs[1] = {1};
-        sum_chunks(b, b->ok->scratch, l.rows, l.d, 1, outs, at, ot);
+    if (two_pass(l.rows)) {
+        int (*const body[1])(ob *, int, void *) = {n_dgx};
+        norm_param_grads(b, &l, l.rows, 1, body, (const int[]){1}, it, ot);
         return;
     }
     begin(b);

@@ -465,13 +465,11 @@ Test(plan_check, a_dropped_collective_is_caught)
 
 /* ---- running a plan ---- */
 
-/* The executor's measured high-water marks equal the plan's arenas. */
-Test(plan_exec, measured_high_water_marks_equal_the_plan)
+/* rank 0 of p on options o, its state initialised and its inputs random (seed 1) */
+static ptrt_exec *ready_exec(const ptc_plan *p, const ptrt_exec_opts *o)
 {
-    ptc_plan *p = plan_of("examples/gpt2_tiny.ptm", NULL, 0, false);
     char err[1024];
-    ptrt_exec_opts o = {.canary = true, .drop = -1};
-    ptrt_exec *x = ptrt_exec_new(p, 0, &o, err, sizeof err);
+    ptrt_exec *x = ptrt_exec_new(p, 0, o, err, sizeof err);
     cr_assert_not_null(x, "%s", err);
     ptrt_exec_init_state(x, 1);
     const ptc_program *pg = ptrt_exec_program(x);
@@ -479,6 +477,17 @@ Test(plan_exec, measured_high_water_marks_equal_the_plan)
         if (pg->bufs[b].kind == PTC_BUF_INPUT)
             cr_assert_eq(ptrt_exec_random_input(x, b, pg->bufs[b].name, 1, err, sizeof err), 0,
                          "%s", err);
+    return x;
+}
+
+/* The executor's measured high-water marks equal the plan's arenas. */
+Test(plan_exec, measured_high_water_marks_equal_the_plan)
+{
+    ptc_plan *p = plan_of("examples/gpt2_tiny.ptm", NULL, 0, false);
+    char err[1024];
+    ptrt_exec_opts o = {.canary = true, .drop = -1};
+    ptrt_exec *x = ready_exec(p, &o);
+    const ptc_program *pg = ptrt_exec_program(x);
     cr_assert_eq(ptrt_exec_run(x, PTRT_ENTRY_STEP, 1, err, sizeof err), 0, "%s", err);
     for (int r = 0; r < PTC_NREGIONS; r++)
         cr_expect_eq(ptrt_exec_high_water(x, r), pg->region_bytes[r], "region %s",
@@ -521,18 +530,11 @@ static int device_step_syncs(const ptc_plan *p, bool profile, int *ninstrs)
     be.sync = dev_sync;
     char err[1024];
     ptrt_exec_opts o = {.backend = &be, .drop = -1};
-    ptrt_exec *x = ptrt_exec_new(p, 0, &o, err, sizeof err);
-    cr_assert_not_null(x, "%s", err);
-    ptrt_exec_init_state(x, 1);
-    const ptc_program *pg = ptrt_exec_program(x);
-    for (int b = 0; b < pg->nbufs; b++)
-        if (pg->bufs[b].kind == PTC_BUF_INPUT)
-            cr_assert_eq(ptrt_exec_random_input(x, b, pg->bufs[b].name, 1, err, sizeof err), 0,
-                         "%s", err);
+    ptrt_exec *x = ready_exec(p, &o);
     ptrt_exec_set_profile(x, profile);
     syncs = 0;
     cr_assert_eq(ptrt_exec_run(x, PTRT_ENTRY_STEP, 1, err, sizeof err), 0, "%s", err);
-    *ninstrs = pg->ninstrs;
+    *ninstrs = ptrt_exec_program(x)->ninstrs;
     ptrt_exec_free(x);
     return syncs;
 }
