@@ -642,7 +642,7 @@ static void norm_param_grads(ob *b, nrm *l, int64_t stats, int n,
     l->j = B(k, PTC_KX_REM, cj, I(k, l->d));
     int ch = B(k, PTC_KX_DIV, cj, I(k, l->d));
     for (int o = 0; o < n; o++) {
-        char v[8];
+        char v[16];
         snprintf(v, sizeof v, "t%d", o);
         at[o] = stats + o * nch * l->d;
         ptc_kir_store(k, l->s, B(k, PTC_KX_ADD, cj, I(k, at[o])),
