@@ -5,31 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kir_ops_build.h"
 #include "util.h"
-
-/* ---- expressions ---- */
-
-static int F(ptc_kir *k, double v)
-{
-    return ptc_kx_f(k, v);
-}
-static int I(ptc_kir *k, int64_t v)
-{
-    return ptc_kx_i(k, v);
-}
-static int B(ptc_kir *k, ptc_kx_kind kind, int x, int y)
-{
-    return ptc_kx_bin(k, kind, x, y);
-}
-static int U(ptc_kir *k, ptc_kx_kind kind, int x)
-{
-    return ptc_kx_un(k, kind, x);
-}
-/* x * m + y on i64 */
-static int MA(ptc_kir *k, int x, int64_t m, int y)
-{
-    return B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, x, I(k, m)), y);
-}
 
 static int sigmoid(ptc_kir *k, int x)
 {
@@ -130,72 +107,6 @@ int ptc_kx_bcast_index(ptc_kir *k, int i, const ptc_type *t, const ptc_type *o)
     return idx < 0 ? I(k, 0) : idx;
 }
 
-/* ---- building ---- */
-
-typedef struct ob {
-    ptc_op_kernels *ok;
-    const char *name;
-    ptc_kir *k; /* the kernel being built */
-    int q;      /* its number */
-    int np;
-} ob;
-
-static void begin(ob *b)
-{
-    char nm[200];
-    snprintf(nm, sizeof nm, "%s_%d", b->name, b->ok->n);
-    b->q = b->ok->n++;
-    b->k = b->ok->k[b->q] = ptc_kir_new(nm);
-    b->np = 0;
-}
-
-/* a parameter bound to what (PTC_OPK_IN + i, ...) */
-static int param(ob *b, int what, const char *nm, ptc_dtype dt, int64_t numel, bool out)
-{
-    PTC_ASSERT(b->np < PTC_OPK_MAX_ARGS);
-    b->ok->arg[b->q][b->np++] = what;
-    return ptc_kir_param(b->k, nm, dt, numel, out, -1);
-}
-
-static int in(ob *b, int i, const ptc_type *t)
-{
-    char nm[16];
-    snprintf(nm, sizeof nm, "x%d", i);
-    return param(b, PTC_OPK_IN + i, nm, t->dtype, ptc_type_numel(t), false);
-}
-
-static int out(ob *b, int j, const ptc_type *t)
-{
-    char nm[16];
-    snprintf(nm, sizeof nm, "y%d", j);
-    return param(b, PTC_OPK_OUT + j, nm, t->dtype, ptc_type_numel(t), true);
-}
-
-static int L(ob *b, int p, int idx)
-{
-    return ptc_kx_load(b->k, p, idx);
-}
-
-/* for v < n parallel: returns the index expression */
-static int par(ob *b, const char *v, int64_t n)
-{
-    return ptc_kir_for(b->k, v, ptc_kx_i(b->k, n), true);
-}
-
-/* a reduction of body(b, index, ctx) over n, by kind (PTC_KX_SUM or PTC_KX_RMAX) */
-static int reduce(ob *b, ptc_kx_kind kind, const char *v, int64_t n, int (*body)(ob *, int, void *),
-                  void *ctx)
-{
-    int var = ptc_kir_var(b->k, v, PTC_KT_I64);
-    int e = body(b, ptc_kx_v(b->k, var), ctx);
-    return ptc_kx_reduce(b->k, kind, var, ptc_kx_i(b->k, n), e);
-}
-
-static int sum(ob *b, const char *v, int64_t n, int (*body)(ob *, int, void *), void *ctx)
-{
-    return reduce(b, PTC_KX_SUM, v, n, body, ctx);
-}
-
 /* ---- long column sums in two passes (PTC_OPK_COLSUM_ROWS) ---- */
 
 #define CHUNK PTC_OPK_COLSUM_ROWS
@@ -265,15 +176,6 @@ static void sum_chunks(ob *b, int64_t scratch, int64_t rows, int64_t cols, int n
     ptc_kir_end(b->k);
 }
 
-static void axis_view(const ptc_type *t, int axis, int64_t *outer, int64_t *n, int64_t *inner)
-{
-    *outer = *inner = 1;
-    for (int i = 0; i < axis; i++)
-        *outer *= t->dims[i];
-    for (int i = axis + 1; i < t->rank; i++)
-        *inner *= t->dims[i];
-    *n = t->dims[axis];
-}
 
 /* ---- the ops ---- */
 
@@ -292,7 +194,7 @@ static void build_pointwise(ob *b, ptc_op op, int nin, const ptc_type *it, const
     ptc_kir_end(b->k);
 }
 
-static void build_const(ob *b, double value, const ptc_type *ot)
+void ptc_kop_const(ob *b, double value, const ptc_type *ot)
 {
     begin(b);
     int y = out(b, 0, ot);
@@ -466,7 +368,7 @@ static void build_slice(ob *b, int axis, int64_t start, const ptc_type *it, cons
 }
 
 /* out[i] = x[i] over the elements (dtypes may differ) */
-static void build_copy(ob *b, const ptc_type *it, const ptc_type *ot)
+void ptc_kop_copy(ob *b, const ptc_type *it, const ptc_type *ot)
 {
     begin(b);
     int x = in(b, 0, it), y = out(b, 0, ot);
@@ -546,7 +448,7 @@ static void build_embedding(ob *b, const ptc_type *tt, const ptc_type *ti, const
 static void build_embedding_grad(ob *b, const ptc_type *ti, const ptc_type *tdy, const ptc_type *ot)
 {
     int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti);
-    build_const(b, 0.0, ot);
+    ptc_kop_const(b, 0.0, ot);
     begin(b);
     int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
     ptc_kir *k = b->k;
@@ -697,187 +599,6 @@ static void build_layernorm_grad(ob *b, double eps, const ptc_type *it, const pt
     ptc_kir_end(k);
 }
 
-
-/* ---- more helpers ---- */
-
-static int NOT_(ptc_kir *k)
-{
-    return B(k, PTC_KX_LT, I(k, 1), I(k, 0)); /* false */
-}
-/* a && b (bools) */
-static int AND(ptc_kir *k, int a, int b)
-{
-    return ptc_kx_select(k, a, b, NOT_(k));
-}
-/* lo <= v < hi (i64) */
-static int IN(ptc_kir *k, int v, int64_t lo, int64_t hi)
-{
-    return AND(k, B(k, PTC_KX_LE, I(k, lo), v), B(k, PTC_KX_LT, v, I(k, hi)));
-}
-static int LOADF(ob *b, int p, int64_t i)
-{
-    return L(b, p, I(b->k, i));
-}
-
-/* ---- rank-dependent ops (c: the rank's coordinate on the op's mesh axis) ---- */
-
-static void build_partialize(ob *b, int c, const ptc_type *it, const ptc_type *ot)
-{
-    if (c != 0) {
-        build_const(b, 0.0, ot);
-        return;
-    }
-    build_copy(b, it, ot);
-}
-
-static void build_shard_slice(ob *b, const ptc_attrs *at, int c, const ptc_type *it,
-                              const ptc_type *ot)
-{
-    int d = (int)at->axis;
-    int64_t groups = at->n > 1 ? at->n : 1, T = at->group, outer, D, inner;
-    axis_view(it, d, &outer, &D, &inner);
-    int64_t per = D / groups / T, blk = groups * per * inner;
-    begin(b);
-    int x = in(b, 0, it), y = out(b, 0, ot);
-    ptc_kir *k = b->k;
-    int i = par(b, "i", ptc_type_numel(ot));
-    int o = B(k, PTC_KX_DIV, i, I(k, blk)), r = B(k, PTC_KX_REM, i, I(k, blk));
-    int g = B(k, PTC_KX_DIV, r, I(k, per * inner)), q = B(k, PTC_KX_REM, r, I(k, per * inner));
-    /* (o D + g D/groups + c per) inner + q */
-    int src = B(k, PTC_KX_ADD,
-                B(k, PTC_KX_MUL, B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, o, I(k, D)),
-                                   B(k, PTC_KX_ADD, B(k, PTC_KX_MUL, g, I(k, D / groups)), I(k, c * per))),
-                  I(k, inner)),
-                q);
-    ptc_kir_store(k, y, i, L(b, x, src));
-    ptc_kir_end(k);
-}
-
-/* embedding over this rank's rows [c rows, (c + 1) rows) of a table of rows x group: zero for an
- * id another rank holds, NaN for one outside the whole table */
-static void build_embedding_shard(ob *b, int64_t group, int c, const ptc_type *tt,
-                                  const ptc_type *ti, const ptc_type *ot)
-{
-    begin(b);
-    int t = in(b, 0, tt), ids = in(b, 1, ti), y = out(b, 0, ot);
-    int64_t rows = tt->dims[0], d = tt->dims[1], V = rows * group;
-    ptc_kir *k = b->k;
-    int e = par(b, "e", ptc_type_numel(ot));
-    int id = ptc_kir_bind(k, L(b, ids, B(k, PTC_KX_DIV, e, I(k, d))));
-    int r = ptc_kir_bind(k, B(k, PTC_KX_SUB, id, I(k, c * rows)));
-    int mine = IN(k, r, 0, rows);
-    int src = ptc_kx_select(k, mine, MA(k, r, d, B(k, PTC_KX_REM, e, I(k, d))), I(k, 0));
-    int v = ptc_kx_select(k, mine, L(b, t, src), F(k, 0.0));
-    ptc_kir_store(k, y, e, ptc_kx_select(k, IN(k, id, 0, V), v, F(k, NAN)));
-    ptc_kir_end(k);
-}
-
-static void build_embedding_grad_shard(ob *b, int64_t group, int c, const ptc_type *ti,
-                                       const ptc_type *tdy, const ptc_type *ot)
-{
-    int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti), V = rows * group;
-    build_const(b, 0.0, ot);
-    begin(b);
-    int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
-    ptc_kir *k = b->k;
-    int j = par(b, "j", d);
-    int i = ptc_kir_for(k, "i", I(k, n), false);
-    int id = ptc_kir_bind(k, L(b, ids, i));
-    int r = ptc_kir_bind(k, B(k, PTC_KX_SUB, id, I(k, c * rows)));
-    int mine = ptc_kir_bind(k, IN(k, r, 0, rows));
-    int at = ptc_kir_bind(k, ptc_kx_select(k, mine, MA(k, r, d, j), j));
-    int add = ptc_kx_select(k, mine, L(b, dy, MA(k, i, d, j)), F(k, 0.0));
-    add = ptc_kx_select(k, IN(k, id, 0, V), add, F(k, NAN));
-    ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, L(b, y, at), add));
-    ptc_kir_end(k);
-    ptc_kir_end(k);
-}
-
-/* the vocabulary-parallel cross-entropy pieces: logits [R, V] are this rank's classes
- * [c V, (c + 1) V) of V x group */
-typedef struct row {
-    int x, m; /* the rows' array, a per-row value (max) */
-    int64_t n; /* row length */
-    int r;
-} row;
-static int row_expm(ob *b, int j, void *cx)
-{
-    row *w = cx;
-    return U(b->k, PTC_KX_EXP, B(b->k, PTC_KX_SUB, L(b, w->x, MA(b->k, w->r, w->n, j)), w->m));
-}
-static int row_x(ob *b, int j, void *cx)
-{
-    row *w = cx;
-    return L(b, w->x, MA(b->k, w->r, w->n, j));
-}
-
-static void build_ce_sumexp(ob *b, const ptc_type *tl, const ptc_type *tm, const ptc_type *ot)
-{
-    row w = {.n = tl->dims[tl->rank - 1]};
-    int64_t R = ptc_type_numel(tl) / w.n;
-    begin(b);
-    w.x = in(b, 0, tl);
-    int m = in(b, 1, tm), y = out(b, 0, ot);
-    w.r = par(b, "r", R);
-    w.m = ptc_kir_bind(b->k, L(b, m, w.r));
-    ptc_kir_store(b->k, y, w.r, reduce(b, PTC_KX_SUM, "j", w.n, row_expm, &w));
-    ptc_kir_end(b->k);
-}
-
-static void build_ce_pick(ob *b, int64_t group, int c, const ptc_type *tl, const ptc_type *tt,
-                          const ptc_type *ot)
-{
-    int64_t V = tl->dims[tl->rank - 1], R = ptc_type_numel(tl) / V;
-    begin(b);
-    int l = in(b, 0, tl), t = in(b, 1, tt), y = out(b, 0, ot);
-    ptc_kir *k = b->k;
-    int r = par(b, "r", R);
-    int tv = ptc_kir_bind(k, L(b, t, r));
-    int j = ptc_kir_bind(k, B(k, PTC_KX_SUB, tv, I(k, c * V)));
-    int mine = IN(k, j, 0, V);
-    int v = ptc_kx_select(k, mine, L(b, l, ptc_kx_select(k, mine, MA(k, r, V, j), I(k, 0))), F(k, 0.0));
-    ptc_kir_store(k, y, r, ptc_kx_select(k, IN(k, tv, 0, V * group), v, F(k, NAN)));
-    ptc_kir_end(k);
-}
-
-typedef struct cel {
-    int M, S, T;
-} cel;
-static int cel_body(ob *b, int r, void *cx)
-{
-    cel *c = cx;
-    ptc_kir *k = b->k;
-    return B(k, PTC_KX_SUB, B(k, PTC_KX_ADD, U(k, PTC_KX_LOG, L(b, c->S, r)), L(b, c->M, r)), L(b, c->T, r));
-}
-
-static void build_ce_loss(ob *b, const ptc_type *it, const ptc_type *ot)
-{
-    int64_t R = ptc_type_numel(&it[0]);
-    begin(b);
-    cel c = {in(b, 0, &it[0]), in(b, 1, &it[1]), in(b, 2, &it[2])};
-    int y = out(b, 0, ot);
-    par(b, "o", 1);
-    ptc_kir_store(b->k, y, I(b->k, 0),
-                  B(b->k, PTC_KX_DIV, reduce(b, PTC_KX_SUM, "r", R, cel_body, &c), F(b->k, (double)R)));
-    ptc_kir_end(b->k);
-}
-
-static void build_ce_grad_shard(ob *b, int64_t group, int c, const ptc_type *it, const ptc_type *ot)
-{
-    int64_t V = it[0].dims[it[0].rank - 1], R = ptc_type_numel(&it[0]) / V;
-    begin(b);
-    int l = in(b, 0, &it[0]), t = in(b, 1, &it[1]), M = in(b, 2, &it[2]), S = in(b, 3, &it[3]);
-    int sc = in(b, 4, &it[4]), y = out(b, 0, ot);
-    ptc_kir *k = b->k;
-    int e = par(b, "e", R * V);
-    int r = ptc_kir_bind(k, B(k, PTC_KX_DIV, e, I(k, V))), j = B(k, PTC_KX_REM, e, I(k, V));
-    int tv = ptc_kir_bind(k, L(b, t, r));
-    int p = B(k, PTC_KX_DIV, U(k, PTC_KX_EXP, B(k, PTC_KX_SUB, L(b, l, e), L(b, M, r))), L(b, S, r));
-    int hit = ptc_kx_select(k, B(k, PTC_KX_EQ, tv, B(k, PTC_KX_ADD, j, I(k, c * V))), F(k, 1.0), F(k, 0.0));
-    int g = B(k, PTC_KX_MUL, B(k, PTC_KX_SUB, p, hit), B(k, PTC_KX_DIV, LOADF(b, sc, 0), F(k, (double)R)));
-    ptc_kir_store(k, y, e, ptc_kx_select(k, IN(k, tv, 0, V * group), g, F(k, NAN)));
-    ptc_kir_end(k);
-}
 
 /* ---- optimizers (torch.optim, as the reference kernels and the fused AdamW) ---- */
 
@@ -1430,7 +1151,7 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
     } else {
         switch (op) {
         case PTC_OP_CONST:
-        case PTC_OP_FILL: build_const(&b, at->value, &ot[0]); break;
+        case PTC_OP_FILL: ptc_kop_const(&b, at->value, &ot[0]); break;
         case PTC_OP_SUMSQ: build_sumsq(&b, &it[0], &ot[0]); break;
         case PTC_OP_SUM:
         case PTC_OP_MEAN: build_reduce(&b, op == PTC_OP_MEAN, (int)at->axis, &it[0], &ot[0]); break;
@@ -1442,25 +1163,25 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         case PTC_OP_CAST: { /* (a cast: the load widens, the store rounds) */
             ptc_type fi = {.dtype = it[0].dtype, .rank = 1, .dims = {ptc_type_numel(&it[0])}};
             ptc_type fo = {.dtype = ot[0].dtype, .rank = 1, .dims = {ptc_type_numel(&ot[0])}};
-            build_copy(&b, &fi, &fo);
+            ptc_kop_copy(&b, &fi, &fo);
             break;
         }
         case PTC_OP_EMBEDDING: build_embedding(&b, &it[0], &it[1], &ot[0]); break;
         case PTC_OP_EMBEDDING_GRAD: build_embedding_grad(&b, &it[0], &it[1], &ot[0]); break;
         case PTC_OP_CLIP_COEF: build_clip_coef(&b, it, &ot[0]); break;
         case PTC_OP_LAYERNORM_GRAD: build_layernorm_grad(&b, at->eps, it, ot); break;
-        case PTC_OP_PARTIALIZE: build_partialize(&b, coord, &it[0], &ot[0]); break;
-        case PTC_OP_SHARD_SLICE: build_shard_slice(&b, at, coord, &it[0], &ot[0]); break;
+        case PTC_OP_PARTIALIZE: ptc_kop_partialize(&b, coord, &it[0], &ot[0]); break;
+        case PTC_OP_SHARD_SLICE: ptc_kop_shard_slice(&b, at, coord, &it[0], &ot[0]); break;
         case PTC_OP_EMBEDDING_SHARD:
-            build_embedding_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
+            ptc_kop_embedding_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
             break;
         case PTC_OP_EMBEDDING_GRAD_SHARD:
-            build_embedding_grad_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
+            ptc_kop_embedding_grad_shard(&b, at->group, coord, &it[0], &it[1], &ot[0]);
             break;
-        case PTC_OP_CE_SUMEXP: build_ce_sumexp(&b, &it[0], &it[1], &ot[0]); break;
-        case PTC_OP_CE_PICK: build_ce_pick(&b, at->group, coord, &it[0], &it[1], &ot[0]); break;
-        case PTC_OP_CE_LOSS: build_ce_loss(&b, it, &ot[0]); break;
-        case PTC_OP_CE_GRAD_SHARD: build_ce_grad_shard(&b, at->group, coord, it, &ot[0]); break;
+        case PTC_OP_CE_SUMEXP: ptc_kop_ce_sumexp(&b, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_CE_PICK: ptc_kop_ce_pick(&b, at->group, coord, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_CE_LOSS: ptc_kop_ce_loss(&b, it, &ot[0]); break;
+        case PTC_OP_CE_GRAD_SHARD: ptc_kop_ce_grad_shard(&b, at->group, coord, it, &ot[0]); break;
         case PTC_OP_ADAMW_UPDATE: build_adamw(&b, at, it, ot); break;
         case PTC_OP_SGD_UPDATE: build_sgd(&b, at, it, ot); break;
         case PTC_OP_MAX: build_max(&b, (int)at->axis, &it[0], &ot[0]); break;
