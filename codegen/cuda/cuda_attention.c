@@ -72,78 +72,43 @@ static void put_named(FILE *f, const char *text, const char *n)
             fputc(*c, f);
 }
 
-/* Row arithmetic over shared memory: r . sh[row], acc += p sh[row] (a whole row of dh), and the
- * same over half a row (the dims at .. at + nd of bwd_kv's thread). Rows whose size divides by 4
- * (by 8 for halves) load 4 floats at a time; the sums keep the order of the one-at-a-time loop. */
-static const char helpers[] =
-    "PTC_DEVICE float @_dot(const float *r, const float *sh, long long row)\n"
-    "{\n"
-    "    float s = 0.0f;\n"
-    "#if @_DH % 4 == 0\n"
-    "    for (int d = 0; d < @_DH; d += 4) {\n"
-    "        const float4 x = PTC_LD4(sh, (row * @_DH + d) / 4);\n"
-    "        s += r[d] * x.x;\n"
-    "        s += r[d + 1] * x.y;\n"
-    "        s += r[d + 2] * x.z;\n"
-    "        s += r[d + 3] * x.w;\n"
-    "    }\n"
-    "#else\n"
-    "    for (int d = 0; d < @_DH; d++)\n"
-    "        s += r[d] * PTC_LD(sh, row * @_DH + d);\n"
-    "#endif\n"
-    "    return s;\n"
-    "}\n"
-    "PTC_DEVICE void @_axpy(float *acc, float p, const float *sh, long long row)\n"
-    "{\n"
-    "#if @_DH % 4 == 0\n"
-    "    for (int d = 0; d < @_DH; d += 4) {\n"
-    "        const float4 x = PTC_LD4(sh, (row * @_DH + d) / 4);\n"
-    "        acc[d] += p * x.x;\n"
-    "        acc[d + 1] += p * x.y;\n"
-    "        acc[d + 2] += p * x.z;\n"
-    "        acc[d + 3] += p * x.w;\n"
-    "    }\n"
-    "#else\n"
-    "    for (int d = 0; d < @_DH; d++)\n"
-    "        acc[d] += p * PTC_LD(sh, row * @_DH + d);\n"
-    "#endif\n"
-    "}\n"
-    "PTC_DEVICE float @_hdot(const float *r, const float *sh, long long at, int nd)\n"
-    "{\n"
-    "    float s = 0.0f;\n"
-    "#if @_DH % 8 == 0\n"
-    "    (void)nd;\n"
-    "    for (int d = 0; d < @_HD; d += 4) {\n"
-    "        const float4 x = PTC_LD4(sh, (at + d) / 4);\n"
-    "        s += r[d] * x.x;\n"
-    "        s += r[d + 1] * x.y;\n"
-    "        s += r[d + 2] * x.z;\n"
-    "        s += r[d + 3] * x.w;\n"
-    "    }\n"
-    "#else\n"
-    "    for (int d = 0; d < @_HD; d++)\n"
-    "        if (d < nd)\n"
-    "            s += r[d] * PTC_LD(sh, at + d);\n"
-    "#endif\n"
-    "    return s;\n"
-    "}\n"
-    "PTC_DEVICE void @_haxpy(float *acc, float p, const float *sh, long long at, int nd)\n"
-    "{\n"
-    "#if @_DH % 8 == 0\n"
-    "    (void)nd;\n"
-    "    for (int d = 0; d < @_HD; d += 4) {\n"
-    "        const float4 x = PTC_LD4(sh, (at + d) / 4);\n"
-    "        acc[d] += p * x.x;\n"
-    "        acc[d + 1] += p * x.y;\n"
-    "        acc[d + 2] += p * x.z;\n"
-    "        acc[d + 3] += p * x.w;\n"
-    "    }\n"
-    "#else\n"
-    "    for (int d = 0; d < @_HD; d++)\n"
-    "        if (d < nd)\n"
-    "            acc[d] += p * PTC_LD(sh, at + d);\n"
-    "#endif\n"
-    "}\n";
+/* Row arithmetic over shared memory, four helpers from one template: @_dot (r . sh[row]) and
+ * @_axpy (acc += p sh[row]) over a whole row of dh, and @_hdot and @_haxpy over half a row
+ * (bwd_kv's lane: the dims at .. at + nd). Rows whose size divides by 4 (by 8 for halves) load 4
+ * floats at a time; the sums keep the order of the one-at-a-time loop. */
+static void emit_row_op(FILE *f, const char *n, bool axpy, bool half)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *t = open_memstream(&text, &len);
+    const char *at = half ? "at + d" : "row * @_DH + d", *dims = half ? "@_HD" : "@_DH";
+    fprintf(t, "PTC_DEVICE %s @_%s%s(%s, const float *sh, long long %s)\n{\n",
+            axpy ? "void" : "float", half ? "h" : "", axpy ? "axpy" : "dot",
+            axpy ? "float *acc, float p" : "const float *r", half ? "at, int nd" : "row");
+    if (!axpy)
+        fputs("    float s = 0.0f;\n", t);
+    fprintf(t, "#if @_DH %% %d == 0\n%s", half ? 8 : 4, half ? "    (void)nd;\n" : "");
+    fprintf(t, "    for (int d = 0; d < %s; d += 4) {\n", dims);
+    fprintf(t, "        const float4 x = PTC_LD4(sh, (%s) / 4);\n", at);
+    for (int i = 0; i < 4; i++) {
+        char d[8];
+        snprintf(d, sizeof d, i ? "d + %d" : "d", i);
+        if (axpy)
+            fprintf(t, "        acc[%s] += p * x.%c;\n", d, "xyzw"[i]);
+        else
+            fprintf(t, "        s += r[%s] * x.%c;\n", d, "xyzw"[i]);
+    }
+    fprintf(t, "    }\n#else\n    for (int d = 0; d < %s; d++)\n%s", dims,
+            half ? "        if (d < nd)\n" : "");
+    const char *pad = half ? "            " : "        ";
+    if (axpy)
+        fprintf(t, "%sacc[d] += p * PTC_LD(sh, %s);\n#endif\n}\n", pad, at);
+    else
+        fprintf(t, "%ss += r[d] * PTC_LD(sh, %s);\n#endif\n    return s;\n}\n", pad, at);
+    fclose(t);
+    put_named(f, text, n);
+    free(text);
+}
 
 /* the constants of one shape, and the tile per architecture */
 static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
@@ -166,7 +131,8 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             (long long)a->h0, n, (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n,
             (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
             (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim), n, n, n);
-    put_named(f, helpers, n);
+    for (int h = 0; h < 4; h++)
+        emit_row_op(f, n, h & 1, h >> 1);
 }
 
 /* The loop over the key tiles of fwd, stats and bwd_q: k and v rows j0.. in shared memory, and
