@@ -150,22 +150,23 @@ def main():
              "    " + " ".join(["python3", "bench/cuda_train.py"] + sys.argv[1:]), "",
              f"- device: {device_name()} (ptc --device {args.device})",
              f"- commit: {commit}; model {args.model} ({CONFIGS[args.model][1]}), {args.precision}",
-             f"- ptc: `{ours['cmd']}`", "",
-             "| system | ms/step (median) | tok/s | MFU |", "|---|---|---|---|",
-             f"| ptc | {ours['ms']:.1f} | {ours['tok_s']:.0f} | {ours['mfu']:.1f}% |"]
+             f"- ptc: `{ours['cmd']}`"]
     if baseline:
-        lines.insert(-4, f"- baseline: `{baseline['cmd']}`; {len(runs)} interleaved rounds, "
-                         f"each row the median round")
+        lines.append(f"- baseline: `{baseline['cmd']}`; {len(runs)} interleaved rounds, "
+                     f"each row the median round")
+    lines += ["", "| system | ms/step (median) | tok/s | MFU |", "|---|---|---|---|",
+              f"| ptc | {ours['ms']:.1f} | {ours['tok_s']:.0f} | {ours['mfu']:.1f}% |"]
+    if baseline:
         lines.append(f"| ptc baseline | {baseline['ms']:.1f} | {baseline['tok_s']:.0f} | "
                      f"{baseline['mfu']:.1f}% |")
     if theirs:
         lines.append(f"| PyTorch {theirs['torch']} eager ({args.torch_device}) | {theirs['ms']:.1f} | "
                      f"{theirs['tok_s']:.0f} | |")
         lines += ["", f"ptc / PyTorch: {ours['tok_s'] / theirs['tok_s']:.2f}x"]
-    if baseline:
-        lines += ["", f"ptc / baseline: {ours['tok_s'] / baseline['tok_s']:.3f}x"]
     else:
         lines += ["", f"PyTorch not run: {why}"]
+    if baseline:
+        lines += ["", f"ptc / baseline: {ours['tok_s'] / baseline['tok_s']:.3f}x"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.device == "cuda":  # smoke runs on the emulation are not results
