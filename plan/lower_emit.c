@@ -455,79 +455,6 @@ static int gemm_operand(lw *L, const item *it, int v)
     return lw_operand(L, it, L->fold[v] >= 0 ? L->fold[v] : v);
 }
 
-/* buffer `to` (2-D: rows of the last dim) placed as `from` is: a split of the last dim splits the
- * columns, a split of any other the rows */
-static void place_2d(lw *L, int from, int to)
-{
-    const ptc_buffer *f = &L->pg->bufs[from];
-    ptc_buffer *t = &L->pg->bufs[to];
-    for (int a = 0; a < PTC_MAX_MESH_AXES; a++) {
-        t->place[a] = f->place[a];
-        if (f->place[a].kind == PTC_PLACE_SHARD)
-            t->place[a].dim = (int8_t)(f->place[a].dim == f->type.rank - 1 ? 1 : 0);
-    }
-}
-
-/* A view of `rows` rows of `cols` elements of buffer b, from row r0 (b: a plain buffer or a view at
- * a fixed offset). */
-static int row_view(lw *L, int b, int64_t r0, int64_t rows, int64_t cols)
-{
-    const ptc_buffer *src = &L->pg->bufs[b];
-    int root = ptc_prog_root(L->pg, b);
-    ptc_type t = {.dtype = src->type.dtype, .rank = 2, .dims = {rows, cols}};
-    int v = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
-    ptc_buffer *bv = &L->pg->bufs[v];
-    src = &L->pg->bufs[b];
-    place_2d(L, b, v);
-    bv->view = root;
-    bv->region = L->pg->bufs[root].region;
-    bv->view_offset = (src->view >= 0 ? src->view_offset : 0) +
-                      r0 * cols * ptc_dtype_size(t.dtype);
-    return v;
-}
-
-/* A GEMM whose result is 16-bit and large runs in blocks of rows, each into one f32 scratch block
- * rounded into its rows of the result: the f32 result is never whole (for gpt2's logits at b=8,
- * s=1024 it would be 1.6 GB beside their 0.8 GB in bf16). Plain row-major A only (no batch, no
- * transposed A, no accumulation). */
-static bool gemm_in_row_blocks(lw *L, const item *it, const ptc_gemm *gm, const int *x, int y)
-{
-    const ptc_buffer *a = &L->pg->bufs[x[0]], *c = &L->pg->bufs[y];
-    int64_t m = gm->m, n = gm->n;
-    int64_t block = L->o->gemm_block_bytes > 0 ? L->o->gemm_block_bytes : (int64_t)16 << 20;
-    if (gm->batch != 1 || gm->ta || gm->beta != 0 || a->view_axis >= 0 || c->view_axis >= 0 ||
-        m * n * 4 <= block)
-        return false;
-    int64_t rows = block / (n * 4) / 16 * 16;
-    if (rows < 16)
-        rows = 16;
-    if (rows >= m)
-        return false;
-    ptc_type st = {.dtype = PTC_F32, .rank = 2, .dims = {rows, n}};
-    int scratch = lw_new_buffer(L, &st, NULL, PTC_BUF_TEMP);
-    place_2d(L, y, scratch);
-    for (int64_t r0 = 0; r0 < m; r0 += rows) {
-        int64_t h = m - r0 < rows ? m - r0 : rows;
-        ptc_gemm g = *gm;
-        g.m = h;
-        int av = row_view(L, x[0], r0, h, gm->k), cv = row_view(L, y, r0, h, n);
-        int sv = h == rows ? scratch : row_view(L, scratch, 0, h, n);
-        ptc_instr in;
-        memset(&in, 0, sizeof in);
-        in.kind = PTC_INSTR_GEMM;
-        in.op = PTC_OP_MATMUL;
-        in.gemm = g;
-        in.nin = 2;
-        in.nout = 1;
-        int ins[2] = {av, x[1]};
-        in.in = ins;
-        in.out = &sv;
-        emit(L, it, &in);
-        emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_CAST, sv, -1, cv);
-    }
-    return true;
-}
-
 static void emit_gemm(lw *L, const item *it)
 {
     const ptc_node *n = &L->g->nodes[it->ni];
@@ -582,17 +509,20 @@ static void emit_gemm(lw *L, const item *it)
     }
     if (y < 0)
         y = lw_key_buffer(L, lw_out_key(L, it, v), v, PTC_BUF_TEMP);
-    /* bf16 operands: the GEMM accumulates in f32 and writes an f32 result, rounded into the bf16
-     * result after it (as every 16-bit op) */
+    /* 16-bit operands: the GEMM accumulates in f32 and rounds its result to 16 bits once as it
+     * stores it (gm.cd), as a cast after an f32 result would: no f32 copy of the result is made
+     * (for gpt2's logits at b=8, s=1024 that would be 1.6 GB beside their 0.8 GB in bf16) */
     gm.ab = (uint8_t)L->pg->bufs[x[0]].type.dtype;
-    if (is_16bit(L->pg->bufs[y].type.dtype) && gemm_in_row_blocks(L, it, &gm, x, y))
-        return;
+    ptc_dtype yd = L->pg->bufs[y].type.dtype;
     int wide = y;
-    if (is_16bit(L->pg->bufs[y].type.dtype)) {
+    if (yd == gm.ab && gm.beta == 0)
+        gm.cd = (uint8_t)yd;
+    else if (yd != PTC_F32) { /* (not made by the lowering today) an f32 result, then a cast */
         ptc_type t = L->pg->bufs[y].type;
         t.dtype = PTC_F32;
         wide = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
         memcpy(L->pg->bufs[wide].place, L->pg->bufs[y].place, sizeof L->pg->bufs[wide].place);
+        PTC_ASSERT(gm.beta == 0);
     }
     ptc_instr in;
     memset(&in, 0, sizeof in);

@@ -10,9 +10,9 @@
  *     whose bytes are free after it (in place);
  *   - an op over bf16/f16 storage reads f32 copies and writes an f32 result that is rounded into
  *     the 16-bit buffer (the kernels compute in f32: what the reference semantics say); a 16-bit
- *     matmul is a GEMM over the 16-bit operands (gemm.ab) into an f32 result rounded after it,
- *     in blocks of rows when that result is large (gemm_block_bytes); the fusion pass then folds
- *     most of these casts into its kernels;
+ *     matmul is a GEMM over the 16-bit operands (gemm.ab) that rounds its f32 sums into the
+ *     16-bit result itself (gemm.cd); the fusion pass then folds most of the casts into its
+ *     kernels;
  *   - a state update that could not run in place becomes a copy at the end of the step.
  * Then every buffer gets its region and the static memory planner its offset (memplan.c).
  */
@@ -36,9 +36,6 @@ typedef struct ptc_lower_opts {
     int virtual_stages; /* model chunks per pipeline rank (interleaved) */
     /* run the fusion pass (fuse.c) before memory planning */
     bool fuse;
-    /* a GEMM with a 16-bit result larger than this in f32 runs in blocks of rows, each into an
-     * f32 scratch of at most this size (0: 16 MiB; tests make it small) */
-    int64_t gemm_block_bytes;
     /* every graph output is a program output, readable after a run (a forward-only plan: the
      * sampling program's logits); otherwise output 0 is the gradient norm and 1.. gradients */
     bool forward_outputs;

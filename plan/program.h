@@ -109,13 +109,17 @@ const char *ptc_phase_name(int p);
 typedef enum { PTC_WORK_STEP, PTC_WORK_F, PTC_WORK_B, PTC_WORK_W, PTC_NWORK } ptc_work;
 const char *ptc_work_name(int w);
 
-/* C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch, row-major, f32; op = transpose when
- * ta/tb. A[b] starts at b * sa elements (0: the same matrix for every b), likewise B and C. */
+/* C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch, row-major, accumulated in f32;
+ * op = transpose when ta/tb. A[b] starts at b * sa elements (0: the same matrix for every b),
+ * likewise B and C. */
 typedef struct ptc_gemm {
     bool ta, tb;
     /* the dtype of A and B: f32, bf16 or f16 (--precision: the library's bf16 GEMM where it has
-     * one, accumulating in f32; f16 operands widened); C is always f32 */
+     * one, accumulating in f32; f16 operands widened) */
     uint8_t ab;
+    /* the dtype of C: f32, or (beta 0 only) bf16 or f16: every element accumulated in f32, then
+     * rounded once to 16 bits as the cast kernel rounds (so no f32 copy of C is stored) */
+    uint8_t cd;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;
     int64_t sa, sb, sc;

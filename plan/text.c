@@ -97,6 +97,8 @@ static void put_gemm(FILE *f, const ptc_gemm *g)
     ptc_put_double(f, g->beta);
     if (g->ab != PTC_F32)
         fprintf(f, ", ab=%s", ptc_dtype_name((ptc_dtype)g->ab));
+    if (g->cd != PTC_F32)
+        fprintf(f, ", c=%s", ptc_dtype_name((ptc_dtype)g->cd));
     fputc('}', f);
 }
 
@@ -443,10 +445,12 @@ static bool gemm_attr(void *ctx, ptc_lexer *lx, const char *key)
         *(key[0] == 'a' ? &g->alpha : &g->beta) = ptc_lex_number(lx);
         return true;
     }
-    if (strcmp(key, "ab") == 0) {
+    if (strcmp(key, "ab") == 0 || strcmp(key, "c") == 0) {
         if (!ptc_lex_ident(lx, "bf16") && !ptc_lex_ident(lx, "f16") && !ptc_lex_ident(lx, "f32"))
             ptc_lex_fail(lx, "expected f32, bf16 or f16, got '%.200s'", lx->text);
-        g->ab = ptc_lex_ident(lx, "bf16") ? PTC_BF16 : ptc_lex_ident(lx, "f16") ? PTC_F16 : PTC_F32;
+        *(key[0] == 'a' ? &g->ab : &g->cd) = ptc_lex_ident(lx, "bf16")  ? PTC_BF16
+                                             : ptc_lex_ident(lx, "f16") ? PTC_F16
+                                                                        : PTC_F32;
         ptc_lex_next(lx);
         return true;
     }

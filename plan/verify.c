@@ -153,9 +153,11 @@ static int check_gemm(vctx *v, int i, const ptc_instr *in)
                    i);
     if (g->ab != PTC_F32 && g->ab != PTC_BF16 && g->ab != PTC_F16)
         return bad(v, "i%d: gemm operands of a bad dtype", i);
+    if (g->cd != PTC_F32 && (g->cd != g->ab || g->beta != 0))
+        return bad(v, "i%d: a gemm result of a bad dtype (f32, or its operands' with beta 0)", i);
     for (int k = 0; k < 3; k++) {
         int b = k < 2 ? in->in[k] : in->out[0];
-        ptc_dtype want = k < 2 ? (ptc_dtype)g->ab : PTC_F32;
+        ptc_dtype want = (ptc_dtype)(k < 2 ? g->ab : g->cd);
         if (dtype(v, b) != want)
             return bad(v, "i%d: gemm %s b%d is not %s", i, k < 2 ? "operand" : "result", b,
                        ptc_dtype_name(want));

@@ -25,9 +25,10 @@ enum { PTRT_ON_HOST = 1 }; /* instr: run this one on the host */
 typedef struct ptrt_backend {
     const char *name;
     ptrt_kernel_fn kernel;
-    /* C = alpha op(A) op(B) + beta C over g's batches (f32) */
-    /* a and b hold g->ab elements (f32 or bf16), c f32 */
-    void (*gemm)(const ptc_gemm *g, const void *a, const void *b, float *c);
+    /* C = alpha op(A) op(B) + beta C over g's batches, accumulated in f32: a and b hold g->ab
+     * elements (f32, bf16 or f16), c g->cd elements (f32, or with beta 0 bf16 or f16: each f32
+     * sum rounded once, as ptc_bf16_bits / ptc_f16_bits round) */
+    void (*gemm)(const ptc_gemm *g, const void *a, const void *b, void *c);
     /* An arena of n bytes (n > 0), aligned to at least PTC_ALIGN; NULL when it cannot be had.
      * Memory is committed as it is first touched. */
     void *(*alloc)(size_t n);

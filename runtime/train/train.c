@@ -132,6 +132,7 @@ struct shared {
     int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
     int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
     double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start; 0: none */
+    bool peak_bf16;      /* that GEMM's operands were bf16 (the plan's GEMMs are) */
     entry *ents;
     int nparams, nents;
     ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
@@ -707,17 +708,34 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
 }
 
 /* The CPU's FLOP rate for MFU, where no --peak-flops is given: after one to warm up (threads,
- * pages), the best of three f32 GEMMs of 1024^3 on the backend's threads, about 0.1 s (what the
+ * pages), the best of three GEMMs of 1024^3 on the backend's threads, about 0.1 s (what the
  * machine's BLAS reaches on a large square product: a practical peak, below the vector units'
- * nominal one). */
-static double measure_gemm(void)
+ * nominal one); over bf16 operands where the plan's GEMMs run on the library's bf16 GEMM (AMX or
+ * AVX-512-BF16 reach several times the f32 rate, and a plan in bf16 against the f32 peak would
+ * show an MFU above 100%). */
+static double measure_gemm(bool bf16)
 {
     enum { N = 1024 };
-    float *a = ptc_xcalloc((size_t)N * N * 3, sizeof(float)), *b = a + N * N, *c = b + N * N;
-    for (int i = 0; i < N * N; i++)
-        a[i] = b[i] = (float)((i % 7) - 3) * 0.25f;
-    ptc_gemm g = {.m = N, .n = N, .k = N, .batch = 1, .lda = N, .ldb = N, .ldc = N,
-                  .alpha = 1, .beta = 0};
+    size_t es = bf16 ? 2 : 4;
+    char *a = ptc_xcalloc((size_t)N * N * 2, es), *b = a + (size_t)N * N * es;
+    float *c = ptc_xcalloc((size_t)N * N, sizeof(float));
+    for (int i = 0; i < N * N; i++) {
+        float v = (float)((i % 7) - 3) * 0.25f; /* (exact in bf16) */
+        if (bf16)
+            ((uint16_t *)a)[i] = ((uint16_t *)b)[i] = ptc_bf16_bits(v);
+        else
+            ((float *)a)[i] = ((float *)b)[i] = v;
+    }
+    ptc_gemm g = {.m = N,
+                  .n = N,
+                  .k = N,
+                  .batch = 1,
+                  .lda = N,
+                  .ldb = N,
+                  .ldc = N,
+                  .alpha = 1,
+                  .beta = 0,
+                  .ab = bf16 ? PTC_BF16 : PTC_F32};
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = now();
@@ -727,14 +745,27 @@ static double measure_gemm(void)
             best = 2.0 * N * N * N / dt;
     }
     free(a);
+    free(c);
     return best;
 }
 
+/* Whether plan p's GEMMs run on the CPU library's bf16 GEMM (their operands are bf16). */
+static bool bf16_gemms(const ptc_plan *p)
+{
+    for (int k = 0; k < p->nprograms; k++)
+        for (int i = 0; i < p->programs[k].ninstrs; i++) {
+            const ptc_instr *in = &p->programs[k].instrs[i];
+            if (in->kind == PTC_INSTR_GEMM)
+                return in->gemm.ab == PTC_BF16 && ptrt_cpu_has_bf16_gemm();
+        }
+    return false;
+}
+
 /* measure_gemm, kept beside the kernel cache ($XDG_CACHE_HOME/ptc or ~/.cache/ptc) by the CPU's
- * model name, the GEMM library and the thread count, so that a machine measures it once and not every start (runs
- * of a test suite start thousands of times); a cache that cannot be read or written costs only
- * the measurement. */
-static double measure_peak(int threads)
+ * model name, the GEMM library, the operands' dtype and the thread count, so that a machine
+ * measures it once and not every start (runs of a test suite start thousands of times); a cache
+ * that cannot be read or written costs only the measurement. */
+static double measure_peak(int threads, bool bf16)
 {
     char dir[2048], path[2400] = "", cpu[256] = "?", line[512];
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -749,15 +780,16 @@ static double measure_peak(int threads)
     size_t cl = strlen(cpu);
     ptc_fmt(cpu + cl, sizeof cpu - cl, " %s", ptrt_cpu_blas_name());
     if (ptc_file_cache_dir("", dir, sizeof dir))
-        ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d", dir,
-                (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads);
+        ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d%s", dir,
+                (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads,
+                bf16 ? "_bf16" : "");
     size_t len;
     char *text = *path ? ptc_read_file_max(path, 64, &len) : NULL;
     double v = text ? strtod(text, NULL) : 0;
     free(text);
     if (v > 0 && isfinite(v))
         return v;
-    v = measure_gemm();
+    v = measure_gemm(bf16);
     char buf[64], err[256];
     int n = snprintf(buf, sizeof buf, "%.6g\n", v);
     if (*path)
@@ -1019,7 +1051,9 @@ static void loop(run *r)
                     100 * sh->plan->model_flops * (double)done / el / sh->peak_flops,
                     sh->peak_flops * 1e-9, o->peak_flops > 0 ? "--peak-flops" : "measured ",
                     o->peak_flops > 0 ? "" : ptrt_cpu_blas_name(),
-                    o->peak_flops > 0 ? "" : " GEMM");
+                    o->peak_flops > 0 ? ""
+                    : sh->peak_bf16   ? " bf16 GEMM"
+                                      : " GEMM");
         fputc('\n', out);
         int64_t bg, beside;
         ptrt_exec_overlap(r->x, &bg, &beside);
@@ -1195,11 +1229,12 @@ static int setup(shared *sh, char *err, size_t errn)
     if (sh->nlocal > 1 || (sh->mpi && ptrt_mpi_nprocesses(sh->mpi) > 1))
         ptrt_cpu_share_cores();
     /* (a GPU's peak is not the CPU's GEMM: on a device, MFU only with --peak-flops) */
-    sh->peak_flops = o->peak_flops > 0 ? o->peak_flops
-                     : sh->plan->model_flops > 0 && !o->eval && !o->sample_only &&
-                               o->device == PTRT_DEVICE_CPU
-                         ? measure_peak(o->threads)
-                         : 0;
+    sh->peak_bf16 = bf16_gemms(sh->plan);
+    sh->peak_flops =
+        o->peak_flops > 0 ? o->peak_flops
+        : sh->plan->model_flops > 0 && !o->eval && !o->sample_only && o->device == PTRT_DEVICE_CPU
+            ? measure_peak(o->threads, sh->peak_bf16)
+            : 0;
     sh->first = 1;
     ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
                          .comm = sh->comm,

@@ -124,11 +124,11 @@ with tempfile.TemporaryDirectory() as d:
     check(worst < 5e-3, '--grad-dtype fp32 at dp=2 trains like its single device (losses within '
           '%.1e; bf16 tolerance of the equivalence matrix: 5e-3)' % worst)
 
-# 2d. bf16 activations of gpt2 (b=8, s=1024): the big GEMMs run in row blocks (the logits' f32
-# result is never whole) and the cross-entropy kernel reads the bf16 logits, so a plan holds a
-# little over half of fp32's peak; with tp, the vocabulary-parallel cross-entropy's gradient
-# (ce_grad_shard, not fused) still makes f32 copies of the logit shard: at most 0.75 there. Each
-# of these plans must verify (the row blocks of a sharded result are placed like it).
+# 2d. bf16 activations of gpt2 (b=8, s=1024): the GEMMs round into their bf16 results themselves
+# (the logits' f32 result is never made) and the cross-entropy kernel reads the bf16 logits, so
+# a plan holds a little over half of fp32's peak; with tp, the vocabulary-parallel
+# cross-entropy's gradient (ce_grad_shard, not fused) still makes f32 copies of the logit shard:
+# at most 0.75 there. Each of these plans must verify.
 def peak(*args):
     return plan(*args)['programs'][0]['memory_bytes']['peak_activations']
 for mesh, most in (([], 0.6), (['--mesh', 'tp=2'], 0.75),

@@ -552,6 +552,74 @@ Test(cpu_gemm, bf16_operands)
         }
 }
 
+/* A gemm instruction with a 16-bit C (c=bf16 / c=f16) against the same GEMM into f32 rounded
+ * by the cast kernel afterwards (what the plan did before): within one unit in the last place of
+ * the 16-bit format (the f32 sums may be added in another order when C is made a chunk of rows at
+ * a time). The shapes reach each path: C split by rows across the pool in chunks of a scratch
+ * (3001 columns: 87 rows a chunk, 200 rows: a part chunk), split by columns (a chunk's rows are
+ * not whole rows of C), a batch of matrices one per piece, and 1 x 1 x 1. */
+Test(cpu_gemm, sixteen_bit_results)
+{
+    int64_t shapes[][4] = {{200, 3001, 19, 1}, {23, 509, 40, 1}, {7, 5, 3, 6}, {1, 1, 1, 1}};
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int mode = 0; mode < 4; mode++) {
+                int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+                int64_t nb = shapes[sh][3];
+                ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
+                ptc_gemm g = {.ta = mode & 1,
+                              .tb = mode & 2,
+                              .m = m,
+                              .n = n,
+                              .k = k,
+                              .batch = nb,
+                              .lda = (mode & 1) ? m : k,
+                              .ldb = (mode & 2) ? k : n,
+                              .ldc = n,
+                              .sa = nb > 1 ? m * k : 0,
+                              .sb = nb > 1 ? k * n : 0,
+                              .sc = m * n,
+                              .alpha = 0.75,
+                              .ab = dt};
+                float *fa = rnd(nb * m * k, 51 + sh, -1, 1), *fb = rnd(nb * k * n, 61 + sh, -1, 1);
+                uint16_t *a = malloc(sizeof(uint16_t) * (size_t)(nb * m * k));
+                uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(nb * k * n));
+                for (int64_t i = 0; i < nb * m * k; i++)
+                    a[i] = f16 ? ptc_f16_bits(fa[i]) : ptc_bf16_bits(fa[i]);
+                for (int64_t i = 0; i < nb * k * n; i++)
+                    b[i] = f16 ? ptc_f16_bits(fb[i]) : ptc_bf16_bits(fb[i]);
+                size_t nc = (size_t)(nb * m * n);
+                float *c32 = malloc(sizeof(float) * nc);
+                uint16_t *want = malloc(2 * nc), *got = malloc(2 * (nc + 1));
+                ptrt_cpu_gemm_instr(&g, a, b, c32);
+                ptc_type tc = {.dtype = PTC_F32, .rank = 1, .dims = {(int64_t)nc}};
+                ptrt_cpu_cast(&tc, c32, dt, want);
+                got[nc] = 0x5a5a; /* past C: untouched */
+                g.cd = (uint8_t)dt;
+                ptrt_cpu_gemm_instr(&g, a, b, got);
+                double worst = 0;
+                for (size_t i = 0; i < nc; i++) {
+                    double w = f16 ? ptc_f16_value(want[i]) : ptc_bf16_value(want[i]);
+                    double v = f16 ? ptc_f16_value(got[i]) : ptc_bf16_value(got[i]);
+                    double ulp = fmax(fabs(w), 1e-4) * (f16 ? 0x1p-10 : 0x1p-7);
+                    worst = fmax(worst, fabs(v - w) / ulp);
+                }
+                cr_expect(worst <= 1.0 && got[nc] == 0x5a5a,
+                          "%s gemm %lldx%lldx%lld batch %lld ta=%d tb=%d: %.2f ulp from the f32 "
+                          "result rounded%s",
+                          f16 ? "f16" : "bf16", (long long)m, (long long)n, (long long)k,
+                          (long long)nb, g.ta, g.tb, worst,
+                          got[nc] == 0x5a5a ? "" : "; wrote past C");
+                free(fa);
+                free(fb);
+                free(a);
+                free(b);
+                free(c32);
+                free(want);
+                free(got);
+            }
+}
+
 /* ---- normalisation, softmax, losses, embedding ---- */
 
 Test(cpu_norm, layernorm_and_rmsnorm)

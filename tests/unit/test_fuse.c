@@ -351,8 +351,6 @@ static void check_model(const char *src)
     char err[2048];
     ptc_lower_opts plain = {.keep_grad_outputs = true}, fused = plain;
     fused.fuse = true;
-    /* (bf16: the fused plan's large GEMMs in blocks of 16 rows, against the unblocked plain one) */
-    fused.gemm_block_bytes = precision == PTC_F32 ? 0 : 64;
     ptc_plan *p0 = ptc_lower(g, &plain, err, sizeof err), *p1 = ptc_lower(g, &fused, err, sizeof err);
     cr_assert_not_null(p0, "%s", err);
     cr_assert_not_null(p1, "%s", err);

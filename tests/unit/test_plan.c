@@ -21,6 +21,8 @@
 
 /* ---- making plans ---- */
 
+static ptc_dtype precision = PTC_F32; /* --precision of the plans made (a test sets it back) */
+
 static ptc_graph *compile_file(const char *rel, const char *mesh_dp_tp, int zero, bool sp)
 {
     char path[512], err[2048];
@@ -33,7 +35,11 @@ static ptc_graph *compile_file(const char *rel, const char *mesh_dp_tp, int zero
     ptc_frontend_opts fo = {0};
     ptc_graph *g = ptc_frontend_compile(path, src, len, &fo, &d);
     cr_assert_not_null(g);
-    ptc_compile_opts co = {.train = true, .verify_each = true, .zero = zero, .seq_parallel = sp};
+    ptc_compile_opts co = {.train = true,
+                           .verify_each = true,
+                           .zero = zero,
+                           .seq_parallel = sp,
+                           .precision = precision};
     if (mesh_dp_tp) { /* "dp,tp" or "dp,ep,tp" */
         int n[3];
         int k = sscanf(mesh_dp_tp, "%d,%d,%d", &n[0], &n[1], &n[2]);
@@ -113,6 +119,55 @@ Test(plan_text, print_load_print_is_the_identity)
 }
 
 /* Replaces the first occurrence of from in text by to (a fresh string). */
+static char *edit(const char *text, const char *from, const char *to);
+static void expect_load_error(const char *text, const char *want);
+
+/* Under --precision the GEMMs of 16-bit matmuls write their 16-bit results themselves (c=bf16,
+ * c=f16): no f32 result and no cast after it; the text form carries c= through a load, and the
+ * verifier holds c to f32 or the operands' dtype, the latter with beta 0 only. */
+Test(plan_text, sixteen_bit_gemm_results)
+{
+    ptc_dtype precs[2] = {PTC_BF16, PTC_F16};
+    for (int q = 0; q < 2; q++) {
+        precision = precs[q];
+        ptc_plan *p = plan_of("examples/gpt2_tiny.ptm", "2,2", 1, true);
+        precision = PTC_F32;
+        const ptc_program *pg = &p->programs[0];
+        int gemms = 0, direct = 0;
+        for (int i = 0; i < pg->ninstrs; i++) {
+            const ptc_instr *in = &pg->instrs[i];
+            if (in->kind != PTC_INSTR_GEMM)
+                continue;
+            gemms++;
+            cr_expect_eq(pg->bufs[in->out[0]].type.dtype, (ptc_dtype)in->gemm.cd);
+            direct += in->gemm.cd == precs[q];
+            for (int j = i + 1; j < pg->ninstrs; j++) /* no f32 result rounded after it */
+                cr_expect(!(pg->instrs[j].op == PTC_OP_CAST && pg->instrs[j].in[0] == in->out[0] &&
+                            pg->bufs[pg->instrs[j].out[0]].type.dtype == precs[q]),
+                          "i%d rounds the result of gemm i%d", j, i);
+        }
+        cr_expect_gt(direct, 0, "no gemm writes 16 bits (%d gemms)", gemms);
+        char *a = text_of(p), err[1024];
+        const char *c16 = q ? ", c=f16}" : ", c=bf16}";
+        cr_expect_not_null(strstr(a, c16), "the text lacks '%s'", c16);
+        ptc_plan *l = ptc_plan_load(a, err, sizeof err);
+        cr_assert_not_null(l, "%s", err);
+        char *b = text_of(l);
+        cr_expect_str_eq(a, b, "the loaded plan prints differently");
+        const char *ab = q ? "ab=f16, c=f16}" : "ab=bf16, c=bf16}";
+        char *s = edit(a, ab, q ? "ab=bf16, c=f16}" : "ab=f16, c=bf16}");
+        expect_load_error(s, "a gemm result of a bad dtype");
+        free(s);
+        s = edit(a, "beta=0, ab=", "beta=1, ab=");
+        expect_load_error(s, "does not verify");
+        free(s);
+        free(a);
+        free(b);
+        ptc_plan_free(l);
+        ptc_plan_free(p);
+    }
+}
+
 static char *edit(const char *text, const char *from, const char *to)
 {
     const char *at = strstr(text, from);

@@ -20,5 +20,8 @@ void ptrt_cpu_share_cores(void);
  * ("onednn", "openblas SkylakeX", "plain loop"). */
 int ptrt_cpu_has_blas(void);
 const char *ptrt_cpu_blas_name(void);
+/* Whether the library has a bf16 GEMM (oneDNN; bf16 operands, f32 sums): a plan's bf16 GEMMs
+ * run on it, else on the f32 GEMM over operands widened to f32. */
+bool ptrt_cpu_has_bf16_gemm(void);
 
 #endif

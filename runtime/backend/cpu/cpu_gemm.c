@@ -229,13 +229,56 @@ static const void *elems(const void *p, int64_t n, bool bf16)
 
 typedef struct gemm_job {
     bool ta, tb, by_rows, bf16;
+    ptc_dtype cd; /* of C: f32, or bf16 / f16 (beta 0) */
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
     const void *a, *b;
-    float *c;
+    void *c;
 } gemm_job;
 
 #define BLOCK 16
+#define SCRATCH16 (1 << 18) /* floats of f32 sums a piece of a 16-bit C holds at once (1 MiB) */
+
+/* C = alpha op(A) op(B) into a 16-bit C (m x n at c, rows ldc apart; a and b at the first row and
+ * column of the piece): the f32 sums of a chunk of rows at a time, each rounded into C by the
+ * cast kernel while it is in cache, so the f32 result is never whole. */
+static void gemm_serial16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                          const void *a, int64_t lda, const void *b, int64_t ldb, ptc_dtype cd,
+                          void *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0)
+        return;
+    int64_t rows = SCRATCH16 / n < 1 ? 1 : SCRATCH16 / n;
+    rows = rows > m ? m : rows;
+    float *s = ptc_xmalloc((size_t)(rows * n) * sizeof(float));
+    for (int64_t r = 0; r < m; r += rows) {
+        int64_t h = m - r < rows ? m - r : rows;
+        gemm_serial_any(bf16, ta, tb, h, n, k, alpha, elems(a, ta ? r : r * lda, bf16), lda, b, ldb,
+                        0.0f, s, n);
+        for (int64_t i = 0; i < (ldc == n ? 1 : h); i++) { /* whole rows: one cast */
+            ptc_type t = {.dtype = PTC_F32, .rank = 1, .dims = {ldc == n ? h * n : n}};
+            ptrt_cpu_cast(&t, s + i * n, cd, (uint16_t *)c + (r + i) * ldc);
+        }
+    }
+    free(s);
+}
+
+/* one thread's GEMM into C of dtype cd (f32: beta applies) */
+static void gemm_serial_into(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                             float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                             float beta, ptc_dtype cd, void *c, int64_t ldc)
+{
+    if (cd == PTC_F32)
+        gemm_serial_any(bf16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+        gemm_serial16(bf16, ta, tb, m, n, k, alpha, a, lda, b, ldb, cd, c, ldc);
+}
+
+/* element off of C */
+static void *c_at(void *c, ptc_dtype cd, int64_t off)
+{
+    return (char *)c + off * (cd == PTC_F32 ? 4 : 2);
+}
 
 /* C = alpha A^T B (beta 0) for a C taller than wide, as its transpose C^T = alpha B^T A and a
  * transposition. oneDNN runs the transposed-A product 16-38% slower in this orientation than in
@@ -260,29 +303,30 @@ static void gemm_piece(void *ctx, int64_t begin, int64_t end)
     if (j->by_rows) {
         hi = hi < j->m ? hi : j->m;
         const void *a = elems(j->a, j->ta ? lo : lo * j->lda, j->bf16);
-        if (j->ta && !j->tb && !j->bf16 && j->beta == 0.0f && hi - lo > j->n &&
+        if (j->ta && !j->tb && !j->bf16 && j->cd == PTC_F32 && j->beta == 0.0f && hi - lo > j->n &&
             j->n < 768 && blas.dnnl) {
             gemm_tn_tall(hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb,
-                         j->c + lo * j->ldc, j->ldc);
+                         (float *)j->c + lo * j->ldc, j->ldc);
             return;
         }
-        gemm_serial_any(j->bf16, j->ta, j->tb, hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b,
-                        j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
+        gemm_serial_into(j->bf16, j->ta, j->tb, hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b,
+                         j->ldb, j->beta, j->cd, c_at(j->c, j->cd, lo * j->ldc), j->ldc);
     } else {
         hi = hi < j->n ? hi : j->n;
         const void *b = elems(j->b, j->tb ? lo * j->ldb : lo, j->bf16);
-        gemm_serial_any(j->bf16, j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda, b,
-                        j->ldb, j->beta, j->c + lo, j->ldc);
+        gemm_serial_into(j->bf16, j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda, b,
+                         j->ldb, j->beta, j->cd, c_at(j->c, j->cd, lo), j->ldc);
     }
 }
 
 static void gemm_split(bool bf16, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
-                       float beta, float *c, int64_t ldc)
+                       float beta, ptc_dtype cd, void *c, int64_t ldc)
 {
     gemm_job j = {.ta = trans_a,
                   .tb = trans_b,
                   .bf16 = bf16,
+                  .cd = cd,
                   .by_rows = m >= n,
                   .m = m,
                   .n = n,
@@ -310,7 +354,7 @@ void ptrt_cpu_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                    int64_t ldc)
 {
-    gemm_split(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_split(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, PTC_F32, c, ldc);
 }
 
 /* Offset (in elements) of the matrix at flat batch index bi of a broadcast operand t of the
@@ -376,7 +420,7 @@ int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, cons
 typedef struct strided_job {
     const ptc_gemm *g;
     const void *a, *b;
-    float *c;
+    void *c;
 } strided_job;
 
 static void strided_piece(void *ctx, int64_t begin, int64_t end)
@@ -385,9 +429,10 @@ static void strided_piece(void *ctx, int64_t begin, int64_t end)
     const ptc_gemm *g = j->g;
     bool bf16 = g->ab == PTC_BF16;
     for (int64_t bi = begin; bi < end; bi++)
-        gemm_serial_any(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
-                        elems(j->a, bi * g->sa, bf16), g->lda, elems(j->b, bi * g->sb, bf16),
-                        g->ldb, (float)g->beta, j->c + bi * g->sc, g->ldc);
+        gemm_serial_into(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
+                         elems(j->a, bi * g->sa, bf16), g->lda, elems(j->b, bi * g->sb, bf16),
+                         g->ldb, (float)g->beta, (ptc_dtype)g->cd,
+                         c_at(j->c, (ptc_dtype)g->cd, bi * g->sc), g->ldc);
 }
 
 /* a 16-bit operand widened to f32 (exact), by the cast kernel */
@@ -399,7 +444,7 @@ static float *widened(const void *x, ptc_dtype dt, int64_t n)
     return o;
 }
 
-void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, float *c)
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
 {
     bool bf16 = g->ab == PTC_BF16;
     if ((bf16 && !ptrt_cpu_has_bf16_gemm()) || g->ab == PTC_F16) {
@@ -424,5 +469,5 @@ void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, float 
     for (int64_t bi = 0; bi < g->batch; bi++) /* few big matrices: split each one */
         gemm_split(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
                    elems(a, bi * g->sa, bf16), g->lda, elems(b, bi * g->sb, bf16), g->ldb,
-                   (float)g->beta, c + bi * g->sc, g->ldc);
+                   (float)g->beta, (ptc_dtype)g->cd, c_at(c, (ptc_dtype)g->cd, bi * g->sc), g->ldc);
 }

@@ -82,10 +82,9 @@ void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc);
 /* A plan's gemm instruction (batches in parallel when they are many or small). */
-void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, float *c);
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c);
 /* Whether the GEMM library has a bf16 GEMM (oneDNN on AVX-512 CPUs); else bf16 operands of a gemm
  * instruction are widened to f32 first. */
-bool ptrt_cpu_has_bf16_gemm(void);
 int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
                     const ptc_type *to, float *o);
 

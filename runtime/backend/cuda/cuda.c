@@ -476,7 +476,8 @@ ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b
         .x = b,
         .y = a,
         .d = c,
-        .ab = g->ab ? g->ab : PTC_F32,
+        .ab = g->ab,
+        .cd = g->cd,
         .alpha = (float)g->alpha,
         .beta = (float)g->beta,
     };
@@ -488,7 +489,7 @@ ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b
     return q;
 }
 
-static void gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
+static void gemm(const ptc_gemm *g, const void *a, const void *b, void *c)
 {
     (void)here();
     ptrt_cuda_gemm q = ptrt_cuda_gemm_of(g, a, b, c);

@@ -73,6 +73,7 @@ typedef struct ptrt_cuda_gemm {
     const void *x, *y;
     void *d;
     int ab; /* operand dtype (ptc_dtype): f32, bf16 or f16 */
+    int cd; /* D's: f32, or (beta 0) bf16 or f16, the f32 sums rounded as cuBLASLt stores them */
     float alpha, beta;
 } ptrt_cuda_gemm;
 

@@ -964,7 +964,7 @@ static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln)
 {
     const void *x = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->x);
     const void *y = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->y);
-    float *d = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->d);
+    void *d = ptrt_cuda_emu_host((ptrt_cudev)(uintptr_t)g->d);
     ptrt_cudev gx = (ptrt_cudev)(uintptr_t)g->x, gy = (ptrt_cudev)(uintptr_t)g->y;
     ptrt_cudev gd = (ptrt_cudev)(uintptr_t)g->d;
     if (!x || !y || !d || gpu_of(gx) != current_gpu || gpu_of(gy) != current_gpu ||
@@ -982,8 +982,14 @@ static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln)
                     int64_t yi = g->transb == PTRT_CUBLAS_OP_N ? p + j * g->ldy : j + p * g->ldy;
                     s += at(x, g->ab, b * g->sx + xi) * at(y, g->ab, b * g->sy + yi);
                 }
-                float *o = &d[b * g->sd + i + j * g->ldd];
-                *o = (float)(g->alpha * s + (g->beta != 0 ? g->beta * (double)*o : 0.0));
+                int64_t at_d = b * g->sd + i + j * g->ldd;
+                if (g->cd == PTC_F32) {
+                    float *o = (float *)d + at_d;
+                    *o = (float)(g->alpha * s + (g->beta != 0 ? g->beta * (double)*o : 0.0));
+                } else { /* a 16-bit D: the f32 value rounded (cuBLASLt takes beta 0 here) */
+                    float v = (float)(g->alpha * s);
+                    ((uint16_t *)d)[at_d] = g->cd == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v);
+                }
             }
     return E_OK;
 }

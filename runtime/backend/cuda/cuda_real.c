@@ -72,7 +72,7 @@ static int real_gemm(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_
     what = "cublasLtMatrixLayoutCreate";
     if ((rc = layout(lt, &lx, cuda_type(g->ab), g->x_rows, g->x_cols, g->ldx, g->batch, g->sx)) ||
         (rc = layout(lt, &ly, cuda_type(g->ab), g->y_rows, g->y_cols, g->ldy, g->batch, g->sy)) ||
-        (rc = layout(lt, &ld, PTRT_CUDA_R_32F, g->m, g->n, g->ldd, g->batch, g->sd)))
+        (rc = layout(lt, &ld, cuda_type(g->cd), g->m, g->n, g->ldd, g->batch, g->sd)))
         goto out;
     what = "cublasLtMatmul";
     rc = lt->cublasLtMatmul(handle, desc, &g->alpha, g->x, lx, g->y, ly, &g->beta, g->d, ld, g->d,

@@ -206,19 +206,24 @@ static double gemm_at(const void *x, uint8_t ab, int64_t i)
                            : ((const float *)x)[i];
 }
 
-void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, float *c)
+void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c)
 {
     for (int64_t bi = 0; bi < g->batch; bi++) {
         int64_t oa = bi * g->sa, ob = bi * g->sb;
-        float *pc = c + bi * g->sc;
         for (int64_t i = 0; i < g->m; i++)
             for (int64_t j = 0; j < g->n; j++) {
                 double s = 0;
                 for (int64_t p = 0; p < g->k; p++)
                     s += gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p)) *
                          gemm_at(b, g->ab, ob + (g->tb ? j * g->ldb + p : p * g->ldb + j));
-                double prior = g->beta != 0 ? g->beta * pc[i * g->ldc + j] : 0;
-                pc[i * g->ldc + j] = (float)(g->alpha * s + prior);
+                int64_t at = bi * g->sc + i * g->ldc + j;
+                if (g->cd == PTC_F32) {
+                    float *pc = (float *)c + at;
+                    *pc = (float)(g->alpha * s + (g->beta != 0 ? g->beta * *pc : 0));
+                    continue;
+                }
+                float v = (float)(g->alpha * s); /* (16-bit results: beta is 0) */
+                ((uint16_t *)c)[at] = g->cd == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v);
             }
     }
 }

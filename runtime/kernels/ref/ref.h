@@ -34,7 +34,8 @@ static inline float ptrt_round_f16(float x)
 }
 
 /* The reference GEMM of a plan's gemm instruction: every element a double sum, rounded to float
- * once (as ptrt_ref_run's matmul). */
-void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, float *c);
+ * once (as ptrt_ref_run's matmul), and then to g->cd's 16 bits where C is 16-bit (as a cast of
+ * the f32 result would). */
+void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c);
 
 #endif
