@@ -511,6 +511,17 @@ Test(cpu_gemm, transposed_a_tall_c)
     }
 }
 
+/* n random values in [-1, 1) rounded to bf16 or f16 storage */
+static uint16_t *halves(int64_t n, uint32_t seed, bool f16)
+{
+    float *f = rnd(n, seed, -1, 1);
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = f16 ? ptc_f16_bits(f[i]) : ptc_bf16_bits(f[i]);
+    free(f);
+    return h;
+}
+
 /* A plan's gemm instruction with bf16 and f16 operands (--precision) against the reference's: both
  * transposes, beta, a batch of strided matrices and one split across the pool; with oneDNN's bf16
  * GEMM where the library has it (f32 accumulation: DOT), else the operands widened to f32 (the
@@ -527,13 +538,7 @@ Test(cpu_gemm, bf16_operands)
                           .sa = nb > 1 ? m * k : 0, .sb = nb > 1 ? k * n : 0, .sc = m * n,
                           .alpha = 1.0, .beta = mode == 3 ? 1.0 : 0.0,
                           .ab = f16 ? PTC_F16 : PTC_BF16};
-            float *fa = rnd(nb * m * k, 21 + sh, -1, 1), *fb = rnd(nb * k * n, 31 + sh, -1, 1);
-            uint16_t *a = malloc(sizeof(uint16_t) * (size_t)(nb * m * k));
-            uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(nb * k * n));
-            for (int64_t i = 0; i < nb * m * k; i++)
-                a[i] = f16 ? ptc_f16_bits(fa[i]) : ptc_bf16_bits(fa[i]);
-            for (int64_t i = 0; i < nb * k * n; i++)
-                b[i] = f16 ? ptc_f16_bits(fb[i]) : ptc_bf16_bits(fb[i]);
+            uint16_t *a = halves(nb * m * k, 21 + sh, f16), *b = halves(nb * k * n, 31 + sh, f16);
             float *c = rnd(nb * m * n, 41, -1, 1), *want = malloc(sizeof(float) * (size_t)(nb * m * n));
             memcpy(want, c, sizeof(float) * (size_t)(nb * m * n));
             ptrt_ref_gemm(&g, a, b, want);
@@ -543,8 +548,6 @@ Test(cpu_gemm, bf16_operands)
                       "error %.3g", f16 ? "f16" : "bf16", (long long)m, (long long)n,
                       (long long)k, (long long)nb, g.ta, g.tb, g.beta,
                       !f16 && ptrt_cpu_has_bf16_gemm() ? "oneDNN bf16" : "widened", e);
-            free(fa);
-            free(fb);
             free(a);
             free(b);
             free(c);
@@ -581,13 +584,8 @@ Test(cpu_gemm, sixteen_bit_results)
                               .sc = m * n,
                               .alpha = 0.75,
                               .ab = dt};
-                float *fa = rnd(nb * m * k, 51 + sh, -1, 1), *fb = rnd(nb * k * n, 61 + sh, -1, 1);
-                uint16_t *a = malloc(sizeof(uint16_t) * (size_t)(nb * m * k));
-                uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(nb * k * n));
-                for (int64_t i = 0; i < nb * m * k; i++)
-                    a[i] = f16 ? ptc_f16_bits(fa[i]) : ptc_bf16_bits(fa[i]);
-                for (int64_t i = 0; i < nb * k * n; i++)
-                    b[i] = f16 ? ptc_f16_bits(fb[i]) : ptc_bf16_bits(fb[i]);
+                uint16_t *a = halves(nb * m * k, 51 + sh, f16);
+                uint16_t *b = halves(nb * k * n, 61 + sh, f16);
                 size_t nc = (size_t)(nb * m * n);
                 float *c32 = malloc(sizeof(float) * nc);
                 uint16_t *want = malloc(2 * nc), *got = malloc(2 * (nc + 1));
@@ -610,8 +608,6 @@ Test(cpu_gemm, sixteen_bit_results)
                           f16 ? "f16" : "bf16", (long long)m, (long long)n, (long long)k,
                           (long long)nb, g.ta, g.tb, worst,
                           got[nc] == 0x5a5a ? "" : "; wrote past C");
-                free(fa);
-                free(fb);
                 free(a);
                 free(b);
                 free(c32);
