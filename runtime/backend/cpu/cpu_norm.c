@@ -205,8 +205,9 @@ static int norm_grad(norm_job *j)
     return 1;
 }
 
-int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
-                            double eps, float *dx, float *dg, float *db)
+/* layernorm's gradient, or rmsnorm's (rms; db NULL) */
+static int norm_grad_of(bool rms, const ptc_type *tx, const float *x, const float *g,
+                        const float *dy, double eps, float *dx, float *dg, float *db)
 {
     int64_t d = tx->dims[tx->rank - 1];
     norm_job j = {.x = x,
@@ -217,24 +218,21 @@ int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, 
                   .db = db,
                   .d = d,
                   .eps = eps,
+                  .rms = rms,
                   .rows = d ? ptc_type_numel(tx) / d : 0};
     return norm_grad(&j);
+}
+
+int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
+                            double eps, float *dx, float *dg, float *db)
+{
+    return norm_grad_of(false, tx, x, g, dy, eps, dx, dg, db);
 }
 
 int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
                           double eps, float *dx, float *dg)
 {
-    int64_t d = tx->dims[tx->rank - 1];
-    norm_job j = {.x = x,
-                  .g = g,
-                  .dy = dy,
-                  .dx = dx,
-                  .dg = dg,
-                  .d = d,
-                  .eps = eps,
-                  .rms = true,
-                  .rows = d ? ptc_type_numel(tx) / d : 0};
-    return norm_grad(&j);
+    return norm_grad_of(true, tx, x, g, dy, eps, dx, dg, NULL);
 }
 
 /* ---- softmax and cross-entropy ---- */
