@@ -23,6 +23,11 @@ With --baseline, a second ptc (an older build) compiles the same model and train
 run, alternating with the others, so a change is measured against what came before it on the
 same machine at the same time (column "base tok/s" and the ratio ptc/base).
 
+With --matmul-precision high or medium, both sides run their f32 GEMMs at that float32 matmul
+precision: ptc's executables with --matmul-precision, PyTorch under
+torch.set_float32_matmul_precision (on a CPU, PyTorch 2's medium is oneDNN's bf16 GEMMs, its high
+f32 ones). The results say which ran (default: highest, f32 on both).
+
 It never fails on timing: the exit status is 1 only when a program fails to run.
 """
 
@@ -161,13 +166,20 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False):
 # The ptc side
 # ---------------------------------------------------------------------------------------------
 
+MATMUL = "highest"  # --matmul-precision: both sides' float32 matmul precision
+
+
+def precision_flags():
+    return [] if MATMUL == "highest" else ["--matmul-precision", MATMUL]
+
+
 def train_ptc(exe, wd, steps, warmup, threads, lr):
     """Returns (timed seconds from the log's step_ms, losses of every step)."""
     log = os.path.join(wd, "ptc.jsonl")
     run([exe, "--init-from", os.path.join(wd, "init.safetensors"),
          "--data", os.path.join(wd, "data.bin"), "--steps", str(warmup + steps),
          "--lr", repr(lr), "--schedule", "constant", "--grad-clip", "1", "--threads",
-         str(threads), "--log", log, "--quiet"], "the compiled model")
+         str(threads), "--log", log, "--quiet"] + precision_flags(), "the compiled model")
     recs = [json.loads(line) for line in open(log)]
     recs = sorted((r for r in recs if "loss" in r), key=lambda r: r["step"])
     timed = [r["step_ms"] for r in recs if r["step"] > warmup]
@@ -179,7 +191,7 @@ def profile_ptc(exe, wd, steps, warmup, threads, lr):
     p = subprocess.run([exe, "--init-from", os.path.join(wd, "init.safetensors"),
                         "--data", os.path.join(wd, "data.bin"), "--steps", str(warmup + steps),
                         "--lr", repr(lr), "--schedule", "constant", "--grad-clip", "1",
-                        "--threads", str(threads), "--profile", "--quiet"],
+                        "--threads", str(threads), "--profile", "--quiet"] + precision_flags(),
                        capture_output=True, text=True)
     gemm = total = None
     for line in (p.stdout + p.stderr).splitlines():
@@ -307,6 +319,7 @@ def write_results(out_dir, rows, info, command, args):
                 f"threads: ptc {args.threads}, PyTorch {args.torch_threads} "
                 f"(OMP_WAIT_POLICY={info['omp_wait_policy']})\n"
                 f"- load average at the end (1, 5, 15 min): {info['load']}\n"
+                f"- float32 matmul precision: {args.matmul_precision} (both sides)\n"
                 f"- commit: {info['commit']}\n- PyTorch {info['torch']}, Python "
                 f"{info['python']}, OpenBLAS {info['openblas']}\n\n")
         f.write("```\n" + table(rows) + "\n```\n\n")
@@ -343,7 +356,15 @@ def main():
                     help="also train the PyTorch model under torch.compile (PyTorch 2)")
     ap.add_argument("--baseline", help="another build's ptc, run side by side (e.g. an older "
                     "commit's build/tools/ptc)")
+    ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
+                    help="both sides' float32 matmul precision (default highest: f32)")
     args = ap.parse_args()
+    global MATMUL
+    MATMUL = args.matmul_precision
+    if hasattr(torch, "set_float32_matmul_precision"):
+        torch.set_float32_matmul_precision(MATMUL)
+    elif MATMUL != "highest":
+        ap.error("--matmul-precision needs PyTorch's set_float32_matmul_precision (1.12 on)")
     for m in args.models.split(","):
         if m not in MODELS:
             ap.error(f"unknown model {m} (known: {', '.join(MODELS)})")

@@ -59,6 +59,7 @@ int main(int argc, char **argv)
         }
         printf(ptrt_runner_usage, argv[0], plan->model, count, mesh);
         fputs(ptrt_runner_usage_backend, stdout);
+        fputs(ptrt_runner_usage_device, stdout);
     } else if (!rc && print_plan) {
         fputs(text, stdout);
     } else if (!rc) {

@@ -78,7 +78,9 @@ const char ptrt_runner_usage_backend[] =
     "  --prompt TEXT          the text to continue (default: a newline)\n"
     "  --temperature T        divide the logits by T >= 0; 0 takes the likeliest byte\n"
     "                         (default 1)\n"
-    "  --top-k K              draw among the K likeliest bytes; 0: all (default 0)\n"
+    "  --top-k K              draw among the K likeliest bytes; 0: all (default 0)\n";
+/* the third: backend and devices */
+const char ptrt_runner_usage_device[] =
     "backend:\n"
     "  --backend KIND         jit (default where built with LLVM: the cpu backend with the\n"
     "                         plan's fused kernels compiled by LLVM at start, cached on disk\n"
@@ -92,6 +94,12 @@ const char ptrt_runner_usage_backend[] =
     "                         of the GPU: the generated CUDA C compiled by cc; slow; for\n"
     "                         testing without a GPU)\n"
     "  --threads N            CPU threads for GEMMs and kernels (default: every core)\n"
+    "  --matmul-precision P   the float32 GEMMs' precision, as PyTorch's\n"
+    "                         set_float32_matmul_precision: highest (default: f32), high\n"
+    "                         (about 2^-17: on a CPU with AMX-BF16 each operand as two bf16,\n"
+    "                         three bf16 products; TF32 tensor cores on a GPU) or medium (about\n"
+    "                         2^-8: bf16 operands, on AVX-512-BF16 or AMX; bf16 tensor cores).\n"
+    "                         Where the units are missing, f32 (the summary says which ran)\n"
     "  --comm-timeout S       longest wait of one collective, in seconds, > 0 (default 60)\n"
     "  --ranks-per-process K  under mpirun or srun (one process per MPI rank), run K ranks of\n"
     "                         the plan as threads in each process (default 1); without a\n"
@@ -302,6 +310,7 @@ static bool takes_value(const char *a)
                                              "--comm-timeout",
                                              "--debug-drop-collective",
                                              "--threads",
+                                             "--matmul-precision",
                                              "--peak-flops",
                                              "--sample",
                                              "--prompt",
@@ -416,6 +425,17 @@ static int parse_value(FILE *errf, const char *prog, const char *a, const char *
                            ? "directory"
                            : "file");
         *str = v;
+        return 0;
+    }
+    if (strcmp(a, "--matmul-precision") == 0) {
+        int p = -1;
+        for (int k = PTRT_MATMUL_HIGHEST; k <= PTRT_MATMUL_MEDIUM; k++)
+            if (strcmp(v, ptrt_matmul_precision_name((ptrt_matmul_precision)k)) == 0)
+                p = k;
+        if (p < 0)
+            return bad(errf, prog, "--matmul-precision expects highest, high or medium, got '%s'",
+                       v);
+        o->matmul_precision = p;
         return 0;
     }
     if (strcmp(a, "--schedule") == 0) {

@@ -20,6 +20,7 @@
  * description of the mesh (see ptc-runner.c). */
 extern const char ptrt_runner_usage[];
 extern const char ptrt_runner_usage_backend[]; /* printed after it */
+extern const char ptrt_runner_usage_device[];  /* and then this */
 
 /* Parses argv (argv[0] is the program) into o, which ptrt_train_opts_default filled. model_lr is
  * the learning rate of the plan's optimizer line (the peak when --lr is not given). Returns 0 to

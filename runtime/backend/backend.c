@@ -2,6 +2,7 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "backend.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -29,6 +30,23 @@ void ptrt_host_free(void *p, size_t n)
 {
     if (p)
         munmap(p, n);
+}
+
+static atomic_int matmul_precision = PTRT_MATMUL_HIGHEST;
+
+void ptrt_set_matmul_precision(ptrt_matmul_precision p)
+{
+    atomic_store(&matmul_precision, (int)p);
+}
+
+ptrt_matmul_precision ptrt_matmul_precision_asked(void)
+{
+    return (ptrt_matmul_precision)atomic_load(&matmul_precision);
+}
+
+const char *ptrt_matmul_precision_name(ptrt_matmul_precision p)
+{
+    return p == PTRT_MATMUL_HIGH ? "high" : p == PTRT_MATMUL_MEDIUM ? "medium" : "highest";
 }
 
 int ptrt_fused_interp(void *state, const ptc_plan *p, int k, void *const *args, char *err,

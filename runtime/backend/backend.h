@@ -91,6 +91,18 @@ int ptrt_fused_interp(void *state, const ptc_plan *p, int k, void *const *args, 
 int ptrt_fused_interp_parallel(void *state, const ptc_plan *p, int k, void *const *args,
                                char *err, size_t errn);
 
+/* The float32 matmul precision of a run (the runner's --matmul-precision; PyTorch's
+ * torch.set_float32_matmul_precision): how a backend computes the GEMM instructions over f32
+ * operands. highest (the default): f32 products and sums. high and medium let a backend use
+ * faster units at about 2^-17 (high) or 2^-8 (medium) relative accuracy, where it has them: the
+ * CPU AMX-BF16 GEMMs over operands split into two bf16 (high) or rounded to one (medium,
+ * AVX-512-BF16 too; cpu_gemm_split.c), a GPU its tensor cores (TF32 and bf16 inputs to
+ * cuBLASLt). Elsewhere, and on the reference backend, f32 stays f32. Process-wide. */
+typedef enum { PTRT_MATMUL_HIGHEST, PTRT_MATMUL_HIGH, PTRT_MATMUL_MEDIUM } ptrt_matmul_precision;
+void ptrt_set_matmul_precision(ptrt_matmul_precision p);
+ptrt_matmul_precision ptrt_matmul_precision_asked(void);
+const char *ptrt_matmul_precision_name(ptrt_matmul_precision p);
+
 /* The backend named name ("ref", "cpu", "jit" where built), or NULL. */
 const ptrt_backend *ptrt_backend_find(const char *name);
 

@@ -782,7 +782,10 @@ static double measure_peak(int threads, bool bf16)
     if (ptc_file_cache_dir("", dir, sizeof dir))
         ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d%s", dir,
                 (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads,
-                bf16 ? "_bf16" : "");
+                bf16                                                 ? "_bf16"
+                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGHEST ? ""
+                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGH    ? "_f32high"
+                                                                     : "_f32medium");
     size_t len;
     char *text = *path ? ptc_read_file_max(path, 64, &len) : NULL;
     double v = text ? strtod(text, NULL) : 0;
@@ -1054,6 +1057,13 @@ static void loop(run *r)
                     o->peak_flops > 0 ? ""
                     : sh->peak_bf16   ? " bf16 GEMM"
                                       : " GEMM");
+        if (o->matmul_precision != PTRT_MATMUL_HIGHEST) {
+            ptrt_matmul_precision asked = (ptrt_matmul_precision)o->matmul_precision;
+            ptrt_matmul_precision ran =
+                o->device == PTRT_DEVICE_CPU ? ptrt_cpu_matmul_precision() : asked;
+            fprintf(out, "; f32 matmul precision %s%s", ptrt_matmul_precision_name(ran),
+                    ran == asked ? "" : " (this CPU lacks the units for the one asked)");
+        }
         fputc('\n', out);
         int64_t bg, beside;
         ptrt_exec_overlap(r->x, &bg, &beside);
@@ -1226,6 +1236,7 @@ static int setup(shared *sh, char *err, size_t errn)
         sh->comm = ptrt_inproc_comm(sh->inproc);
     }
     ptrt_cpu_set_threads(o->threads);
+    ptrt_set_matmul_precision((ptrt_matmul_precision)o->matmul_precision);
     if (sh->nlocal > 1 || (sh->mpi && ptrt_mpi_nprocesses(sh->mpi) > 1))
         ptrt_cpu_share_cores();
     /* (a GPU's peak is not the CPU's GEMM: on a device, MFU only with --peak-flops) */

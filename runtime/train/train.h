@@ -63,6 +63,7 @@ typedef struct ptrt_train_opts {
     ptrt_backend_kind backend;
     ptrt_device_kind device;
     int threads;
+    int matmul_precision; /* ptrt_matmul_precision (backend.h): --matmul-precision */
     double peak_flops; /* --peak-flops: the hardware's FLOP/s for MFU; 0: measure a GEMM */
     double timeout_s; /* longest wait in one collective before the run fails (multi-rank) */
     int ranks_per_process; /* under an MPI launcher: ranks (threads) per process; 0 = 1 */

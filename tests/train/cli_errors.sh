@@ -90,6 +90,7 @@ check "--keep -1" 2 "--keep.*'-1'" "${run[@]}" --keep -1
 check "--threads x" 2 "--threads.*'x'" "${run[@]}" --threads x
 check "--schedule foo" 2 "--schedule.*'foo'" "${run[@]}" --schedule foo
 check "--backend gpu" 2 "--backend.*'gpu'" "${run[@]}" --backend gpu
+check "--matmul-precision low" 2 "--matmul-precision expects highest, high or medium.*'low'" "${run[@]}" --matmul-precision low
 check "missing value (--steps last)" 2 "'--steps' needs a value" "${run[@]}" --steps
 check "missing value (--data last)" 2 "'--data' needs a value" "${run[@]}" --data
 check "--resume without --checkpoint-dir" 2 "--resume needs --checkpoint-dir" "${run[@]}" --resume

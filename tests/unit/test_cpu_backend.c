@@ -616,6 +616,67 @@ Test(cpu_gemm, sixteen_bit_results)
             }
 }
 
+/* f32 gemm instructions at each float32 matmul precision (--matmul-precision): the split into
+ * bf16 GEMMs (cpu_gemm_split.c) forced on whatever this CPU has, against the reference's double
+ * sums: highest within DOT, high (two-part splits, three products) within 2^-15 of the largest
+ * element, medium (one bf16 product) within 2^-6; both transposes, beta 1, a batch of strided
+ * matrices and one with a shared A, 1 x 1 x 1. A wrong pairing of the parts (A2 B2 for A1 B2,
+ * or a part twice) is off by the size of a whole product. */
+Test(cpu_gemm, matmul_precision_splits)
+{
+    int64_t shapes[][5] = {{37, 45, 29, 1, 0},
+                           {5, 7, 3, 6, 0},
+                           {9, 11, 13, 4, 1},
+                           {130, 70, 96, 1, 0},
+                           {1, 1, 1, 1, 0}};
+    static const ptrt_matmul_precision ps[3] = {PTRT_MATMUL_HIGHEST, PTRT_MATMUL_HIGH,
+                                                PTRT_MATMUL_MEDIUM};
+    static const double tol[3] = {DOT, 0x1p-15, 0x1p-6};
+    ptrt_cpu_matmul_precision_force(true);
+    for (int q = 0; q < 3; q++)
+        for (int sh = 0; sh < 5; sh++)
+            for (int mode = 0; mode < 4; mode++) {
+                int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+                int64_t nb = shapes[sh][3];
+                bool shared_a = shapes[sh][4];
+                ptc_gemm g = {.ta = mode & 1,
+                              .tb = mode & 2,
+                              .m = m,
+                              .n = n,
+                              .k = k,
+                              .batch = nb,
+                              .lda = (mode & 1) ? m : k,
+                              .ldb = (mode & 2) ? k : n,
+                              .ldc = n,
+                              .sa = nb > 1 && !shared_a ? m * k : 0,
+                              .sb = nb > 1 ? k * n : 0,
+                              .sc = m * n,
+                              .alpha = 1.0,
+                              .beta = mode == 3 ? 1.0 : 0.0};
+                float *a = rnd((g.sa ? nb : 1) * m * k, 71 + sh, -1, 1);
+                float *b = rnd(nb * k * n, 81 + sh, -1, 1);
+                float *c = rnd(nb * m * n, 91, -1, 1),
+                      *want = malloc(sizeof(float) * (size_t)(nb * m * n));
+                memcpy(want, c, sizeof(float) * (size_t)(nb * m * n));
+                ptrt_ref_gemm(&g, a, b, want);
+                ptrt_set_matmul_precision(ps[q]);
+                ptrt_cpu_gemm_instr(&g, a, b, c);
+                ptrt_set_matmul_precision(PTRT_MATMUL_HIGHEST);
+                double e = rel_error(c, want, nb * m * n);
+                cr_expect(e <= tol[q],
+                          "%s: gemm %lldx%lldx%lld batch %lld%s ta=%d tb=%d beta=%g: error %.3g "
+                          "(at most %.3g)",
+                          ptrt_matmul_precision_name(ps[q]), (long long)m, (long long)n,
+                          (long long)k, (long long)nb, shared_a ? " (one A)" : "", g.ta, g.tb,
+                          g.beta, e, tol[q]);
+                free(a);
+                free(b);
+                free(c);
+                free(want);
+            }
+    ptrt_cpu_matmul_precision_force(false);
+}
+
 /* ---- normalisation, softmax, losses, embedding ---- */
 
 Test(cpu_norm, layernorm_and_rmsnorm)

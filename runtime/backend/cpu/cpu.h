@@ -5,6 +5,9 @@
 #ifndef PTRT_CPU_H
 #define PTRT_CPU_H
 
+#include <stdbool.h>
+
+#include "backend.h"
 #include "kernel.h"
 
 /* Same contract as ptrt_ref_run. */
@@ -23,5 +26,9 @@ const char *ptrt_cpu_blas_name(void);
 /* Whether the library has a bf16 GEMM (oneDNN; bf16 operands, f32 sums): a plan's bf16 GEMMs
  * run on it, else on the f32 GEMM over operands widened to f32. */
 bool ptrt_cpu_has_bf16_gemm(void);
+/* The float32 matmul precision the CPU's GEMM instructions run at: the one asked
+ * (ptrt_set_matmul_precision, backend.h) where this CPU and library have the units for it, else
+ * highest (cpu_gemm_split.c). */
+ptrt_matmul_precision ptrt_cpu_matmul_precision(void);
 
 #endif

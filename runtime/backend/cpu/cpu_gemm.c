@@ -444,7 +444,8 @@ static float *widened(const void *x, ptc_dtype dt, int64_t n)
     return o;
 }
 
-void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
+/* a gemm instruction as its operands' dtype says (f32: at f32 precision) */
+static void gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
 {
     bool bf16 = g->ab == PTC_BF16;
     if ((bf16 && !ptrt_cpu_has_bf16_gemm()) || g->ab == PTC_F16) {
@@ -454,7 +455,7 @@ void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *
         f.ab = PTC_F32;
         float *fa = widened(a, (ptc_dtype)g->ab, (g->sa ? g->batch : 1) * g->m * g->k);
         float *fb = widened(b, (ptc_dtype)g->ab, (g->sb ? g->batch : 1) * g->k * g->n);
-        ptrt_cpu_gemm_instr(&f, fa, fb, c);
+        gemm_instr(&f, fa, fb, c);
         free(fa);
         free(fb);
         return;
@@ -470,4 +471,13 @@ void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *
         gemm_split(bf16, g->ta, g->tb, g->m, g->n, g->k, (float)g->alpha,
                    elems(a, bi * g->sa, bf16), g->lda, elems(b, bi * g->sb, bf16), g->ldb,
                    (float)g->beta, (ptc_dtype)g->cd, c_at(c, (ptc_dtype)g->cd, bi * g->sc), g->ldc);
+}
+
+void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
+{
+    /* f32 operands at a lower float32 matmul precision: bf16 GEMMs over their parts, which come
+     * back here as bf16 gemm instructions */
+    if (g->ab == PTC_F32 && ptrt_cpu_gemm_split(g, a, b, c))
+        return;
+    gemm_instr(g, a, b, c);
 }

@@ -83,8 +83,14 @@ void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
                          float *c, int64_t ldc);
 /* A plan's gemm instruction (batches in parallel when they are many or small). */
 void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c);
-/* Whether the GEMM library has a bf16 GEMM (oneDNN on AVX-512 CPUs); else bf16 operands of a gemm
- * instruction are widened to f32 first. */
+/* ---- cpu_gemm_split.c ---- */
+/* An f32 gemm instruction as bf16 GEMMs over split operands, when ptrt_cpu_matmul_precision is
+ * high or medium; false (nothing done) when it is highest or g is not f32. */
+bool ptrt_cpu_gemm_split(const ptc_gemm *g, const float *a, const float *b, float *c);
+/* Tests: take the precision asked whatever the CPU and library have (the split's bf16 GEMM then
+ * runs on operands widened to f32 where the library has none: slow, the same arithmetic). */
+void ptrt_cpu_matmul_precision_force(bool force);
+/* A matmul kernel instruction (batched, with broadcasting) in f32. */
 int ptrt_cpu_matmul(const ptc_type *ta, const float *a, const ptc_type *tb, const float *b,
                     const ptc_type *to, float *o);
 

@@ -478,9 +478,16 @@ ptrt_cuda_gemm ptrt_cuda_gemm_of(const ptc_gemm *g, const void *a, const void *b
         .d = c,
         .ab = g->ab,
         .cd = g->cd,
+        .compute = PTRT_CUBLAS_COMPUTE_32F,
         .alpha = (float)g->alpha,
         .beta = (float)g->beta,
     };
+    if (g->ab == PTC_F32) { /* tensor cores for f32 operands, where the run allows them */
+        ptrt_matmul_precision p = ptrt_matmul_precision_asked();
+        q.compute = p == PTRT_MATMUL_HIGH     ? PTRT_CUBLAS_COMPUTE_32F_FAST_TF32
+                    : p == PTRT_MATMUL_MEDIUM ? PTRT_CUBLAS_COMPUTE_32F_FAST_16BF
+                                              : PTRT_CUBLAS_COMPUTE_32F;
+    }
     /* the stored shapes, column-major: op(X) is m x k, op(Y) k x n */
     q.x_rows = g->tb ? q.k : q.m;
     q.x_cols = g->tb ? q.m : q.k;

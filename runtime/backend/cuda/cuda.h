@@ -74,6 +74,8 @@ typedef struct ptrt_cuda_gemm {
     void *d;
     int ab; /* operand dtype (ptc_dtype): f32, bf16 or f16 */
     int cd; /* D's: f32, or (beta 0) bf16 or f16, the f32 sums rounded as cuBLASLt stores them */
+    int compute; /* PTRT_CUBLAS_COMPUTE_32F, or for f32 operands at a lower float32 matmul
+                  * precision (backend.h) _FAST_TF32 (high) or _FAST_16BF (medium) */
     float alpha, beta;
 } ptrt_cuda_gemm;
 

@@ -28,6 +28,7 @@
  */
 #define _GNU_SOURCE /* mkdtemp */
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -940,6 +941,22 @@ static double at(const void *p, int ab, int64_t i)
                            : ((const float *)p)[i];
 }
 
+/* An f32 operand as a tensor core takes it under a fast compute type: TF32 (10 significand bits
+ * stored, rounded to nearest, ties away, as cvt.rna.tf32.f32) or bf16 (nearest even). */
+static double tensor_core_input(double v, int compute)
+{
+    if (compute == PTRT_CUBLAS_COMPUTE_32F_FAST_16BF)
+        return ptc_round_bf16(v);
+    if (compute != PTRT_CUBLAS_COMPUTE_32F_FAST_TF32 || !isfinite(v))
+        return v;
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x1000u) & ~0x1fffu;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln);
 
 /* one cublasLtMatmul on handle */
@@ -980,7 +997,8 @@ static int emu_matmul(const ptrt_cuda_gemm *g, char *call, size_t calln)
                 for (int64_t p = 0; p < g->k; p++) {
                     int64_t xi = g->transa == PTRT_CUBLAS_OP_N ? i + p * g->ldx : p + i * g->ldx;
                     int64_t yi = g->transb == PTRT_CUBLAS_OP_N ? p + j * g->ldy : j + p * g->ldy;
-                    s += at(x, g->ab, b * g->sx + xi) * at(y, g->ab, b * g->sy + yi);
+                    s += tensor_core_input(at(x, g->ab, b * g->sx + xi), g->compute) *
+                         tensor_core_input(at(y, g->ab, b * g->sy + yi), g->compute);
                 }
                 int64_t at_d = b * g->sd + i + j * g->ldd;
                 if (g->cd == PTC_F32) {

@@ -61,7 +61,7 @@ static int real_gemm(void *handle, const ptrt_cuda_gemm *g, ptrt_cudev ws, size_
     int32_t ta = g->transa, tb = g->transb;
     int rc;
     const char *what = "cublasLtMatmulDescCreate";
-    if ((rc = lt->cublasLtMatmulDescCreate(&desc, PTRT_CUBLAS_COMPUTE_32F, PTRT_CUDA_R_32F)))
+    if ((rc = lt->cublasLtMatmulDescCreate(&desc, g->compute, PTRT_CUDA_R_32F)))
         goto out;
     what = "cublasLtMatmulDescSetAttribute";
     if ((rc = lt->cublasLtMatmulDescSetAttribute(desc, PTRT_CUBLASLT_MATMUL_DESC_TRANSA, &ta,

@@ -144,6 +144,8 @@ enum {
     PTRT_CUBLAS_OP_N = 0,
     PTRT_CUBLAS_OP_T = 1,
     PTRT_CUBLAS_COMPUTE_32F = 68,
+    PTRT_CUBLAS_COMPUTE_32F_FAST_16BF = 75, /* f32 operands may be rounded to bf16 */
+    PTRT_CUBLAS_COMPUTE_32F_FAST_TF32 = 77, /* ... to TF32 (10 significand bits stored) */
     PTRT_CUDA_R_32F = 0,
     PTRT_CUDA_R_16F = 2,
     PTRT_CUDA_R_16BF = 14,
