@@ -59,6 +59,8 @@ def run_ptc(args, wd, ptc=None, name="g"):
     steps = args.steps + args.warmup
     run = [exe, "--device", args.device, "--steps", str(steps), "--peak-flops",
            str(args.peak_flops)]
+    if args.matmul_precision != "highest":
+        run += ["--matmul-precision", args.matmul_precision]
     t0 = time.time()
     p = sh(run, cwd=wd)
     wall = time.time() - t0
@@ -91,6 +93,7 @@ def run_torch(args):
     init = cpu_train.initial_weights(m.params(), 1)
     tm = cpu_train.TorchGPT2(m, init, 1e-5)
     dev = torch.device(args.torch_device)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     sync = torch.cuda.synchronize if args.torch_device == "cuda" else (lambda: None)
     for k in tm.P:
         tm.P[k] = torch.nn.Parameter(tm.P[k].detach().to(dev))
@@ -120,6 +123,8 @@ def main():
     ap.add_argument("--ptc", default=os.path.join(ROOT, "build", "tools", "ptc"))
     ap.add_argument("--model", choices=sorted(CONFIGS), default="124m")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
+                    help="both sides' float32 matmul precision (fp32: high is TF32 on a GPU)")
     ap.add_argument("--device", default="cuda", help="cuda, or cuda-emulated for a smoke run")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -149,7 +154,8 @@ def main():
     lines = [f"# cuda_train: ptc on {args.device} vs PyTorch, {now:%Y-%m-%d %H:%M}", "",
              "    " + " ".join(["python3", "bench/cuda_train.py"] + sys.argv[1:]), "",
              f"- device: {device_name()} (ptc --device {args.device})",
-             f"- commit: {commit}; model {args.model} ({CONFIGS[args.model][1]}), {args.precision}",
+             f"- commit: {commit}; model {args.model} ({CONFIGS[args.model][1]}), {args.precision}, "
+             f"float32 matmul precision {args.matmul_precision} (both sides)",
              f"- ptc: `{ours['cmd']}`"]
     if baseline:
         lines.append(f"- baseline: `{baseline['cmd']}`; {len(runs)} interleaved rounds, "

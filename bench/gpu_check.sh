@@ -6,7 +6,8 @@
 #      16 bits); on a one-GPU machine the dp=2,tp=2 plan runs as 4 ranks on that GPU through the
 #      device communicator, the issue's "4 ranks on one GPU equals the CPU run";
 #   2. bench/cuda_train.py: GPT-2 124M, batch 16 x 1024, bf16, tok/s and MFU, against PyTorch on
-#      the same GPU where it is installed (it writes its own bench/results file);
+#      the same GPU where it is installed (it writes its own bench/results file); then fp32 with
+#      TF32 GEMMs on both sides (--matmul-precision high: never run on a GPU before);
 #   3. bench/gpu_sanitize.sh: compute-sanitizer's memcheck and racecheck over a step of 4 ranks
 #      on the GPU and of grouped-query attention across key tiles.
 #
@@ -72,6 +73,9 @@ step "CUDA backend against the CPU (cuda_emulated.py --device cuda)" "${GPU_CHEC
 step "GPT-2 124M bf16 against PyTorch (cuda_train.py)" "${GPU_CHECK_LIMIT:-420}" \
   python3 "$root/bench/cuda_train.py" --ptc "$ptc" --steps "${GPU_CHECK_STEPS:-10}" --warmup 2 \
   ${GPU_CHECK_BASELINE:+--baseline "$GPU_CHECK_BASELINE" --rounds 3}
+step "GPT-2 124M fp32, TF32 GEMMs on both sides (cuda_train.py --matmul-precision high)" \
+  "${GPU_CHECK_LIMIT:-420}" python3 "$root/bench/cuda_train.py" --ptc "$ptc" --precision fp32 \
+  --matmul-precision high --steps 5 --warmup 2
 for tool in memcheck racecheck; do
   step "compute-sanitizer $tool (gpu_sanitize.sh)" "${GPU_CHECK_LIMIT:-420}" \
     bash "$root/bench/gpu_sanitize.sh" "$ptc" "$tool"
