@@ -160,11 +160,14 @@ static void parts_of(const float *x, int64_t n, uint16_t *hi, uint16_t *lo)
 {
     int64_t i = 0;
 #ifdef HAVE_CVTNE
-    static int cvtne = -1;
-    if (cvtne < 0)
-        cvtne = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl");
-    if (cvtne)
+    static atomic_int cvtne = -1; /* (threads may find it out at once: the same answer) */
+    int have = atomic_load_explicit(&cvtne, memory_order_relaxed);
+    if (have < 0) {
+        have = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+        atomic_store_explicit(&cvtne, have, memory_order_relaxed);
+    }
+    if (have)
         i = parts_cvtne(x, n, hi, lo);
 #endif
     for (; i < n; i++) {
