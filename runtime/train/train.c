@@ -1059,10 +1059,15 @@ static void loop(run *r)
                                       : " GEMM");
         if (o->matmul_precision != PTRT_MATMUL_HIGHEST) {
             ptrt_matmul_precision asked = (ptrt_matmul_precision)o->matmul_precision;
-            ptrt_matmul_precision ran =
-                o->device == PTRT_DEVICE_CPU ? ptrt_cpu_matmul_precision() : asked;
+            /* (the ref backend's GEMM is the reference: always f32) */
+            bool ref = o->device == PTRT_DEVICE_CPU && o->backend == PTRT_BACKEND_REF;
+            ptrt_matmul_precision ran = ref                            ? PTRT_MATMUL_HIGHEST
+                                        : o->device == PTRT_DEVICE_CPU ? ptrt_cpu_matmul_precision()
+                                                                       : asked;
             fprintf(out, "; f32 matmul precision %s%s", ptrt_matmul_precision_name(ran),
-                    ran == asked ? "" : " (this CPU lacks the units for the one asked)");
+                    ran == asked ? ""
+                    : ref        ? " (the ref backend keeps f32)"
+                                 : " (this CPU lacks the units for the one asked)");
         }
         fputc('\n', out);
         int64_t bg, beside;
