@@ -94,10 +94,11 @@ int ptrt_fused_interp_parallel(void *state, const ptc_plan *p, int k, void *cons
 /* The float32 matmul precision of a run (the runner's --matmul-precision; PyTorch's
  * torch.set_float32_matmul_precision): how a backend computes the GEMM instructions over f32
  * operands. highest (the default): f32 products and sums. high and medium let a backend use
- * faster units at about 2^-17 (high) or 2^-8 (medium) relative accuracy, where it has them: the
- * CPU AMX-BF16 GEMMs over operands split into two bf16 (high) or rounded to one (medium,
- * AVX-512-BF16 too; cpu_gemm_split.c), a GPU its tensor cores (TF32 and bf16 inputs to
- * cuBLASLt). Elsewhere, and on the reference backend, f32 stays f32. Process-wide. */
+ * faster units where it has them: the CPU AMX-BF16 GEMMs over operands split into two bf16
+ * (high, about 2^-17 relative) or rounded to one (medium, about 2^-8; AVX-512-BF16 too;
+ * cpu_gemm_split.c), a GPU its tensor cores (TF32 inputs for high, about 2^-11, and bf16 for
+ * medium, as cuBLASLt's fast compute types). Elsewhere, and on the reference backend, f32 stays
+ * f32. Process-wide. */
 typedef enum { PTRT_MATMUL_HIGHEST, PTRT_MATMUL_HIGH, PTRT_MATMUL_MEDIUM } ptrt_matmul_precision;
 void ptrt_set_matmul_precision(ptrt_matmul_precision p);
 ptrt_matmul_precision ptrt_matmul_precision_asked(void);
