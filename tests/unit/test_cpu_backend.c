@@ -522,6 +522,26 @@ static uint16_t *halves(int64_t n, uint32_t seed, bool f16)
     return h;
 }
 
+/* A row-major gemm instruction: mode bit 0 transposes A, bit 1 B, mode 3 adds to C (beta 1);
+ * nb > 1 matrices one after another (A shared by all when shared_a). */
+static ptc_gemm gemm_of(int mode, int64_t m, int64_t n, int64_t k, int64_t nb, bool shared_a)
+{
+    return (ptc_gemm){.ta = mode & 1,
+                      .tb = (mode & 2) != 0,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .batch = nb,
+                      .lda = (mode & 1) ? m : k,
+                      .ldb = (mode & 2) ? k : n,
+                      .ldc = n,
+                      .sa = nb > 1 && !shared_a ? m * k : 0,
+                      .sb = nb > 1 ? k * n : 0,
+                      .sc = m * n,
+                      .alpha = 1.0,
+                      .beta = mode == 3 ? 1.0 : 0.0};
+}
+
 /* A plan's gemm instruction with bf16 and f16 operands (--precision) against the reference's: both
  * transposes, beta, a batch of strided matrices and one split across the pool; with oneDNN's bf16
  * GEMM where the library has it (f32 accumulation: DOT), else the operands widened to f32 (the
@@ -533,11 +553,8 @@ Test(cpu_gemm, bf16_operands)
     for (int sh = 0; sh < 4; sh++)
         for (int mode = 0; mode < 4; mode++) {
             int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], nb = shapes[sh][3];
-            ptc_gemm g = {.ta = mode & 1, .tb = mode & 2, .m = m, .n = n, .k = k, .batch = nb,
-                          .lda = (mode & 1) ? m : k, .ldb = (mode & 2) ? k : n, .ldc = n,
-                          .sa = nb > 1 ? m * k : 0, .sb = nb > 1 ? k * n : 0, .sc = m * n,
-                          .alpha = 1.0, .beta = mode == 3 ? 1.0 : 0.0,
-                          .ab = f16 ? PTC_F16 : PTC_BF16};
+            ptc_gemm g = gemm_of(mode, m, n, k, nb, false);
+            g.ab = f16 ? PTC_F16 : PTC_BF16;
             uint16_t *a = halves(nb * m * k, 21 + sh, f16), *b = halves(nb * k * n, 31 + sh, f16);
             float *c = rnd(nb * m * n, 41, -1, 1), *want = malloc(sizeof(float) * (size_t)(nb * m * n));
             memcpy(want, c, sizeof(float) * (size_t)(nb * m * n));
@@ -570,20 +587,10 @@ Test(cpu_gemm, sixteen_bit_results)
                 int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
                 int64_t nb = shapes[sh][3];
                 ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
-                ptc_gemm g = {.ta = mode & 1,
-                              .tb = mode & 2,
-                              .m = m,
-                              .n = n,
-                              .k = k,
-                              .batch = nb,
-                              .lda = (mode & 1) ? m : k,
-                              .ldb = (mode & 2) ? k : n,
-                              .ldc = n,
-                              .sa = nb > 1 ? m * k : 0,
-                              .sb = nb > 1 ? k * n : 0,
-                              .sc = m * n,
-                              .alpha = 0.75,
-                              .ab = dt};
+                ptc_gemm g = gemm_of(mode, m, n, k, nb, false);
+                g.alpha = 0.75;
+                g.beta = 0;
+                g.ab = (uint8_t)dt;
                 uint16_t *a = halves(nb * m * k, 51 + sh, f16);
                 uint16_t *b = halves(nb * k * n, 61 + sh, f16);
                 size_t nc = (size_t)(nb * m * n);
@@ -639,20 +646,7 @@ Test(cpu_gemm, matmul_precision_splits)
                 int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
                 int64_t nb = shapes[sh][3];
                 bool shared_a = shapes[sh][4];
-                ptc_gemm g = {.ta = mode & 1,
-                              .tb = mode & 2,
-                              .m = m,
-                              .n = n,
-                              .k = k,
-                              .batch = nb,
-                              .lda = (mode & 1) ? m : k,
-                              .ldb = (mode & 2) ? k : n,
-                              .ldc = n,
-                              .sa = nb > 1 && !shared_a ? m * k : 0,
-                              .sb = nb > 1 ? k * n : 0,
-                              .sc = m * n,
-                              .alpha = 1.0,
-                              .beta = mode == 3 ? 1.0 : 0.0};
+                ptc_gemm g = gemm_of(mode, m, n, k, nb, shared_a);
                 float *a = rnd((g.sa ? nb : 1) * m * k, 71 + sh, -1, 1);
                 float *b = rnd(nb * k * n, 81 + sh, -1, 1);
                 float *c = rnd(nb * m * n, 91, -1, 1),

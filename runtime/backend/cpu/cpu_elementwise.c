@@ -407,31 +407,9 @@ int ptrt_cpu_concat(int nin, const ptc_type *it, const void *const *in, int axis
  * float_to_half_fast3_rtne, f32 -> bf16 by the carry of the rounding bit. Every 16-bit value is
  * exact in f32, so a cast between 16-bit formats goes through f32 and rounds once. */
 
-static inline uint32_t f_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t to_bf16(float f)
-{
-    uint32_t u = f_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)(0x7fc0u | ((u >> 16) & 0x8000u));
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 static inline uint16_t to_f16(float f)
 {
-    uint32_t u = f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint32_t u = ptrt_f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u)
         return 0x7e00;
     if (a >= 0x477ff000u) /* 65520 and above round to infinity */
@@ -440,7 +418,7 @@ static inline uint16_t to_f16(float f)
         return (uint16_t)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));
     /* below 2^-14: adding 0.5 leaves the f16 subnormal's multiple of 2^-24 in the low bits, rounded
      * by the float addition itself */
-    return (uint16_t)(sign | (f_bits(bits_f(a) + 0.5f) - 0x3f000000u));
+    return (uint16_t)(sign | (ptrt_f_bits(ptrt_bits_f(a) + 0.5f) - 0x3f000000u));
 }
 
 static inline float from_f16(uint16_t h)
@@ -451,9 +429,9 @@ static inline float from_f16(uint16_t h)
         o += (128u - 16u) << 23; /* infinity, NaN */
     } else if (e == 0) {
         o += 1u << 23; /* subnormal: renormalise by a float subtraction (exact) */
-        o = f_bits(bits_f(o) - bits_f(113u << 23));
+        o = ptrt_f_bits(ptrt_bits_f(o) - ptrt_bits_f(113u << 23));
     }
-    return bits_f(o | (uint32_t)(h & 0x8000u) << 16);
+    return ptrt_bits_f(o | (uint32_t)(h & 0x8000u) << 16);
 }
 
 typedef struct cast_job {
@@ -564,10 +542,10 @@ static void cast_piece(void *ctx, int64_t begin, int64_t end)
     /* one loop per pair, branch-free inside, so that the compiler vectorises the common ones */
     if (j->from == PTC_F32 && j->to == PTC_BF16)
         for (int64_t i = begin; i < end; i++)
-            oh[i] = to_bf16(xf[i]);
+            oh[i] = ptrt_to_bf16(xf[i]);
     else if (j->from == PTC_BF16 && j->to == PTC_F32)
         for (int64_t i = begin; i < end; i++)
-            of[i] = bits_f((uint32_t)xh[i] << 16);
+            of[i] = ptrt_bits_f((uint32_t)xh[i] << 16);
     else if (j->from == PTC_F32 && j->to == PTC_F16)
         for (int64_t i = begin; i < end; i++)
             oh[i] = to_f16(xf[i]);
@@ -577,12 +555,12 @@ static void cast_piece(void *ctx, int64_t begin, int64_t end)
     else
         for (int64_t i = begin; i < end; i++) {
             float v = j->from == PTC_F32    ? xf[i]
-                      : j->from == PTC_BF16 ? bits_f((uint32_t)xh[i] << 16)
+                      : j->from == PTC_BF16 ? ptrt_bits_f((uint32_t)xh[i] << 16)
                                             : from_f16(xh[i]);
             if (j->to == PTC_F32)
                 of[i] = v;
             else
-                oh[i] = j->to == PTC_BF16 ? to_bf16(v) : to_f16(v);
+                oh[i] = j->to == PTC_BF16 ? ptrt_to_bf16(v) : to_f16(v);
         }
 }
 

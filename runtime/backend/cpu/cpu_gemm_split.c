@@ -108,29 +108,6 @@ static void *scratch_get(size_t n)
 
 /* ---- splitting ---- */
 
-static inline uint32_t f_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float bits_f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* f rounded to bf16 (nearest, ties to even; NaN stays NaN), as the cast kernel rounds */
-static inline uint16_t to_bf16(float f)
-{
-    uint32_t u = f_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)(0x7fc0u | ((u >> 16) & 0x8000u));
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define HAVE_CVTNE 1
@@ -171,10 +148,10 @@ static void parts_of(const float *x, int64_t n, uint16_t *hi, uint16_t *lo)
         i = parts_cvtne(x, n, hi, lo);
 #endif
     for (; i < n; i++) {
-        uint16_t h = to_bf16(x[i]);
+        uint16_t h = ptrt_to_bf16(x[i]);
         hi[i] = h;
         if (lo)
-            lo[i] = to_bf16(x[i] - bits_f((uint32_t)h << 16));
+            lo[i] = ptrt_to_bf16(x[i] - ptrt_bits_f((uint32_t)h << 16));
     }
 }
 

@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernel.h"
 #include "program.h"
@@ -65,6 +66,30 @@ void ptrt_cpu_parallel_for(int64_t n, int64_t grain, ptrt_cpu_range_fn fn, void 
 int ptrt_cpu_threads(void);
 void ptrt_cpu_pool_set_threads(int n);
 void ptrt_cpu_pool_shared(void);
+
+/* f32 bits and back; f to bf16 (nearest, ties to even; NaN to the reference's quiet NaN), bit
+ * for bit as common/half.c rounds (the cast kernel and the GEMM split share it) */
+static inline uint32_t ptrt_f_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float ptrt_bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t ptrt_to_bf16(float f)
+{
+    uint32_t u = ptrt_f_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(0x7fc0u | ((u >> 16) & 0x8000u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* ---- cpu_gemm.c ---- */
 
