@@ -9,7 +9,7 @@
  *   medium   each operand rounded to bf16, one product: about 2^-8 accurate.
  * On issue 16 (b)'s step GEMMs, 2 threads of this project's Xeon with AMX (bench/gemm_split.c,
  * the splitting included): high 1.19x the f32 GEMMs' speed with 5.2e-6 of the largest element
- * as its largest error (f32: 7.1e-7), medium 3.35x with 2.5e-3. The split takes most of what
+ * as its largest error (f32: 7.1e-7), medium 3.4x with 2.5e-3. The split takes most of what
  * high's three bf16 products gain (1.43x without it).
  * Taken only where it is faster: high on a CPU with AMX-BF16 (AVX-512-BF16 alone runs bf16 at
  * twice f32's rate, so three products would be slower than one f32 one), medium on one with
