@@ -3,7 +3,7 @@
 # -fsanitize=thread (build-tsan/, or $PTC_TSAN_BUILD), then a few short trainings that run
 # every kind of thread the runtime has: the CPU pool (--threads 2) on the jit and cpu backends,
 # ranks as threads over the in-process communicator (dp x tp with SP and ZeRO-3, pipeline,
-# experts, bf16), and ranks sharing one emulated GPU and its emulated NCCL. Any report fails
+# experts, bf16, f32 GEMMs split into bf16 ones), and ranks sharing one emulated GPU and its emulated NCCL. Any report fails
 # it (exit 66 from the run that had it), with the report printed.
 #
 # Criterion's test runner crashes under ThreadSanitizer, so the unit tests are not run here;
@@ -44,6 +44,9 @@ run "gpt2_tiny dp=2,tp=2 SP ZeRO-3" "" "$ex/gpt2_tiny.ptm --mesh dp=2,tp=2 --seq
 run "gpt2_tiny pp=2,dp=2 2 microbatches ZeRO-1" "" \
   "$ex/gpt2_tiny.ptm --mesh pp=2,dp=2 --microbatches 2 --zero 1" ""
 run "moe_tiny dp=2,ep=2" "" "$ex/moe_tiny.ptm --mesh dp=2,ep=2" ""
+# the f32 GEMMs split into bf16 ones (each rank thread's own scratch, the pool joining parts)
+run "gpt2_tiny dp=2,tp=2 --matmul-precision high" "" "$ex/gpt2_tiny.ptm --mesh dp=2,tp=2" \
+  "--matmul-precision high"
 run "llama_tiny tp=2 SP bf16" "" "$ex/llama_tiny.ptm --mesh tp=2 --seq-parallel --precision bf16" ""
 run "gpt2_tiny dp=2,tp=2 on one emulated GPU" "" \
   "$ex/gpt2_tiny.ptm --mesh dp=2,tp=2 --seq-parallel --zero 3" "--device cuda-emulated"
