@@ -33,10 +33,14 @@
 #endif
 
 /* bit 1: AVX-512-BF16, bit 2: AMX-BF16 (CPUID leaf 7: EAX of subleaf 1 bit 5; EDX of subleaf 0
- * bit 22) */
+ * bit 22), asked once (CPUID leaves a virtual machine for its hypervisor: microseconds a call) */
 static int bf16_units(void)
 {
-    int have = 0;
+    static atomic_int units = -1;
+    int have = atomic_load_explicit(&units, memory_order_relaxed);
+    if (have >= 0)
+        return have;
+    have = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     unsigned a, b, c, d;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
@@ -46,6 +50,7 @@ static int bf16_units(void)
             have |= 1;
     }
 #endif
+    atomic_store_explicit(&units, have, memory_order_relaxed);
     return have;
 }
 
