@@ -119,8 +119,25 @@ Test(plan_text, print_load_print_is_the_identity)
 }
 
 /* Replaces the first occurrence of from in text by to (a fresh string). */
-static char *edit(const char *text, const char *from, const char *to);
-static void expect_load_error(const char *text, const char *want);
+static char *edit(const char *text, const char *from, const char *to)
+{
+    const char *at = strstr(text, from);
+    cr_assert_not_null(at, "'%s' is not in the plan", from);
+    size_t n = strlen(text) + strlen(to) + 1;
+    char *s = malloc(n);
+    cr_assert_not_null(s);
+    snprintf(s, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    return s;
+}
+
+static void expect_load_error(const char *text, const char *want)
+{
+    char err[1024] = "";
+    ptc_plan *p = ptc_plan_load(text, err, sizeof err);
+    cr_expect_null(p, "a damaged plan loaded (want an error with '%s')", want);
+    cr_expect(strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
+    ptc_plan_free(p);
+}
 
 /* Under --precision the GEMMs of 16-bit matmuls write their 16-bit results themselves (c=bf16,
  * c=f16): no f32 result and no cast after it; the text form carries c= through a load, and the
@@ -166,26 +183,6 @@ Test(plan_text, sixteen_bit_gemm_results)
         ptc_plan_free(l);
         ptc_plan_free(p);
     }
-}
-
-static char *edit(const char *text, const char *from, const char *to)
-{
-    const char *at = strstr(text, from);
-    cr_assert_not_null(at, "'%s' is not in the plan", from);
-    size_t n = strlen(text) + strlen(to) + 1;
-    char *s = malloc(n);
-    cr_assert_not_null(s);
-    snprintf(s, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
-    return s;
-}
-
-static void expect_load_error(const char *text, const char *want)
-{
-    char err[1024] = "";
-    ptc_plan *p = ptc_plan_load(text, err, sizeof err);
-    cr_expect_null(p, "a damaged plan loaded (want an error with '%s')", want);
-    cr_expect(strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
-    ptc_plan_free(p);
 }
 
 Test(plan_text, the_loader_rejects_damaged_plans)
