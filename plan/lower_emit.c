@@ -513,17 +513,9 @@ static void emit_gemm(lw *L, const item *it)
      * stores it (gm.cd), as a cast after an f32 result would: no f32 copy of the result is made
      * (for gpt2's logits at b=8, s=1024 that would be 1.6 GB beside their 0.8 GB in bf16) */
     gm.ab = (uint8_t)L->pg->bufs[x[0]].type.dtype;
-    ptc_dtype yd = L->pg->bufs[y].type.dtype;
-    int wide = y;
-    if (yd == gm.ab && gm.beta == 0)
-        gm.cd = (uint8_t)yd;
-    else if (yd != PTC_F32) { /* (not made by the lowering today) an f32 result, then a cast */
-        ptc_type t = L->pg->bufs[y].type;
-        t.dtype = PTC_F32;
-        wide = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
-        memcpy(L->pg->bufs[wide].place, L->pg->bufs[y].place, sizeof L->pg->bufs[wide].place);
-        PTC_ASSERT(gm.beta == 0);
-    }
+    gm.cd = (uint8_t)L->pg->bufs[y].type.dtype;
+    /* (a matmul's result has its operands' dtype; 16-bit gradient sums are added by kernels) */
+    PTC_ASSERT(gm.cd == PTC_F32 || (gm.cd == gm.ab && gm.beta == 0));
     ptc_instr in;
     memset(&in, 0, sizeof in);
     in.kind = PTC_INSTR_GEMM;
@@ -531,12 +523,10 @@ static void emit_gemm(lw *L, const item *it)
     in.gemm = gm;
     in.nin = gm.beta != 0 ? 3 : 2;
     in.nout = 1;
-    int ins[3] = {x[0], x[1], wide};
+    int ins[3] = {x[0], x[1], y};
     in.in = ins;
-    in.out = &wide;
+    in.out = &y;
     emit(L, it, &in);
-    if (wide != y)
-        emit_two(L, it, PTC_INSTR_KERNEL, PTC_OP_CAST, wide, -1, y);
 }
 
 /* A rank's part of a tensor split along its first dimension that is larger than 1 (no groups, no

@@ -23,16 +23,17 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
-#include "file.h"
 #include "cpu.h"
-#include "mpicomm.h"
 #include "data.h"
 #include "exec.h"
+#include "file.h"
 #include "half.h"
 #include "inproc.h"
+#include "mpicomm.h"
 #include "nccl_comm.h"
-#include "staged.h"
+#include "peak.h"
 #include "plan.h"
+#include "staged.h"
 #include "trace.h"
 
 void ptrt_train_opts_default(ptrt_train_opts *o)
@@ -707,99 +708,6 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
     ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g", worst, frac);
 }
 
-/* The CPU's FLOP rate for MFU, where no --peak-flops is given: after one to warm up (threads,
- * pages), the best of three GEMMs of 1024^3 on the backend's threads, about 0.1 s (what the
- * machine's BLAS reaches on a large square product: a practical peak, below the vector units'
- * nominal one); over bf16 operands where the plan's GEMMs run on the library's bf16 GEMM (AMX or
- * AVX-512-BF16 reach several times the f32 rate, and a plan in bf16 against the f32 peak would
- * show an MFU above 100%). */
-static double measure_gemm(bool bf16)
-{
-    enum { N = 1024 };
-    size_t es = bf16 ? 2 : 4;
-    char *a = ptc_xcalloc((size_t)N * N * 2, es), *b = a + (size_t)N * N * es;
-    float *c = ptc_xcalloc((size_t)N * N, sizeof(float));
-    for (int i = 0; i < N * N; i++) {
-        float v = (float)((i % 7) - 3) * 0.25f; /* (exact in bf16) */
-        if (bf16)
-            ((uint16_t *)a)[i] = ((uint16_t *)b)[i] = ptc_bf16_bits(v);
-        else
-            ((float *)a)[i] = ((float *)b)[i] = v;
-    }
-    ptc_gemm g = {.m = N,
-                  .n = N,
-                  .k = N,
-                  .batch = 1,
-                  .lda = N,
-                  .ldb = N,
-                  .ldc = N,
-                  .alpha = 1,
-                  .beta = 0,
-                  .ab = bf16 ? PTC_BF16 : PTC_F32};
-    double best = 0;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = now();
-        ptrt_backend_cpu.gemm(&g, a, b, c);
-        double dt = now() - t0;
-        if (rep > 0 && dt > 0 && 2.0 * N * N * N / dt > best)
-            best = 2.0 * N * N * N / dt;
-    }
-    free(a);
-    free(c);
-    return best;
-}
-
-/* Whether plan p's GEMMs run on the CPU library's bf16 GEMM (their operands are bf16). */
-static bool bf16_gemms(const ptc_plan *p)
-{
-    for (int k = 0; k < p->nprograms; k++)
-        for (int i = 0; i < p->programs[k].ninstrs; i++) {
-            const ptc_instr *in = &p->programs[k].instrs[i];
-            if (in->kind == PTC_INSTR_GEMM)
-                return in->gemm.ab == PTC_BF16 && ptrt_cpu_has_bf16_gemm();
-        }
-    return false;
-}
-
-/* measure_gemm, kept beside the kernel cache ($XDG_CACHE_HOME/ptc or ~/.cache/ptc) by the CPU's
- * model name, the GEMM library, the operands' dtype and the thread count, so that a machine
- * measures it once and not every start (runs of a test suite start thousands of times); a cache
- * that cannot be read or written costs only the measurement. */
-static double measure_peak(int threads, bool bf16)
-{
-    char dir[2048], path[2400] = "", cpu[256] = "?", line[512];
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "model name", 10) == 0) {
-            ptc_fmt(cpu, sizeof cpu, "%s", line);
-            break;
-        }
-    if (f)
-        fclose(f);
-    /* (and by the GEMM library: each has its own peak) */
-    size_t cl = strlen(cpu);
-    ptc_fmt(cpu + cl, sizeof cpu - cl, " %s", ptrt_cpu_blas_name());
-    if (ptc_file_cache_dir("", dir, sizeof dir))
-        ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d%s", dir,
-                (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads,
-                bf16                                                 ? "_bf16"
-                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGHEST ? ""
-                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGH    ? "_f32high"
-                                                                     : "_f32medium");
-    size_t len;
-    char *text = *path ? ptc_read_file_max(path, 64, &len) : NULL;
-    double v = text ? strtod(text, NULL) : 0;
-    free(text);
-    if (v > 0 && isfinite(v))
-        return v;
-    v = measure_gemm(bf16);
-    char buf[64], err[256];
-    int n = snprintf(buf, sizeof buf, "%.6g\n", v);
-    if (*path)
-        ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
-    return v;
-}
-
 static void progress(run *r, int64_t t, double loss, double lr, double norm, double dt,
                      double elapsed, int64_t done)
 {
@@ -1245,11 +1153,11 @@ static int setup(shared *sh, char *err, size_t errn)
     if (sh->nlocal > 1 || (sh->mpi && ptrt_mpi_nprocesses(sh->mpi) > 1))
         ptrt_cpu_share_cores();
     /* (a GPU's peak is not the CPU's GEMM: on a device, MFU only with --peak-flops) */
-    sh->peak_bf16 = bf16_gemms(sh->plan);
+    sh->peak_bf16 = ptrt_peak_bf16(sh->plan);
     sh->peak_flops =
         o->peak_flops > 0 ? o->peak_flops
         : sh->plan->model_flops > 0 && !o->eval && !o->sample_only && o->device == PTRT_DEVICE_CPU
-            ? measure_peak(o->threads, sh->peak_bf16)
+            ? ptrt_peak_flops(o->threads, sh->peak_bf16)
             : 0;
     sh->first = 1;
     ptrt_exec_opts xo = {.backend = ptrt_train_backend(o),
