@@ -49,6 +49,13 @@ static int64_t tile_of(int sm, int64_t dh)
 void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel which,
                                const ptc_cuda_arch *arch, int *grid, int *block)
 {
+    if (a->mma) { /* 4 warps of 16 rows; every tile a block, the heaviest first */
+        int64_t n = which == PTC_CUDA_ATTN_BWD_KV ? a->batch * a->kv_heads * ((a->kv_seq + 63) / 64)
+                                                  : a->batch * a->heads * ((a->seq + 63) / 64);
+        *block = 128;
+        *grid = (int)(n < 1 ? 1 : n > (1 << 24) ? 1 << 24 : n);
+        return;
+    }
     int64_t rows = rows_of(arch);
     int64_t keys = rows / 2; /* bwd_kv: two threads per key */
     int64_t n = which == PTC_CUDA_ATTN_BWD_KV
@@ -62,8 +69,7 @@ void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel whic
 const char *const ptc_cuda_attn_names[PTC_CUDA_ATTN_NKERNELS] = {"fwd", "stats", "bwd_kv",
                                                                  "bwd_q"};
 
-/* Text with @ standing for the attention's name, printed with it substituted. */
-static void put_named(FILE *f, const char *text, const char *n)
+void ptc_cuda_put_named(FILE *f, const char *text, const char *n)
 {
     for (const char *c = text; *c; c++)
         if (*c == '@')
@@ -106,7 +112,7 @@ static void emit_row_op(FILE *f, const char *n, bool axpy, bool half)
     else
         fprintf(t, "%ss += r[d] * PTC_LD(sh, %s);\n#endif\n    return s;\n}\n", pad, at);
     fclose(t);
-    put_named(f, text, n);
+    ptc_cuda_put_named(f, text, n);
     free(text);
 }
 
@@ -131,6 +137,10 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             (long long)a->h0, n, (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n,
             (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
             (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim), n, n, n);
+    if (a->mma) {
+        ptc_cuda_emit_attn_mma_defs(a, n, f);
+        return;
+    }
     for (int h = 0; h < 4; h++)
         emit_row_op(f, n, h & 1, h >> 1);
 }
@@ -325,24 +335,25 @@ void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
         }
         fprintf(f, " */\nPTC_KERNEL __launch_bounds__(128) k_%s_%s(%s)\n", name,
                 ptc_cuda_attn_names[w], params[w]);
-        switch (w) {
+        switch (a->mma ? -1 : w) {
+        case -1: ptc_cuda_emit_attn_mma_body((ptc_cuda_attn_kernel)w, name, f); break;
         case PTC_CUDA_ATTN_FWD:
-            put_named(f, fwd_body, name);
-            put_named(f, kv_tiles, name);
-            put_named(f, fwd_loop, name);
-            put_named(f, fwd_tail, name);
+            ptc_cuda_put_named(f, fwd_body, name);
+            ptc_cuda_put_named(f, kv_tiles, name);
+            ptc_cuda_put_named(f, fwd_loop, name);
+            ptc_cuda_put_named(f, fwd_tail, name);
             break;
         case PTC_CUDA_ATTN_STATS:
-            put_named(f, fwd_body, name);
-            put_named(f, kv_tiles, name);
-            put_named(f, fwd_loop, name);
-            put_named(f, stats_tail, name);
+            ptc_cuda_put_named(f, fwd_body, name);
+            ptc_cuda_put_named(f, kv_tiles, name);
+            ptc_cuda_put_named(f, fwd_loop, name);
+            ptc_cuda_put_named(f, stats_tail, name);
             break;
-        case PTC_CUDA_ATTN_BWD_KV: put_named(f, bwd_kv, name); break;
+        case PTC_CUDA_ATTN_BWD_KV: ptc_cuda_put_named(f, bwd_kv, name); break;
         default:
-            put_named(f, bwd_q, name);
-            put_named(f, kv_tiles, name);
-            put_named(f, bwd_q_loop, name);
+            ptc_cuda_put_named(f, bwd_q, name);
+            ptc_cuda_put_named(f, kv_tiles, name);
+            ptc_cuda_put_named(f, bwd_q_loop, name);
             break;
         }
         fprintf(f, "#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
@@ -358,7 +369,23 @@ bool ptc_cuda_attn_same(const ptc_cuda_attn *a, const ptc_cuda_attn *b)
 {
     return a->batch == b->batch && a->seq == b->seq && a->kv_seq == b->kv_seq &&
            a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-           a->h0 == b->h0 && a->ratio == b->ratio && a->causal == b->causal;
+           a->h0 == b->h0 && a->ratio == b->ratio && a->causal == b->causal && a->mma == b->mma;
+}
+
+/* The 16-bit type buffer b of pg is an f32 copy of (the result of a cast from it), or 0. */
+static int widened_from(const ptc_program *pg, int b)
+{
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        for (int k = 0; k < in->nout; k++)
+            if (in->out[k] == b) {
+                int dt = in->kind == PTC_INSTR_KERNEL && in->op == PTC_OP_CAST && in->nin == 1
+                             ? pg->bufs[in->in[0]].type.dtype
+                             : 0;
+                return dt == PTC_BF16 || dt == PTC_F16 ? dt : 0;
+            }
+    }
+    return 0;
 }
 
 bool ptc_cuda_attn_of(const ptc_program *pg, const ptc_instr *in, int coord, ptc_cuda_attn *a)
@@ -375,6 +402,12 @@ bool ptc_cuda_attn_of(const ptc_program *pg, const ptc_instr *in, int coord, ptc
         a->h0 = (int64_t)coord * heads;
         a->ratio = in->attrs.n / kv;
     }
+    /* tensor cores when every operand (q, k, v, and dy of the gradient) was one 16-bit type */
+    int mma = ptc_cuda_attn_mma_fits(a->head_dim) ? widened_from(pg, in->in[0]) : 0;
+    for (int k = 1; k < in->nin && mma; k++)
+        if (widened_from(pg, in->in[k]) != mma)
+            mma = 0;
+    a->mma = mma;
     return true;
 }
 

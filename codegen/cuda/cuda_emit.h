@@ -74,6 +74,9 @@ void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
 typedef struct ptc_cuda_attn {
     int64_t batch, seq, kv_seq, heads, kv_heads, head_dim, h0, ratio;
     bool causal;
+    /* PTC_BF16 or PTC_F16: the operands are f32 copies of that 16-bit type (a 16-bit plan's
+     * attention), and the kernels run on tensor cores in it (cuda_attention_mma.c); 0: f32 */
+    int mma;
 } ptc_cuda_attn;
 
 /* Whether a and b are one shape. */
@@ -100,6 +103,14 @@ extern const char *const ptc_cuda_attn_names[PTC_CUDA_ATTN_NKERNELS]; /* "fwd", 
 void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f);
 void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel which,
                                const ptc_cuda_arch *arch, int *grid, int *block);
+
+/* Internal to the attention emitters: text with @ standing for the attention's name, printed
+ * with it substituted; the tensor-core kernels' head sizes; their definitions for one shape
+ * (after the shape's constants) and the body of one of their kernels. */
+void ptc_cuda_put_named(FILE *f, const char *text, const char *name);
+bool ptc_cuda_attn_mma_fits(int64_t head_dim);
+void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE *f);
+void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE *f);
 
 struct ptc_plan;
 /* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its

@@ -15,6 +15,8 @@
  *                         shuffles all 32 lanes of a warp reach together (the generated block
  *                         reductions);
  *   __shared__            a static variable, one per kernel; blocks do not overlap in time;
+ *   mma.sync              ptc_emu_mma_share: the warp's fragments, exchanged as the shuffles'
+ *                         values are; the generated code multiplies (the tensor-core attention);
  *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will);
  *   PTC_LD(p, i)          p[i], and PTC_ST(p, i, v), p[i] = v: every load and store of the
  *                         kernel-IR, attention and communicator kernels (global and shared
@@ -321,14 +323,19 @@ static inline void __syncthreads(void)
     ptc_emu_wait(0, blockDim.x);
 }
 
+/* a barrier of the running thread's warp */
+static inline void ptc_emu_warp_wait(void)
+{
+    ptc_emu_wait(1 + (int)(threadIdx.x >> 5), 32);
+}
+
 static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
 {
     (void)mask;
-    int warp = 1 + (int)(threadIdx.x >> 5);
     ptc_emu_slot[threadIdx.x] = v;
-    ptc_emu_wait(warp, 32);
+    ptc_emu_warp_wait();
     float u = ptc_emu_slot[threadIdx.x ^ ((unsigned)lane_mask & 31u)];
-    ptc_emu_wait(warp, 32);
+    ptc_emu_warp_wait();
     return u;
 }
 
@@ -439,14 +446,18 @@ static inline void __syncthreads(void)
     pthread_barrier_wait(&ptc_emu_barrier);
 }
 
+static inline void ptc_emu_warp_wait(void)
+{
+    pthread_barrier_wait(&ptc_emu_warp_barrier[threadIdx.x >> 5]);
+}
+
 static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
 {
     (void)mask;
-    pthread_barrier_t *warp = &ptc_emu_warp_barrier[threadIdx.x >> 5];
     ptc_emu_slot[threadIdx.x] = v;
-    pthread_barrier_wait(warp);
+    ptc_emu_warp_wait();
     float u = ptc_emu_slot[threadIdx.x ^ ((unsigned)lane_mask & 31u)];
-    pthread_barrier_wait(warp);
+    ptc_emu_warp_wait();
     return u;
 }
 
@@ -540,5 +551,23 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
 }
 
 #endif /* fibers or threads */
+
+/* The exchange of a warp-wide matrix multiply-add (mma.sync, the tensor-core attention): each
+ * lane leaves its A fragment (4 words) and B fragment (2 words) in its warp's slots, and after a
+ * barrier of the warp reads all 32 lanes' (the returned rows, lane 0 first); the generated code
+ * does the arithmetic, then ptc_emu_mma_done, a second barrier, frees the slots. Exact for code
+ * whose every lane reaches the multiply together, as mma.sync requires. */
+static unsigned ptc_emu_frag[1024][6];
+static inline const unsigned (*ptc_emu_mma_share(const unsigned *a, const unsigned *b))[6]
+{
+    unsigned *s = ptc_emu_frag[threadIdx.x];
+    s[0] = a[0], s[1] = a[1], s[2] = a[2], s[3] = a[3], s[4] = b[0], s[5] = b[1];
+    ptc_emu_warp_wait();
+    return &ptc_emu_frag[threadIdx.x & ~31u];
+}
+static inline void ptc_emu_mma_done(void)
+{
+    ptc_emu_warp_wait();
+}
 
 #endif

@@ -66,9 +66,12 @@ CASES = [  # (name, model, ptc flags)
      ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'pp=2,dp=2', '--microbatches', '2'],
      {'PTC_CUDA_EMULATED_GPUS': '4'}),
     # 16-bit storage: bf16 GEMMs (cuBLASLt's bf16 operands), op kernels over bf16 and f16 bytes,
-    # fp16 loss scaling
+    # fp16 loss scaling; their attention on tensor cores (cuda_attention_mma.c), grouped-query
+    # and sharded over ranks too
     ('gpt2_tiny bf16', 'gpt2_tiny.ptm', SMALL + ['--precision', 'bf16']),
     ('llama_tiny fp16 dp=2', 'llama_tiny.ptm', SMALL + ['--precision', 'fp16', '--mesh', 'dp=2']),
+    ('llama_tiny bf16 80 rows tp=4', 'llama_tiny.ptm',
+     ['-D', 'batch=2', '-D', 'seq=40', '--precision', 'bf16', '--mesh', 'tp=4']),
     # the moe ops have no GPU kernel yet: they run on the host (the CPU backend's kernels on
     # copies of their operands), which the run notes; expert parallelism's all_to_all_v through
     # NCCL

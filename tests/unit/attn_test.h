@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "kernel.h"
 #include "ref.h"
 
@@ -21,7 +22,9 @@ static inline float *random_floats(int64_t n, unsigned seed)
     return x;
 }
 
-static inline void expect_close(const float *got, const float *want, int64_t n, const char *what)
+/* got within tol of want's largest magnitude (and 1e-6) */
+static inline void expect_within(const float *got, const float *want, int64_t n, const char *what,
+                                 double tol)
 {
     double big = 0, worst = 0;
     for (int64_t i = 0; i < n; i++)
@@ -30,20 +33,34 @@ static inline void expect_close(const float *got, const float *want, int64_t n, 
         double d = fabs((double)got[i] - want[i]);
         worst = d > worst || d != d ? d : worst;
     }
-    cr_expect(worst <= 1e-5 * big + 1e-6, "%s: off by %g (largest value %g)", what, worst, big);
+    cr_expect(worst <= tol * big + 1e-6, "%s: off by %g (largest value %g)", what, worst, big);
+}
+
+static inline void expect_close(const float *got, const float *want, int64_t n, const char *what)
+{
+    expect_within(got, want, n, what, 1e-5);
 }
 
 /* q [B,S,H*dh], k and v [B,S2,G*dh], dy like q (random, seeds 1 to 4), and the reference's o,
  * dq, dk, dv for them; ratio > 0: the attention_shard of coordinate h0 / heads, the kv heads
- * shared by ratio query heads in the full model */
+ * shared by ratio query heads in the full model; mma PTC_BF16 or PTC_F16: the inputs are values of
+ * that type (a 16-bit plan's), and the results are held to FlashAttention-2's rounding of the
+ * probabilities and their gradients to it (6e-3 of the largest in bf16, 1.5e-3 in f16; 1e-5 otherwise) */
 typedef struct attn_ref {
     int64_t nq, nk, ns; /* elements of q (and o, dy, dq), of k (v, dk, dv), rows (lse) */
     float *q, *k, *v, *dy, *o, *dq, *dk, *dv;
+    double tol;
 } attn_ref;
+
+static inline void round_floats(float *x, int64_t n, int dtype)
+{
+    for (int64_t i = 0; dtype && i < n; i++)
+        x[i] = (float)(dtype == PTC_BF16 ? ptc_round_bf16(x[i]) : ptc_round_f16(x[i]));
+}
 
 static inline attn_ref attn_ref_make(int64_t batch, int64_t seq, int64_t kv_seq, int64_t heads,
                                      int64_t kv_heads, int64_t head_dim, bool causal, int64_t ratio,
-                                     int64_t h0)
+                                     int64_t h0, int mma)
 {
     attn_ref r;
     int64_t qf = heads * head_dim, kf = kv_heads * head_dim;
@@ -52,6 +69,9 @@ static inline attn_ref attn_ref_make(int64_t batch, int64_t seq, int64_t kv_seq,
     r.ns = batch * heads * seq;
     r.q = random_floats(r.nq, 1), r.k = random_floats(r.nk, 2), r.v = random_floats(r.nk, 3);
     r.dy = random_floats(r.nq, 4);
+    round_floats(r.q, r.nq, mma), round_floats(r.k, r.nk, mma), round_floats(r.v, r.nk, mma);
+    round_floats(r.dy, r.nq, mma);
+    r.tol = mma == PTC_BF16 ? 6e-3 : mma ? 1.5e-3 : 1e-5;
     r.o = malloc((size_t)r.nq * 4), r.dq = malloc((size_t)r.nq * 4);
     r.dk = malloc((size_t)r.nk * 4), r.dv = malloc((size_t)r.nk * 4);
     ptc_type tq = {PTC_F32, 3, {batch, seq, qf}}, tk = {PTC_F32, 3, {batch, kv_seq, kf}};
@@ -83,13 +103,13 @@ static inline void attn_ref_expect(const attn_ref *r, const float *o, const floa
 {
     char w[256];
     snprintf(w, sizeof w, "%s: o", what);
-    expect_close(o, r->o, r->nq, w);
+    expect_within(o, r->o, r->nq, w, r->tol);
     snprintf(w, sizeof w, "%s: dq", what);
-    expect_close(dq, r->dq, r->nq, w);
+    expect_within(dq, r->dq, r->nq, w, r->tol);
     snprintf(w, sizeof w, "%s: dk", what);
-    expect_close(dk, r->dk, r->nk, w);
+    expect_within(dk, r->dk, r->nk, w, r->tol);
     snprintf(w, sizeof w, "%s: dv", what);
-    expect_close(dv, r->dv, r->nk, w);
+    expect_within(dv, r->dv, r->nk, w, r->tol);
 }
 
 static inline void attn_ref_free(attn_ref *r)

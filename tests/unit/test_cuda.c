@@ -460,8 +460,9 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     ptc_cuda_emit_attention(a, "at", f);
     fclose(f);
     snprintf(flags, sizeof flags, "-DPTC_CUDA_EMU_ARCH=%d", sm * 10);
-    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%lld_%d", (long long)a->seq,
-             (long long)a->head_dim, (long long)a->heads, (long long)a->h0, sm);
+    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%lld_%d%s", (long long)a->seq,
+             (long long)a->head_dim, (long long)a->heads, (long long)a->h0, sm,
+             a->mma == PTC_BF16 ? "_bf16" : a->mma == PTC_F16 ? "_f16" : "");
     void *so = build_emu_with(buf, name, flags);
     free(buf);
     launch_fn launch;
@@ -469,7 +470,7 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     memcpy(&launch, &p, sizeof launch);
 
     attn_ref r = attn_ref_make(a->batch, a->seq, a->kv_seq, a->heads, a->kv_heads, a->head_dim,
-                               a->causal, a->ratio, a->h0);
+                               a->causal, a->ratio, a->h0, a->mma);
     int64_t nq = r.nq, nk = r.nk, ns = r.ns;
     float *q = r.q, *k = r.k, *v = r.v, *dy = r.dy;
 
@@ -527,6 +528,27 @@ Test(cuda, attention_emulated)
         check_attention(&shapes[i], 80);
         check_attention(&shapes[i], 90);
     }
+}
+
+/* The tensor-core kernels (a 16-bit plan's attention): query and key tiles crossed (70 and 130
+ * rows against tiles of 64, and of 16 rows a warp), each head size they take, grouped-query and
+ * sharded heads, keys longer than queries, f16 as well as bf16. */
+Test(cuda, attention_tensor_cores_emulated)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    const ptc_cuda_attn shapes[] = {
+        {.batch = 2, .seq = 7, .kv_seq = 7, .heads = 4, .kv_heads = 2, .head_dim = 16, .causal = true, .mma = PTC_BF16},
+        {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = true, .mma = PTC_BF16},
+        {.batch = 1, .seq = 130, .kv_seq = 130, .heads = 1, .kv_heads = 1, .head_dim = 32, .causal = true, .mma = PTC_BF16},
+        {.batch = 2, .seq = 5, .kv_seq = 80, .heads = 2, .kv_heads = 2, .head_dim = 48, .causal = false, .mma = PTC_F16},
+        {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 16, .h0 = 6, .ratio = 4, .causal = true, .mma = PTC_BF16},
+        {.batch = 1, .seq = 1, .kv_seq = 1, .heads = 1, .kv_heads = 1, .head_dim = 16, .causal = true, .mma = PTC_F16},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_attention(&shapes[i], 90);
+    cr_expect(ptc_cuda_attn_mma_fits(64) && ptc_cuda_attn_mma_fits(16));
+    cr_expect(!ptc_cuda_attn_mma_fits(8) && !ptc_cuda_attn_mma_fits(24) && !ptc_cuda_attn_mma_fits(128));
 }
 
 /* ---- a whole training step on the generated CUDA kernels ----
@@ -712,14 +734,16 @@ static const char *ptxas(void)
     return access(path, X_OK) == 0 ? path : NULL;
 }
 
-static void nvrtc_check(const char *rel, const char *name)
+/* po: the plan's options (NULL: one rank, f32); mma: the type its attention's tensor-core kernels
+ * take (0: it has none) */
+static void nvrtc_check(const char *rel, const char *name, const par_opts *po, int mma)
 {
     char err[8192];
     if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, sizeof err))
         cr_skip_test("%s", err);
     if (!ptxas())
         cr_skip_test("no ptxas in $CUDA_HOME/bin or /usr/local/cuda/bin");
-    ptc_plan *p = plan_of(rel, NULL, 0);
+    ptc_plan *p = po ? plan_par(rel, NULL, 0, false, po) : plan_of(rel, NULL, 0);
     /* the unit the CUDA backend compiles (with a kernel of every other instruction), else, for a
      * plan it does not run yet (moe), the plan's fused and attention kernels */
     char *unit = ptrt_cuda_unit(p, 90, err, sizeof err);
@@ -745,6 +769,8 @@ static void nvrtc_check(const char *rel, const char *name)
         }
         ptc_cuda_attn at[16];
         int nat = ptc_cuda_plan_attentions(p, at, 16);
+        for (int i = 0; i < nat; i++)
+            cr_expect_eq(at[i].mma, mma, "%s: attention %d's tensor-core type", rel, i);
         for (int i = 0; i < nat; i++)
             for (int w = 0; w < PTC_CUDA_ATTN_NKERNELS; w++) {
                 char entry[256];
@@ -781,8 +807,22 @@ Test(cuda, nvrtc_and_ptxas_every_example)
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         char rel[128];
         snprintf(rel, sizeof rel, "examples/%s.ptm", models[i]);
-        nvrtc_check(rel, models[i]);
+        nvrtc_check(rel, models[i], NULL, 0);
     }
+}
+
+/* 16-bit plans: their attention on tensor cores (mma.sync and the packing conversions are PTX
+ * that only ptxas checks); GPT-2 124M's head size 64 is the one the kernels' registers are sized
+ * for; tensor-parallel grouped-query heads (attention_shard) in f16 */
+Test(cuda, nvrtc_and_ptxas_tensor_core_attention)
+{
+    par_opts bf = {.precision = PTC_BF16}, f16 = {{"tp"}, {4}, .precision = PTC_F16};
+#if defined(__SANITIZE_ADDRESS__)
+    nvrtc_check("examples/gpt2_tiny.ptm", "gpt2_tiny_bf16", &bf, PTC_BF16);
+#else
+    nvrtc_check("examples/gpt2.ptm", "gpt2_bf16", &bf, PTC_BF16);
+#endif
+    nvrtc_check("examples/llama_tiny.ptm", "llama_tiny_f16_tp4", &f16, PTC_F16);
 }
 
 Test(cuda, nvrtc_cache)

@@ -47,7 +47,7 @@ static void run(const ptc_kir *k, void **args, how h)
 static void check_shape(ptc_kir_attn a, how h)
 {
     attn_ref r =
-        attn_ref_make(a.batch, a.seq, a.kv_seq, a.heads, a.kv_heads, a.head_dim, a.causal, 0, 0);
+        attn_ref_make(a.batch, a.seq, a.kv_seq, a.heads, a.kv_heads, a.head_dim, a.causal, 0, 0, 0);
     int64_t nq = r.nq, nk = r.nk, ns = r.ns;
     float *q = r.q, *k = r.k, *v = r.v, *dy = r.dy;
     char err[1024];
