@@ -26,6 +26,8 @@
  */
 #include "cuda_emit.h"
 
+#include <math.h>
+
 bool ptc_cuda_attn_mma_fits(int64_t head_dim)
 {
     return head_dim > 0 && head_dim % 16 == 0 && head_dim <= 64;
@@ -118,7 +120,7 @@ static const char helpers[] =
     "#endif\n";
 
 /* Per shape: the tile loader (64 rows of one head of x [.., rows, F] from row r0, zeros past n,
- * rounded to 16 bits), a pair of one row's elements as a fragment word, and the quad's sum and
+ * rounded to 16 bits; x 16-byte aligned, as every buffer of the memory plan is), a pair of one row's elements as a fragment word, and the quad's sum and
  * maximum. @ is the attention's name. */
 static const char shape_helpers[] =
     "#define @_LDS (@_DH + 8)\n"
@@ -126,11 +128,16 @@ static const char shape_helpers[] =
     "PTC_DEVICE void @_tile(unsigned short *sh, const float *PTC_RESTRICT x, long long base,\n"
     "                       long long F, long long r0, long long n)\n"
     "{\n"
-    "    for (int e = (int)threadIdx.x; e < @_KT * @_DH / 2; e += (int)blockDim.x) {\n"
-    "        const int r = e / (@_DH / 2), d = e % (@_DH / 2) * 2;\n"
-    "        const long long at = base + (r0 + r) * F + d;\n"
-    "        const unsigned u = r0 + r < n ? @_PK(PTC_LD(x, at), PTC_LD(x, at + 1)) : 0u;\n"
-    "        PTC_ST2(sh, r * @_LDS + d, u);\n"
+    "    for (int e = (int)threadIdx.x; e < @_KT * @_DH / 4; e += (int)blockDim.x) {\n"
+    "        const int r = e / (@_DH / 4), d = e % (@_DH / 4) * 4;\n"
+    "        unsigned u0 = 0u, u1 = 0u;\n"
+    "        if (r0 + r < n) { /* 16 bytes at once: base, F and d are multiples of 4 */\n"
+    "            const float4 f = PTC_LD4(x, (base + (r0 + r) * F + d) / 4);\n"
+    "            u0 = @_PK(f.x, f.y);\n"
+    "            u1 = @_PK(f.z, f.w);\n"
+    "        }\n"
+    "        PTC_ST2(sh, r * @_LDS + d, u0);\n"
+    "        PTC_ST2(sh, r * @_LDS + d + 2, u1);\n"
     "    }\n"
     "}\n"
     "PTC_DEVICE unsigned @_pair(const float *PTC_RESTRICT x, long long at, int d)\n"
@@ -229,14 +236,17 @@ static const char fwd_body[] =
     "            __syncthreads();\n"
     "            float s[8][4];\n"
     "            @_abt(s, qa, ks, g, c);\n"
-    "            /* scaled, masked (keys past the end; causal: keys after the row), the maxima */\n"
+    "            /* scaled (by log2(e) too: exp2 below), masked (keys past the end; causal: keys\n"
+    "             * after the row: only tiles that cross the end or the warp's diagonal), the maxima */\n"
+    "            const int edge = j0 + @_KT > @_S2 || (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
     "            float x0 = m0, x1 = m1;\n"
     "            PTC_UNROLL\n"
     "            for (int n = 0; n < 8; n++)\n"
     "                PTC_UNROLL\n"
     "                for (int e = 0; e < 4; e++) {\n"
     "                    const long long j = j0 + n * 8 + 2 * c + (e & 1), i = e < 2 ? r0 : r1;\n"
-    "                    const float y = j >= @_S2 || (@_CAUSAL && j > i) ? -PTC_INF : s[n][e] * @_SCALE;\n"
+    "                    const float y = edge && (j >= @_S2 || (@_CAUSAL && j > i)) ? -PTC_INF\n"
+    "                                                                               : s[n][e] * @_SL2;\n"
     "                    s[n][e] = y;\n"
     "                    if (e < 2)\n"
     "                        x0 = fmaxf(x0, y);\n"
@@ -247,7 +257,7 @@ static const char fwd_body[] =
     "            x1 = @_qmax(x1);\n"
     "            /* a row that has seen no key yet keeps m = -inf: its p are 0, not NaN */\n"
     "            const float u0 = x0 == -PTC_INF ? 0.0f : x0, u1 = x1 == -PTC_INF ? 0.0f : x1;\n"
-    "            const float f0 = expf(m0 - u0), f1 = expf(m1 - u1);\n"
+    "            const float f0 = exp2f(m0 - u0), f1 = exp2f(m1 - u1);\n"
     "            m0 = x0;\n"
     "            m1 = x1;\n"
     "            l0 *= f0;\n"
@@ -261,10 +271,10 @@ static const char fwd_body[] =
     "            }\n"
     "            PTC_UNROLL\n"
     "            for (int n = 0; n < 8; n++) {\n"
-    "                s[n][0] = expf(s[n][0] - u0);\n"
-    "                s[n][1] = expf(s[n][1] - u0);\n"
-    "                s[n][2] = expf(s[n][2] - u1);\n"
-    "                s[n][3] = expf(s[n][3] - u1);\n"
+    "                s[n][0] = exp2f(s[n][0] - u0);\n"
+    "                s[n][1] = exp2f(s[n][1] - u0);\n"
+    "                s[n][2] = exp2f(s[n][2] - u1);\n"
+    "                s[n][3] = exp2f(s[n][3] - u1);\n"
     "                l0 += s[n][0] + s[n][1]; /* this lane's columns; the quad's at the end */\n"
     "                l1 += s[n][2] + s[n][3];\n"
     "            }\n"
@@ -312,11 +322,11 @@ static const char stats_tail[] =
     "        d0 = @_qsum(d0);\n"
     "        d1 = @_qsum(d1);\n"
     "        if (c == 0 && a0 >= 0) {\n"
-    "            PTC_ST(lse, (b * @_H + h) * @_S + r0, m0 + logf(l0));\n"
+    "            PTC_ST(lse, (b * @_H + h) * @_S + r0, m0 * 0.693147181f + logf(l0));\n"
     "            PTC_ST(dsum, (b * @_H + h) * @_S + r0, d0);\n"
     "        }\n"
     "        if (c == 0 && a1 >= 0) {\n"
-    "            PTC_ST(lse, (b * @_H + h) * @_S + r1, m1 + logf(l1));\n"
+    "            PTC_ST(lse, (b * @_H + h) * @_S + r1, m1 * 0.693147181f + logf(l1));\n"
     "            PTC_ST(dsum, (b * @_H + h) * @_S + r1, d1);\n"
     "        }\n"
     "    }\n"
@@ -350,10 +360,13 @@ static const char bwd_kv[] =
     "                @_tile(ds, dy, b * @_S * (@_H * @_DH) + h * @_DH, @_H * @_DH, i0, @_S);\n"
     "                for (int x = (int)threadIdx.x; x < @_KT; x += (int)blockDim.x) {\n"
     "                    const long long i = i0 + x;\n"
-    "                    PTC_ST(ls, x, i < @_S ? PTC_LD(lse, (b * @_H + h) * @_S + i) : 0.0f);\n"
+    "                    PTC_ST(ls, x, i < @_S ? PTC_LD(lse, (b * @_H + h) * @_S + i) * 1.442695041f : 0.0f);\n"
     "                    PTC_ST(dd, x, i < @_S ? PTC_LD(dsum, (b * @_H + h) * @_S + i) : 0.0f);\n"
     "                }\n"
     "                __syncthreads();\n"
+    "                /* masks only where the tile crosses an end or the warp's keys' diagonal */\n"
+    "                const int edge = i0 + @_KT > @_S || j0 + w * 16 + 16 > @_S2 ||\n"
+    "                                 (@_CAUSAL && j0 + w * 16 + 15 > i0);\n"
     "                float st[8][4], dp[8][4];\n"
     "                @_abt(st, ka, qs, g, c);\n"
     "                @_abt(dp, va, ds, g, c);\n"
@@ -363,8 +376,9 @@ static const char bwd_kv[] =
     "                    for (int e = 0; e < 4; e++) {\n"
     "                        const int x = n * 8 + 2 * c + (e & 1);\n"
     "                        const long long i = i0 + x, j = e < 2 ? r0 : r1;\n"
-    "                        const float p = i >= @_S || j >= @_S2 || (@_CAUSAL && j > i) ? 0.0f\n"
-    "                                        : expf(st[n][e] * @_SCALE - PTC_LD(ls, x));\n"
+    "                        const float p = edge && (i >= @_S || j >= @_S2 || (@_CAUSAL && j > i))\n"
+    "                                            ? 0.0f\n"
+    "                                            : exp2f(st[n][e] * @_SL2 - PTC_LD(ls, x));\n"
     "                        st[n][e] = p;\n"
     "                        dp[n][e] = p * (dp[n][e] - PTC_LD(dd, x));\n"
     "                    }\n"
@@ -410,8 +424,9 @@ static const char bwd_q[] =
     "        unsigned qa[@_DH / 16][4], da[@_DH / 16][4];\n"
     "        @_rows(qa, q, a0, a1, c);\n"
     "        @_rows(da, dy, a0, a1, c);\n"
-    "        const float l0 = a0 >= 0 ? PTC_LD(lse, (b * @_H + h) * @_S + r0) : 0.0f;\n"
-    "        const float l1 = a1 >= 0 ? PTC_LD(lse, (b * @_H + h) * @_S + r1) : 0.0f;\n"
+    "        /* lse in base 2 (exp2 below) */\n"
+    "        const float l0 = a0 >= 0 ? PTC_LD(lse, (b * @_H + h) * @_S + r0) * 1.442695041f : 0.0f;\n"
+    "        const float l1 = a1 >= 0 ? PTC_LD(lse, (b * @_H + h) * @_S + r1) * 1.442695041f : 0.0f;\n"
     "        const float D0 = a0 >= 0 ? PTC_LD(dsum, (b * @_H + h) * @_S + r0) : 0.0f;\n"
     "        const float D1 = a1 >= 0 ? PTC_LD(dsum, (b * @_H + h) * @_S + r1) : 0.0f;\n"
     "        float gq[@_DH / 8][4];\n"
@@ -426,6 +441,8 @@ static const char bwd_q[] =
     "            @_tile(ks, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            __syncthreads();\n"
+    "            const int edge = i0 + w * 16 + 16 > @_S || j0 + @_KT > @_S2 ||\n"
+    "                             (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
     "            float s[8][4], dp[8][4];\n"
     "            @_abt(s, qa, ks, g, c);\n"
     "            @_abt(dp, da, vs, g, c);\n"
@@ -434,8 +451,9 @@ static const char bwd_q[] =
     "                PTC_UNROLL\n"
     "                for (int e = 0; e < 4; e++) {\n"
     "                    const long long j = j0 + n * 8 + 2 * c + (e & 1), i = e < 2 ? r0 : r1;\n"
-    "                    const float p = i >= @_S || j >= @_S2 || (@_CAUSAL && j > i) ? 0.0f\n"
-    "                                    : expf(s[n][e] * @_SCALE - (e < 2 ? l0 : l1));\n"
+    "                    const float p = edge && (i >= @_S || j >= @_S2 || (@_CAUSAL && j > i))\n"
+    "                                        ? 0.0f\n"
+    "                                        : exp2f(s[n][e] * @_SL2 - (e < 2 ? l0 : l1));\n"
     "                    s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));\n"
     "                }\n"
     "            unsigned sa[@_KT / 16][4];\n"
@@ -463,6 +481,9 @@ void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE 
     bool f16 = a->mma == PTC_F16;
     fprintf(f, "#define %s_MMA ptc_mma_%s\n#define %s_PK ptc_pk_%s\n", name, f16 ? "f16" : "bf16",
             name, f16 ? "f16" : "bf16");
+    /* the scale times log2(e): the softmax in powers of 2 (exp2f, one instruction on the GPU) */
+    fprintf(f, "#define %s_SL2 %.9ef\n", name,
+            (double)(float)((double)(float)(1.0 / sqrt((double)a->head_dim)) * 1.4426950408889634));
     ptc_cuda_put_named(f, shape_helpers, name);
 }
 
