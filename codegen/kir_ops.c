@@ -443,27 +443,6 @@ static void build_embedding(ob *b, const ptc_type *tt, const ptc_type *ti, const
     ptc_kir_end(k);
 }
 
-/* embedding_grad: zeros, then each column adds its tokens' rows in token order (a column is one
- * loop's iteration: no two write one element) */
-static void build_embedding_grad(ob *b, const ptc_type *ti, const ptc_type *tdy, const ptc_type *ot)
-{
-    int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti);
-    ptc_kop_const(b, 0.0, ot);
-    begin(b);
-    int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
-    ptc_kir *k = b->k;
-    int j = par(b, "j", d);
-    int i = ptc_kir_for(k, "i", I(k, n), false);
-    int id = ptc_kir_bind(k, L(b, ids, i));
-    int ok = ptc_kx_select(k, B(k, PTC_KX_LE, I(k, 0), id), B(k, PTC_KX_LT, id, I(k, rows)),
-                           B(k, PTC_KX_LT, I(k, 1), I(k, 0)));
-    int at = ptc_kir_bind(k, ptc_kx_select(k, ok, MA(k, id, d, j), j));
-    int add = ptc_kx_select(k, ok, L(b, dy, MA(k, i, d, j)), F(k, NAN));
-    ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, L(b, y, at), add));
-    ptc_kir_end(k);
-    ptc_kir_end(k);
-}
-
 /* clip_coef: min(1, max_norm / (sqrt(sumsq) + 1e-6)), NaN passing */
 static void build_clip_coef(ob *b, const ptc_type *it, const ptc_type *ot)
 {
@@ -1167,7 +1146,9 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
             break;
         }
         case PTC_OP_EMBEDDING: build_embedding(&b, &it[0], &it[1], &ot[0]); break;
-        case PTC_OP_EMBEDDING_GRAD: build_embedding_grad(&b, &it[0], &it[1], &ot[0]); break;
+        case PTC_OP_EMBEDDING_GRAD:
+            ptc_kop_embedding_grad_shard(&b, 1, 0, &it[0], &it[1], &ot[0]);
+            break;
         case PTC_OP_CLIP_COEF: build_clip_coef(&b, it, &ot[0]); break;
         case PTC_OP_LAYERNORM_GRAD: build_layernorm_grad(&b, at->eps, it, ot); break;
         case PTC_OP_PARTIALIZE: ptc_kop_partialize(&b, coord, &it[0], &ot[0]); break;

@@ -59,23 +59,38 @@ void ptc_kop_embedding_shard(ob *b, int64_t group, int c, const ptc_type *tt, co
     ptc_kir_end(k);
 }
 
+/* The embedding's gradient, zeros first: rows [c rows, (c + 1) rows) of a vocabulary of
+ * V = rows x group. A thread per (block of rows, column) walks the tokens in order and adds those
+ * whose id falls in its block: each element has one writer, and its sum the tokens' order, as
+ * the reference's. Blocks: 64 (or one a row), so that a GPU has 64 x d threads rather than d, each
+ * with a sixty-fourth of the read-modify-writes (GPT-2 124M on an H200: 5.9 ms a step with a
+ * thread a column). The `for u < (mine ? 1 : 0)` is the kernel IR's conditional. An id outside
+ * the vocabulary puts NaN in row 0 (block 0), which the loss then shows. */
 void ptc_kop_embedding_grad_shard(ob *b, int64_t group, int c, const ptc_type *ti,
                                   const ptc_type *tdy, const ptc_type *ot)
 {
     int64_t rows = ot->dims[0], d = ot->dims[1], n = ptc_type_numel(ti), V = rows * group;
+    int64_t nb = rows < 64 ? rows : 64, per = (rows + nb - 1) / nb;
+    nb = (rows + per - 1) / per; /* every block holds a row */
     ptc_kop_const(b, 0.0, ot);
     begin(b);
     int ids = in(b, 0, ti), dy = in(b, 1, tdy), y = out(b, 0, ot);
     ptc_kir *k = b->k;
-    int j = par(b, "j", d);
+    int t = par(b, "t", nb * d);
+    int blk = ptc_kir_bind(k, B(k, PTC_KX_DIV, t, I(k, d)));
+    int j = ptc_kir_bind(k, B(k, PTC_KX_REM, t, I(k, d)));
     int i = ptc_kir_for(k, "i", I(k, n), false);
     int id = ptc_kir_bind(k, L(b, ids, i));
     int r = ptc_kir_bind(k, B(k, PTC_KX_SUB, id, I(k, c * rows)));
-    int mine = ptc_kir_bind(k, IN(k, r, 0, rows));
+    int valid = ptc_kir_bind(k, IN(k, id, 0, V)), mine = ptc_kir_bind(k, IN(k, r, 0, rows));
+    int owner = ptc_kx_select(k, valid,
+                              ptc_kx_select(k, mine, B(k, PTC_KX_DIV, r, I(k, per)), I(k, -1)),
+                              I(k, 0));
+    ptc_kir_for(k, "u", ptc_kx_select(k, B(k, PTC_KX_EQ, owner, blk), I(k, 1), I(k, 0)), false);
     int at = ptc_kir_bind(k, ptc_kx_select(k, mine, MA(k, r, d, j), j));
-    int add = ptc_kx_select(k, mine, L(b, dy, MA(k, i, d, j)), F(k, 0.0));
-    add = ptc_kx_select(k, IN(k, id, 0, V), add, F(k, NAN));
+    int add = ptc_kx_select(k, valid, L(b, dy, MA(k, i, d, j)), F(k, NAN));
     ptc_kir_store(k, y, at, B(k, PTC_KX_ADD, L(b, y, at), add));
+    ptc_kir_end(k);
     ptc_kir_end(k);
     ptc_kir_end(k);
 }

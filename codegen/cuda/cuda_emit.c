@@ -76,20 +76,26 @@ static bool reductions_within(const ptc_kir *k, int x, int64_t n)
 
 #define THREAD_REDUCTION 32 /* the longest reduction a parallel iteration runs on one thread */
 
+static bool iterations_independent(const ptc_kir *k, const ptc_ks *st);
+
 /* A parallel loop whose body reduces (or loops) runs a block per iteration, the block's threads
- * sharing each reduction, except where its body has no loop and reduces over at most
- * THREAD_REDUCTION iterations: then a thread per iteration, each reduction in order on its
- * thread. kir_ops.c builds its column sums so (a thread per (chunk of rows, column), then a thread
- * per column over the chunks): a block per column has a warp read 32 rows of one column, one
- * 32-byte sector a float, and on an H200 sum_to and layernorm_grad took 3 to 15 times the time
- * of reading their operands once (docs/cuda.md). */
+ * sharing each reduction and each inner loop, except where no statement of its body could use
+ * them: no inner loop whose iterations are independent, no reduction over more than
+ * THREAD_REDUCTION iterations. Then a thread per iteration, each reduction and loop in order on
+ * its thread. kir_ops.c builds its column sums so (a thread per (chunk of rows, column), then a
+ * thread per column over the chunks): a block per column has a warp read 32 rows of one column,
+ * one 32-byte sector a float, and on an H200 sum_to and layernorm_grad took 3 to 15 times the
+ * time of reading their operands once (docs/cuda.md). A loop whose iterations must run in order
+ * (the embedding's gradient adding token after token) ran on thread 0 of each block, 1 thread in
+ * 256. */
 static bool row_loop(const ptc_kir *k, const ptc_ks *st)
 {
     if (!has_loop(k, st->body))
         return false;
     for (int s = st->body; s >= 0; s = k->s[s].next) {
         const ptc_ks *b = &k->s[s];
-        if (b->kind == PTC_KS_FOR || !reductions_within(k, b->value, THREAD_REDUCTION) ||
+        if ((b->kind == PTC_KS_FOR && iterations_independent(k, b)) ||
+            !reductions_within(k, b->value, THREAD_REDUCTION) ||
             (b->kind == PTC_KS_STORE && !reductions_within(k, b->index, THREAD_REDUCTION)))
             return true;
     }

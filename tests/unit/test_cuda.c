@@ -1257,8 +1257,9 @@ Test(cuda, nvrtc_and_ptxas_comm_unit)
 /* A loop of a row is spread over the block's threads only when its iterations are independent:
  * each stores elements no other iteration stores and reads only those. A store at an index that
  * is data (an embedding gradient's token rows: two tokens of one id add into one element), that
- * does not move with the loop, or that repeats across iterations runs on thread 0 in order;
- * it had been spread wherever the load matched the store, which loses updates on a GPU. */
+ * does not move with the loop, or that repeats across iterations runs on one thread in order
+ * (a thread per row, since nothing else in the row could use a block's threads); it had been
+ * spread wherever the load matched the store, which loses updates on a GPU. */
 Test(cuda, thread_loops_only_where_iterations_are_independent)
 {
     static const struct {
@@ -1291,7 +1292,7 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
         ptc_cuda_emit_kernel(k, f);
         fclose(f);
         bool spread = strstr(buf, "v_j = threadIdx.x") != NULL;
-        bool alone = strstr(buf, "if (threadIdx.x == 0) {") != NULL;
+        bool alone = strstr(buf, "for (long long v_j = 0; v_j < 8LL; v_j += 1)") != NULL;
         cr_expect(spread == cases[c].spread && alone == !cases[c].spread,
                   "case %zu (%s): the loop over j %s\n%s", c, cases[c].body,
                   spread ? "is spread over threads" : "runs on one thread", buf);

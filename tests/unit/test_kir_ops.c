@@ -185,6 +185,10 @@ Test(kir_ops, model_ops)
     g.n = 17; /* the table's rows */
     ptc_type egrad[] = {TY(PTC_I32, 3, 7), TY(PTC_F32, 3, 7, 5)};
     check(PTC_OP_EMBEDDING_GRAD, g, 2, egrad, 17);
+    /* 201 rows: 51 blocks of 4 rows a thread (the last holding one), 145 tokens */
+    g.n = 201;
+    ptc_type egrad_blocks[] = {TY(PTC_I32, 5, 29), TY(PTC_F32, 5, 29, 3)};
+    check(PTC_OP_EMBEDDING_GRAD, g, 2, egrad_blocks, 201);
     ptc_type clip[] = {SCALAR(PTC_F32), SCALAR(PTC_F32)};
     check(PTC_OP_CLIP_COEF, none(), 2, clip, 0);
     ptc_attrs e = none();
@@ -219,6 +223,10 @@ Test(kir_ops, rank_dependent_ops)
         e.n = 7;
         ptc_type eg[] = {TY(PTC_I32, 3, 4), TY(PTC_F32, 3, 4, 5)};
         check_at(PTC_OP_EMBEDDING_GRAD_SHARD, e, c, 2, eg, 21, 0);
+        e.n = 70; /* 70 rows a rank: 35 blocks of 2 */
+        ptc_type egb[] = {TY(PTC_I32, 4, 29), TY(PTC_F32, 4, 29, 3)};
+        check_at(PTC_OP_EMBEDDING_GRAD_SHARD, e, c, 2, egb, 210, 0);
+        e.n = 7;
         ptc_type pick[] = {TY(PTC_F32, 2, 3, 11), TY(PTC_I32, 2, 3)};
         check_at(PTC_OP_CE_PICK, e, c, 2, pick, 33, 0);
         ptc_type gs[] = {TY(PTC_F32, 6, 11), TY(PTC_I32, 6), TY(PTC_F32, 6), TY(PTC_F32, 6),

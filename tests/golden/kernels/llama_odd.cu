@@ -832,15 +832,20 @@ void k_op15_0__emu(void *const *a)
     k_op15_0((float *)a[0]);
 }
 #endif
-/* launch: sm_80: grid 14, block 32, sm_90: grid 14, block 32 */
-PTC_KERNEL __launch_bounds__(32) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+PTC_KERNEL __launch_bounds__(256) k_op15_1(const int *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_j = blockIdx.x; v_j < 14LL; v_j += gridDim.x) {
-        if (threadIdx.x == 0) {
-            for (long long v_i = 0; v_i < 8LL; v_i += 1) {
-                const long long v_t2 = (long long)PTC_LD(p_x0, v_i);
-                const long long v_t3 = (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? ((v_t2 * 14LL) + v_j) : v_j);
-                PTC_ST(p_y0, v_t3, (PTC_LD(p_y0, v_t3) + (((0LL <= v_t2) ? (v_t2 < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x1, ((v_i * 14LL) + v_j)) : PTC_NAN)));
+    for (long long v_t = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_t < 896LL; v_t += (long long)gridDim.x * blockDim.x) {
+        const long long v_t1 = (v_t / 14LL);
+        const long long v_t2 = (v_t % 14LL);
+        for (long long v_i = 0; v_i < 8LL; v_i += 1) {
+            const long long v_t4 = (long long)PTC_LD(p_x0, v_i);
+            const long long v_t5 = (v_t4 - 0LL);
+            const int v_t6 = ((0LL <= v_t4) ? (v_t4 < 256LL) : (1LL < 0LL));
+            const int v_t7 = ((0LL <= v_t5) ? (v_t5 < 256LL) : (1LL < 0LL));
+            for (long long v_u = 0; v_u < (((v_t6 ? (v_t7 ? (v_t5 / 4LL) : -1LL) : 0LL) == v_t1) ? 1LL : 0LL); v_u += 1) {
+                const long long v_t9 = (v_t7 ? ((v_t5 * 14LL) + v_t2) : v_t2);
+                PTC_ST(p_y0, v_t9, (PTC_LD(p_y0, v_t9) + (v_t6 ? PTC_LD(p_x1, ((v_i * 14LL) + v_t2)) : PTC_NAN)));
             }
         }
     }
