@@ -9,7 +9,9 @@
 #      the same GPU where it is installed (it writes its own bench/results file); then fp32 with
 #      TF32 GEMMs on both sides (--matmul-precision high: never run on a GPU before);
 #   3. bench/gpu_sanitize.sh: compute-sanitizer's memcheck and racecheck over a step of 4 ranks
-#      on the GPU and of grouped-query attention across key tiles.
+#      on the GPU and of grouped-query attention across key tiles (f32, and bf16 on tensor cores);
+#   4. a profile of GPT-2 124M bf16 (the benchmark's executable, launches blocking so that each
+#      instruction's time is its GPU time): where the step goes, per op kind.
 #
 # Writes bench/results/gpu_check_<date>.md: device, date, commit, each command, its exit status and
 # the tail of its output. Needs only PTC (default build/tools/ptc, with ptc-runner beside it) and
@@ -80,5 +82,10 @@ for tool in memcheck racecheck; do
   step "compute-sanitizer $tool (gpu_sanitize.sh)" "${GPU_CHECK_LIMIT:-420}" \
     bash "$root/bench/gpu_sanitize.sh" "$ptc" "$tool"
 done
+prof=$(mktemp -d)
+step "GPT-2 124M bf16, time per op kind (--profile, CUDA_LAUNCH_BLOCKING=1)" 90 \
+  bash -c "'$ptc' '$root/examples/gpt2.ptm' -o '$prof/g' --precision bf16 -D batch=16 \
+    -D seq=1024 > /dev/null && CUDA_LAUNCH_BLOCKING=1 '$prof/g' --device cuda --steps 4 --profile"
+rm -rf "$prof"
 echo "recorded in $out"
 exit $rc_all
