@@ -207,8 +207,10 @@ static const char shape_helpers[] =
     "    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));\n"
     "}\n";
 
-/* fwd and stats: the text up to the output */
-static const char fwd_body[] =
+/* fwd, stats and bwd_q: a block takes tiles of blockDim.x / 2 query rows of one (batch, head),
+ * its warp rows r0 and r1 of them, at offsets a0 and a1 of q (-1 past the end); key and value
+ * tiles go through ks and vs */
+static const char query_tiles[] =
     "{\n"
     "    __shared__ __align__(16) unsigned short ks[@_KT * @_LDS], vs[@_KT * @_LDS];\n"
     "    const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5);\n"
@@ -219,7 +221,10 @@ static const char fwd_body[] =
     "        const long long i0 = (@_CAUSAL ? nqb - 1 - t / (@_B * @_H) : t / (@_B * @_H)) * rows;\n"
     "        const long long kh = (h + @_H0) / @_R, r0 = i0 + w * 16 + g, r1 = r0 + 8;\n"
     "        const long long a0 = r0 < @_S ? (b * @_S + r0) * (@_H * @_DH) + h * @_DH : -1;\n"
-    "        const long long a1 = r1 < @_S ? (b * @_S + r1) * (@_H * @_DH) + h * @_DH : -1;\n"
+    "        const long long a1 = r1 < @_S ? (b * @_S + r1) * (@_H * @_DH) + h * @_DH : -1;\n";
+
+/* fwd and stats: the text up to the output */
+static const char fwd_body[] =
     "        unsigned qa[@_DH / 16][4];\n"
     "        @_rows(qa, q, a0, a1, c);\n"
     "        float acc[@_DH / 8][4], m0 = -PTC_INF, m1 = -PTC_INF, l0 = 0.0f, l1 = 0.0f;\n"
@@ -410,17 +415,6 @@ static const char bwd_kv[] =
 
 /* dq: a warp's 16 query rows over the key tiles */
 static const char bwd_q[] =
-    "{\n"
-    "    __shared__ __align__(16) unsigned short ks[@_KT * @_LDS], vs[@_KT * @_LDS];\n"
-    "    const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5);\n"
-    "    const int g = lane >> 2, c = lane & 3;\n"
-    "    const long long rows = blockDim.x / 2, nqb = (@_S + rows - 1) / rows;\n"
-    "    for (long long t = blockIdx.x; t < @_B * @_H * nqb; t += gridDim.x) {\n"
-    "        const long long bh = t % (@_B * @_H), b = bh / @_H, h = bh % @_H;\n"
-    "        const long long i0 = (@_CAUSAL ? nqb - 1 - t / (@_B * @_H) : t / (@_B * @_H)) * rows;\n"
-    "        const long long kh = (h + @_H0) / @_R, r0 = i0 + w * 16 + g, r1 = r0 + 8;\n"
-    "        const long long a0 = r0 < @_S ? (b * @_S + r0) * (@_H * @_DH) + h * @_DH : -1;\n"
-    "        const long long a1 = r1 < @_S ? (b * @_S + r1) * (@_H * @_DH) + h * @_DH : -1;\n"
     "        unsigned qa[@_DH / 16][4], da[@_DH / 16][4];\n"
     "        @_rows(qa, q, a0, a1, c);\n"
     "        @_rows(da, dy, a0, a1, c);\n"
@@ -489,16 +483,15 @@ void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE 
 
 void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE *f)
 {
-    switch (w) {
-    case PTC_CUDA_ATTN_FWD:
-        ptc_cuda_put_named(f, fwd_body, name);
-        ptc_cuda_put_named(f, fwd_tail, name);
-        break;
-    case PTC_CUDA_ATTN_STATS:
-        ptc_cuda_put_named(f, fwd_body, name);
-        ptc_cuda_put_named(f, stats_tail, name);
-        break;
-    case PTC_CUDA_ATTN_BWD_KV: ptc_cuda_put_named(f, bwd_kv, name); break;
-    default: ptc_cuda_put_named(f, bwd_q, name); break;
+    if (w == PTC_CUDA_ATTN_BWD_KV) {
+        ptc_cuda_put_named(f, bwd_kv, name);
+        return;
     }
+    ptc_cuda_put_named(f, query_tiles, name);
+    if (w == PTC_CUDA_ATTN_BWD_Q) {
+        ptc_cuda_put_named(f, bwd_q, name);
+        return;
+    }
+    ptc_cuda_put_named(f, fwd_body, name);
+    ptc_cuda_put_named(f, w == PTC_CUDA_ATTN_FWD ? fwd_tail : stats_tail, name);
 }
