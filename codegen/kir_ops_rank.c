@@ -62,10 +62,10 @@ void ptc_kop_embedding_shard(ob *b, int64_t group, int c, const ptc_type *tt, co
 /* The embedding's gradient, zeros first: rows [c rows, (c + 1) rows) of a vocabulary of
  * V = rows x group. A thread per (block of rows, column) walks the tokens in order and adds those
  * whose id falls in its block: each element has one writer, and its sum the tokens' order, as
- * the reference's. Blocks: 64 (or one a row), so that a GPU has 64 x d threads rather than d, each
- * with a sixty-fourth of the read-modify-writes (GPT-2 124M on an H200: 5.9 ms a step with a
- * thread a column). The `for u < (mine ? 1 : 0)` is the kernel IR's conditional. An id outside
- * the vocabulary puts NaN in row 0 (block 0), which the loss then shows. */
+ * the reference's. Blocks: 64 (or one a row), so that a GPU has 64 x d threads rather than d,
+ * each with a sixty-fourth of the read-modify-writes (GPT-2 124M on an H200: 5.9 ms a step with
+ * a thread a column). `for u < (owner == block ? 1 : 0)` is the kernel IR's conditional. An id
+ * outside the vocabulary puts NaN in row 0 (block 0), which the loss then shows. */
 void ptc_kop_embedding_grad_shard(ob *b, int64_t group, int c, const ptc_type *ti,
                                   const ptc_type *tdy, const ptc_type *ot)
 {
