@@ -50,10 +50,13 @@ static int64_t tile_of(int sm, int64_t dh)
 void ptc_cuda_attention_launch(const ptc_cuda_attn *a, ptc_cuda_attn_kernel which,
                                const ptc_cuda_arch *arch, int *grid, int *block)
 {
-    if (a->mma) { /* 4 warps of 16 rows; every tile a block, the heaviest first */
-        int64_t n = which == PTC_CUDA_ATTN_BWD_KV ? a->batch * a->kv_heads * ((a->kv_seq + 63) / 64)
-                                                  : a->batch * a->heads * ((a->seq + 63) / 64);
-        *block = 128;
+    if (a->mma) { /* warps of 16 rows, 4 a block (2 for bwd_kv above head size 64, its k and v
+                   * rows in shared memory); every tile a block, the heaviest first */
+        int b = which == PTC_CUDA_ATTN_BWD_KV && a->head_dim > 64 ? 64 : 128, rows = b / 2;
+        int64_t n = which == PTC_CUDA_ATTN_BWD_KV
+                        ? a->batch * a->kv_heads * ((a->kv_seq + rows - 1) / rows)
+                        : a->batch * a->heads * ((a->seq + rows - 1) / rows);
+        *block = b;
         *grid = (int)(n < 1 ? 1 : n > (1 << 24) ? 1 << 24 : n);
         return;
     }

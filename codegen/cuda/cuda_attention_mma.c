@@ -21,8 +21,10 @@
  * Shared rows are head_dim + 8 16-bit elements long, so that the fragment loads of a warp fall
  * in distinct banks. Causal attention orders the tiles heaviest first (the last query tiles for
  * fwd, stats, bwd_q; the first key tiles for bwd_kv), so that the short tiles fill the tail.
- * Head sizes: multiples of 16 up to 64 (the registers of bwd_kv); others take cuda_attention.c's
- * kernels.
+ * Head sizes: multiples of 16 up to 128; others take cuda_attention.c's kernels. Above 64 the
+ * tiles are 32 rows (the registers of the score fragments) and bwd_kv, in blocks of 64 threads,
+ * keeps its 32 key rows in shared memory, their fragments loaded for each product, since k, v,
+ * dk and dv of 16 rows in registers would spill.
  */
 #include "cuda_emit.h"
 
@@ -30,7 +32,7 @@
 
 bool ptc_cuda_attn_mma_fits(int64_t head_dim)
 {
-    return head_dim > 0 && head_dim % 16 == 0 && head_dim <= 64;
+    return head_dim > 0 && head_dim % 16 == 0 && head_dim <= 128;
 }
 
 /* The multiply-add and the 16-bit packing, once per translation unit. */
@@ -124,11 +126,10 @@ static const char helpers[] =
  * maximum. @ is the attention's name. */
 static const char shape_helpers[] =
     "#define @_LDS (@_DH + 8)\n"
-    "#define @_KT 64\n"
-    "PTC_DEVICE void @_tile(unsigned short *sh, const float *PTC_RESTRICT x, long long base,\n"
-    "                       long long F, long long r0, long long n)\n"
+    "PTC_DEVICE void @_rows_to(unsigned short *sh, int nr, const float *PTC_RESTRICT x,\n"
+    "                          long long base, long long F, long long r0, long long n)\n"
     "{\n"
-    "    for (int e = (int)threadIdx.x; e < @_KT * @_DH / 4; e += (int)blockDim.x) {\n"
+    "    for (int e = (int)threadIdx.x; e < nr * @_DH / 4; e += (int)blockDim.x) {\n"
     "        const int r = e / (@_DH / 4), d = e % (@_DH / 4) * 4;\n"
     "        unsigned u0 = 0u, u1 = 0u;\n"
     "        if (r0 + r < n) { /* 16 bytes at once: base, F and d are multiples of 4 */\n"
@@ -140,6 +141,7 @@ static const char shape_helpers[] =
     "        PTC_ST2(sh, r * @_LDS + d + 2, u1);\n"
     "    }\n"
     "}\n"
+    "#define @_tile(sh, x, base, F, r0, n) @_rows_to(sh, @_KT, x, base, F, r0, n)\n"
     "PTC_DEVICE unsigned @_pair(const float *PTC_RESTRICT x, long long at, int d)\n"
     "{\n"
     "    return at < 0 ? 0u : @_PK(PTC_LD(x, at + d), PTC_LD(x, at + d + 1));\n"
@@ -156,12 +158,24 @@ static const char shape_helpers[] =
     "        fa[s][3] = @_pair(x, a1, s * 16 + 2 * c + 8);\n"
     "    }\n"
     "}\n"
-    "/* acc[8][4] = a b^T over dh: a the warp's A fragments, b 64 rows of a shared tile */\n"
+    "/* A fragments of a warp's 16 rows over dh from shared rows r0 .. r0 + 15 */\n"
+    "PTC_DEVICE void @_afrags(unsigned (*fa)[4], const unsigned short *sh, int r0, int g, int c)\n"
+    "{\n"
+    "    PTC_UNROLL\n"
+    "    for (int s = 0; s < @_DH / 16; s++) {\n"
+    "        const int at = (r0 + g) * @_LDS + s * 16 + 2 * c;\n"
+    "        fa[s][0] = PTC_LD2(sh, at);\n"
+    "        fa[s][1] = PTC_LD2(sh, at + 8 * @_LDS);\n"
+    "        fa[s][2] = PTC_LD2(sh, at + 8);\n"
+    "        fa[s][3] = PTC_LD2(sh, at + 8 * @_LDS + 8);\n"
+    "    }\n"
+    "}\n"
+    "/* acc[KT / 8][4] = a b^T over dh: a the warp's A fragments, b a shared tile's KT rows */\n"
     "PTC_DEVICE void @_abt(float (*acc)[4], unsigned (*fa)[4], const unsigned short *sh, int g,\n"
     "                      int c)\n"
     "{\n"
     "    PTC_UNROLL\n"
-    "    for (int n = 0; n < 8; n++) {\n"
+    "    for (int n = 0; n < @_KT / 8; n++) {\n"
     "        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n"
     "        PTC_UNROLL\n"
     "        for (int s = 0; s < @_DH / 16; s++) {\n"
@@ -191,7 +205,7 @@ static const char shape_helpers[] =
     "PTC_DEVICE void @_pack(unsigned (*pa)[4], float (*x)[4])\n"
     "{\n"
     "    PTC_UNROLL\n"
-    "    for (int n = 0; n < 8; n++) {\n"
+    "    for (int n = 0; n < @_KT / 8; n++) {\n"
     "        pa[n / 2][(n & 1) * 2] = @_PK(x[n][0], x[n][1]);\n"
     "        pa[n / 2][(n & 1) * 2 + 1] = @_PK(x[n][2], x[n][3]);\n"
     "    }\n"
@@ -239,14 +253,14 @@ static const char fwd_body[] =
     "            @_tile(ks, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            __syncthreads();\n"
-    "            float s[8][4];\n"
+    "            float s[@_KT / 8][4];\n"
     "            @_abt(s, qa, ks, g, c);\n"
     "            /* scaled (by log2(e) too: exp2 below), masked (keys past the end; causal: keys\n"
     "             * after the row: only tiles that cross the end or the warp's diagonal), the maxima */\n"
     "            const int edge = j0 + @_KT > @_S2 || (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
     "            float x0 = m0, x1 = m1;\n"
     "            PTC_UNROLL\n"
-    "            for (int n = 0; n < 8; n++)\n"
+    "            for (int n = 0; n < @_KT / 8; n++)\n"
     "                PTC_UNROLL\n"
     "                for (int e = 0; e < 4; e++) {\n"
     "                    const long long j = j0 + n * 8 + 2 * c + (e & 1), i = e < 2 ? r0 : r1;\n"
@@ -275,7 +289,7 @@ static const char fwd_body[] =
     "                acc[n][3] *= f1;\n"
     "            }\n"
     "            PTC_UNROLL\n"
-    "            for (int n = 0; n < 8; n++) {\n"
+    "            for (int n = 0; n < @_KT / 8; n++) {\n"
     "                s[n][0] = exp2f(s[n][0] - u0);\n"
     "                s[n][1] = exp2f(s[n][1] - u0);\n"
     "                s[n][2] = exp2f(s[n][2] - u1);\n"
@@ -342,6 +356,9 @@ static const char bwd_kv[] =
     "{\n"
     "    __shared__ __align__(16) unsigned short qs[@_KT * @_LDS], ds[@_KT * @_LDS];\n"
     "    __shared__ float ls[@_KT], dd[@_KT];\n"
+    "#if @_KVS\n"
+    "    __shared__ __align__(16) unsigned short kvs[2 * @_KR * @_LDS]; /* the block's k, then v rows */\n"
+    "#endif\n"
     "    const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5);\n"
     "    const int g = lane >> 2, c = lane & 3;\n"
     "    const long long keys = blockDim.x / 2, nkb = (@_S2 + keys - 1) / keys;\n"
@@ -350,13 +367,23 @@ static const char bwd_kv[] =
     "        const long long j0 = t / (@_B * @_G) * keys, r0 = j0 + w * 16 + g, r1 = r0 + 8;\n"
     "        const long long a0 = r0 < @_S2 ? (b * @_S2 + r0) * (@_G * @_DH) + kh * @_DH : -1;\n"
     "        const long long a1 = r1 < @_S2 ? (b * @_S2 + r1) * (@_G * @_DH) + kh * @_DH : -1;\n"
+    "#if @_KVS\n"
+    "        __syncthreads(); /* the last tile's readers are done */\n"
+    "        @_rows_to(kvs, (int)keys, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
+    "        @_rows_to(kvs + @_KR * @_LDS, (int)keys, v, b * @_S2 * (@_G * @_DH) + kh * @_DH,\n"
+    "                  @_G * @_DH, j0, @_S2);\n"
+    "#else\n"
     "        unsigned ka[@_DH / 16][4], va[@_DH / 16][4];\n"
     "        @_rows(ka, k, a0, a1, c);\n"
     "        @_rows(va, v, a0, a1, c);\n"
+    "#endif\n"
     "        float gk[@_DH / 8][4], gv[@_DH / 8][4];\n"
     "        PTC_UNROLL\n"
     "        for (int n = 0; n < @_DH / 8; n++)\n"
-    "            gk[n][0] = gk[n][1] = gk[n][2] = gk[n][3] = gv[n][0] = gv[n][1] = gv[n][2] = gv[n][3] = 0.0f;\n"
+    "            gk[n][0] = gk[n][1] = gk[n][2] = gk[n][3] = gv[n][0] = gv[n][1] = gv[n][2] = gv[n][3] = 0.0f;\n";
+
+/* bwd_kv, continued: the query tiles of every query head of the kv head, then dk and dv */
+static const char bwd_kv_loop[] =
     "        for (long long h = PTC_IMAX(kh * @_R - @_H0, 0); h < PTC_IMIN((kh + 1) * @_R - @_H0, @_H); h++) {\n"
     "            /* causal: queries before the tile's first key see none of its keys */\n"
     "            for (long long i0 = @_CAUSAL ? j0 : 0; i0 < @_S; i0 += @_KT) {\n"
@@ -372,11 +399,21 @@ static const char bwd_kv[] =
     "                /* masks only where the tile crosses an end or the warp's keys' diagonal */\n"
     "                const int edge = i0 + @_KT > @_S || j0 + w * 16 + 16 > @_S2 ||\n"
     "                                 (@_CAUSAL && j0 + w * 16 + 15 > i0);\n"
-    "                float st[8][4], dp[8][4];\n"
+    "                float st[@_KT / 8][4], dp[@_KT / 8][4];\n"
+    "#if @_KVS\n"
+    "                { /* k's and v's fragments live only through their product */\n"
+    "                    unsigned fa[@_DH / 16][4];\n"
+    "                    @_afrags(fa, kvs, w * 16, g, c);\n"
+    "                    @_abt(st, fa, qs, g, c);\n"
+    "                    @_afrags(fa, kvs + @_KR * @_LDS, w * 16, g, c);\n"
+    "                    @_abt(dp, fa, ds, g, c);\n"
+    "                }\n"
+    "#else\n"
     "                @_abt(st, ka, qs, g, c);\n"
     "                @_abt(dp, va, ds, g, c);\n"
+    "#endif\n"
     "                PTC_UNROLL\n"
-    "                for (int n = 0; n < 8; n++)\n"
+    "                for (int n = 0; n < @_KT / 8; n++)\n"
     "                    PTC_UNROLL\n"
     "                    for (int e = 0; e < 4; e++) {\n"
     "                        const int x = n * 8 + 2 * c + (e & 1);\n"
@@ -437,11 +474,11 @@ static const char bwd_q[] =
     "            __syncthreads();\n"
     "            const int edge = i0 + w * 16 + 16 > @_S || j0 + @_KT > @_S2 ||\n"
     "                             (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
-    "            float s[8][4], dp[8][4];\n"
+    "            float s[@_KT / 8][4], dp[@_KT / 8][4];\n"
     "            @_abt(s, qa, ks, g, c);\n"
     "            @_abt(dp, da, vs, g, c);\n"
     "            PTC_UNROLL\n"
-    "            for (int n = 0; n < 8; n++)\n"
+    "            for (int n = 0; n < @_KT / 8; n++)\n"
     "                PTC_UNROLL\n"
     "                for (int e = 0; e < 4; e++) {\n"
     "                    const long long j = j0 + n * 8 + 2 * c + (e & 1), i = e < 2 ? r0 : r1;\n"
@@ -475,6 +512,11 @@ void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE 
     bool f16 = a->mma == PTC_F16;
     fprintf(f, "#define %s_MMA ptc_mma_%s\n#define %s_PK ptc_pk_%s\n", name, f16 ? "f16" : "bf16",
             name, f16 ? "f16" : "bf16");
+    /* tiles of 64 rows (32 above head size 64, for the registers); above 64, bwd_kv keeps its
+     * k and v rows in shared memory (KR of them: its blocks have 64 threads) */
+    bool wide = a->head_dim > 64;
+    fprintf(f, "#define %s_KT %d\n#define %s_KVS %d\n#define %s_KR %d\n", name, wide ? 32 : 64,
+            name, wide ? 1 : 0, name, wide ? 32 : 64);
     /* the scale times log2(e): the softmax in powers of 2 (exp2f, one instruction on the GPU) */
     fprintf(f, "#define %s_SL2 %.9ef\n", name,
             (double)(float)((double)(float)(1.0 / sqrt((double)a->head_dim)) * 1.4426950408889634));
@@ -485,6 +527,7 @@ void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE 
 {
     if (w == PTC_CUDA_ATTN_BWD_KV) {
         ptc_cuda_put_named(f, bwd_kv, name);
+        ptc_cuda_put_named(f, bwd_kv_loop, name);
         return;
     }
     ptc_cuda_put_named(f, query_tiles, name);

@@ -72,6 +72,8 @@ CASES = [  # (name, model, ptc flags)
     ('llama_tiny fp16 dp=2', 'llama_tiny.ptm', SMALL + ['--precision', 'fp16', '--mesh', 'dp=2']),
     ('llama_tiny bf16 80 rows tp=4', 'llama_tiny.ptm',
      ['-D', 'batch=2', '-D', 'seq=40', '--precision', 'bf16', '--mesh', 'tp=4']),
+    ('llama_tiny bf16 head size 128', 'llama_tiny.ptm',
+     SMALL + ['-D', 'd=256', '-D', 'heads=2', '-D', 'kv_heads=1', '--precision', 'bf16']),
     # the moe ops have no GPU kernel yet: they run on the host (the CPU backend's kernels on
     # copies of their operands), which the run notes; expert parallelism's all_to_all_v through
     # NCCL

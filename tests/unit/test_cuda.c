@@ -531,8 +531,8 @@ Test(cuda, attention_emulated)
 }
 
 /* The tensor-core kernels (a 16-bit plan's attention): query and key tiles crossed (70 and 130
- * rows against tiles of 64, and of 16 rows a warp), each head size they take, grouped-query and
- * sharded heads, keys longer than queries, f16 as well as bf16. */
+ * rows against tiles of 64 or 32, and of 16 rows a warp), head sizes 16 to 128, grouped-query
+ * and sharded heads, keys longer than queries, f16 as well as bf16. */
 Test(cuda, attention_tensor_cores_emulated)
 {
     if (!have_cc())
@@ -544,11 +544,15 @@ Test(cuda, attention_tensor_cores_emulated)
         {.batch = 2, .seq = 5, .kv_seq = 80, .heads = 2, .kv_heads = 2, .head_dim = 48, .causal = false, .mma = PTC_F16},
         {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 16, .h0 = 6, .ratio = 4, .causal = true, .mma = PTC_BF16},
         {.batch = 1, .seq = 1, .kv_seq = 1, .heads = 1, .kv_heads = 1, .head_dim = 16, .causal = true, .mma = PTC_F16},
+        /* above head size 64: tiles of 32, bwd_kv's k and v rows in shared memory */
+        {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 128, .causal = true, .mma = PTC_BF16},
+        {.batch = 2, .seq = 9, .kv_seq = 41, .heads = 1, .kv_heads = 1, .head_dim = 80, .causal = false, .mma = PTC_F16},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_attention(&shapes[i], 90);
     cr_expect(ptc_cuda_attn_mma_fits(64) && ptc_cuda_attn_mma_fits(16));
-    cr_expect(!ptc_cuda_attn_mma_fits(8) && !ptc_cuda_attn_mma_fits(24) && !ptc_cuda_attn_mma_fits(128));
+    cr_expect(ptc_cuda_attn_mma_fits(128) && ptc_cuda_attn_mma_fits(80));
+    cr_expect(!ptc_cuda_attn_mma_fits(8) && !ptc_cuda_attn_mma_fits(24) && !ptc_cuda_attn_mma_fits(144));
 }
 
 /* ---- a whole training step on the generated CUDA kernels ----
@@ -735,15 +739,16 @@ static const char *ptxas(void)
 }
 
 /* po: the plan's options (NULL: one rank, f32); mma: the type its attention's tensor-core kernels
- * take (0: it has none) */
-static void nvrtc_check(const char *rel, const char *name, const par_opts *po, int mma)
+ * take (0: it has none); defs: the model's constants changed */
+static void nvrtc_check_with(const char *rel, const char *name, const par_opts *po, int mma,
+                             const ptc_define *defs, int ndefs)
 {
     char err[8192];
     if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, sizeof err))
         cr_skip_test("%s", err);
     if (!ptxas())
         cr_skip_test("no ptxas in $CUDA_HOME/bin or /usr/local/cuda/bin");
-    ptc_plan *p = po ? plan_par(rel, NULL, 0, false, po) : plan_of(rel, NULL, 0);
+    ptc_plan *p = po ? plan_par(rel, defs, ndefs, false, po) : plan_of(rel, defs, ndefs);
     /* the unit the CUDA backend compiles (with a kernel of every other instruction), else, for a
      * plan it does not run yet (moe), the plan's fused and attention kernels */
     char *unit = ptrt_cuda_unit(p, 90, err, sizeof err);
@@ -794,6 +799,11 @@ static void nvrtc_check(const char *rel, const char *name, const par_opts *po, i
     ptc_plan_free(p);
 }
 
+static void nvrtc_check(const char *rel, const char *name, const par_opts *po, int mma)
+{
+    nvrtc_check_with(rel, name, po, mma, NULL, 0);
+}
+
 Test(cuda, nvrtc_and_ptxas_every_example)
 {
 #if defined(__SANITIZE_ADDRESS__)
@@ -812,8 +822,8 @@ Test(cuda, nvrtc_and_ptxas_every_example)
 }
 
 /* 16-bit plans: their attention on tensor cores (mma.sync and the packing conversions are PTX
- * that only ptxas checks); GPT-2 124M's head size 64 is the one the kernels' registers are sized
- * for; tensor-parallel grouped-query heads (attention_shard) in f16 */
+ * that only ptxas checks): GPT-2 124M's head size 64, tensor-parallel grouped-query heads
+ * (attention_shard) in f16, and head size 128 */
 Test(cuda, nvrtc_and_ptxas_tensor_core_attention)
 {
     par_opts bf = {.precision = PTC_BF16}, f16 = {{"tp"}, {4}, .precision = PTC_F16};
@@ -823,6 +833,9 @@ Test(cuda, nvrtc_and_ptxas_tensor_core_attention)
     nvrtc_check("examples/gpt2.ptm", "gpt2_bf16", &bf, PTC_BF16);
 #endif
     nvrtc_check("examples/llama_tiny.ptm", "llama_tiny_f16_tp4", &f16, PTC_F16);
+    /* head size 128: tiles of 32, bwd_kv's k and v rows in shared memory (35 KB of the 48) */
+    ptc_define wide[] = {{"d", 256}, {"heads", 2}, {"kv_heads", 1}};
+    nvrtc_check_with("examples/llama_tiny.ptm", "llama_tiny_bf16_dh128", &bf, PTC_BF16, wide, 3);
 }
 
 Test(cuda, nvrtc_cache)
