@@ -8,12 +8,12 @@
  *
  * The same four kernels as cuda_attention.c, with the same parameters; the work is split by warps:
  *   fwd, stats  a warp owns 16 query rows (a block: blockDim.x / 2 rows of one (batch, head)), its
- *               q in registers as A fragments; key and value tiles of 64 rows go through shared
- *               memory as 16-bit; per tile, s = q k^T (16 x 64 in f32 fragments), the online
+ *               q in registers as A fragments; key and value tiles of KT rows go through shared
+ *               memory as 16-bit; per tile, s = q k^T (16 x KT in f32 fragments), the online
  *               softmax on them (a row's maximum and sum meet across the 4 lanes of a quad by
  *               shuffles), and o += p v with p's fragments repacked as A operands in registers
  *               (the m16n8k16 accumulator layout is the A layout);
- *   bwd_kv      a warp owns 16 key rows (k and v as A fragments), over the query tiles of 64 of
+ *   bwd_kv      a warp owns 16 key rows (k and v as A fragments), over the query tiles of KT of
  *               every query head of its kv head: s^T = k q^T, dp^T = v dy^T, p^T and
  *               ds^T = p^T (dp^T - D), then dv += p^T dy and dk += ds^T q; one writer per element;
  *   bwd_q       a warp owns 16 query rows (q and dy as A fragments), over the key tiles:
@@ -21,10 +21,10 @@
  * Shared rows are head_dim + 8 16-bit elements long, so that the fragment loads of a warp fall
  * in distinct banks. Causal attention orders the tiles heaviest first (the last query tiles for
  * fwd, stats, bwd_q; the first key tiles for bwd_kv), so that the short tiles fill the tail.
- * Head sizes: multiples of 16 up to 128; others take cuda_attention.c's kernels. Above 64 the
- * tiles are 32 rows (the registers of the score fragments) and bwd_kv, in blocks of 64 threads,
- * keeps its 32 key rows in shared memory, their fragments loaded for each product, since k, v,
- * dk and dv of 16 rows in registers would spill.
+ * Head sizes: multiples of 16 up to 128; others take cuda_attention.c's kernels. KT is 64 rows,
+ * 32 above head size 64 (the registers of the score fragments); there bwd_kv, in blocks of 64
+ * threads, keeps its 32 key rows in shared memory and loads their fragments for each product,
+ * since k, v, dk and dv of 16 rows in registers would spill.
  */
 #include "cuda_emit.h"
 
@@ -121,9 +121,10 @@ static const char helpers[] =
     "#endif\n"
     "#endif\n";
 
-/* Per shape: the tile loader (64 rows of one head of x [.., rows, F] from row r0, zeros past n,
- * rounded to 16 bits; x 16-byte aligned, as every buffer of the memory plan is), a pair of one row's elements as a fragment word, and the quad's sum and
- * maximum. @ is the attention's name. */
+/* Per shape: the row loader (nr rows of one head of x [.., rows, F] from row r0, zeros past n,
+ * rounded to 16 bits; x 16-byte aligned, as every buffer of the memory plan is; @_tile loads a
+ * tile of KT), A fragments from global or shared rows, the products of a tile, and the quad's sum
+ * and maximum. @ is the attention's name; KT, the tile's rows, comes with the shape's constants. */
 static const char shape_helpers[] =
     "#define @_LDS (@_DH + 8)\n"
     "PTC_DEVICE void @_rows_to(unsigned short *sh, int nr, const float *PTC_RESTRICT x,\n"
@@ -185,7 +186,7 @@ static const char shape_helpers[] =
     "        }\n"
     "    }\n"
     "}\n"
-    "/* acc[dh / 8][4] += p b: p 16 x 64 as A fragments, b 64 rows of a shared tile */\n"
+    "/* acc[dh / 8][4] += p b: p 16 x KT as A fragments, b a shared tile's KT rows */\n"
     "PTC_DEVICE void @_pb(float (*acc)[4], unsigned (*pa)[4], const unsigned short *sh, int g,\n"
     "                     int c)\n"
     "{\n"
@@ -201,7 +202,7 @@ static const char shape_helpers[] =
     "        }\n"
     "    }\n"
     "}\n"
-    "/* a 16 x 64 tile of f32 fragments as A fragments of 16 bits */\n"
+    "/* a 16 x KT tile of f32 fragments as A fragments of 16 bits */\n"
     "PTC_DEVICE void @_pack(unsigned (*pa)[4], float (*x)[4])\n"
     "{\n"
     "    PTC_UNROLL\n"
