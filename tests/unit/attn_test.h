@@ -45,7 +45,8 @@ static inline void expect_close(const float *got, const float *want, int64_t n, 
  * dq, dk, dv for them; ratio > 0: the attention_shard of coordinate h0 / heads, the kv heads
  * shared by ratio query heads in the full model; mma PTC_BF16 or PTC_F16: the inputs are values of
  * that type (a 16-bit plan's), and the results are held to FlashAttention-2's rounding of the
- * probabilities and their gradients to it (6e-3 of the largest in bf16, 1.5e-3 in f16; 1e-5 otherwise) */
+ * probabilities and their gradients to it (6e-3 of the largest in bf16, 1.5e-3 in f16; 1e-5
+ * otherwise) */
 typedef struct attn_ref {
     int64_t nq, nk, ns; /* elements of q (and o, dy, dq), of k (v, dk, dv), rows (lse) */
     float *q, *k, *v, *dy, *o, *dq, *dk, *dv;
