@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+from tally import check, summary  # tests/train/tally.py, beside this script
+
 PTC, SRC = sys.argv[1], sys.argv[2]
 DEVICE = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == '--device' else 'cuda-emulated'
 SMALL = ['-D', 'batch=2', '-D', 'seq=8']
@@ -84,14 +86,7 @@ CASES = [  # (name, model, ptc flags)
 # relative: f32 sums in another order; 16 bits: a result rounded the other way now and then
 TOL = {'bf16': 2e-3, 'fp16': 2e-3}
 STEPS = 3
-passed = failed = 0
 
-
-def check(cond, what):
-    global passed, failed
-    print(('PASS ' if cond else 'FAIL ') + what, flush=True)
-    passed += bool(cond)
-    failed += not cond
 
 
 def read_safetensors(path):
@@ -248,8 +243,7 @@ def main():
                   'largest (%s)' % (name, worst, where or '-'))
         if DEVICE == 'cuda-emulated':
             mpi_cases(wd)
-    print('%d passed, %d failed' % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == '__main__':

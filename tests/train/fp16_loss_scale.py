@@ -24,18 +24,13 @@ import subprocess
 import sys
 import tempfile
 
+from tally import check, summary  # tests/train/tally.py, beside this script
+
 PTC, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, 'examples', 'gpt2_tiny.ptm')
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
-passed = failed = 0
 
-
-def check(cond, what):
-    global passed, failed
-    print(('PASS ' if cond else 'FAIL ') + what)
-    passed += bool(cond)
-    failed += not cond
 
 
 def mix64(z):
@@ -180,5 +175,4 @@ with tempfile.TemporaryDirectory() as d:
     out = run(exe, '--init-from', w16, '--steps', '1', '--seed', '7')
     check('loss' in out, '--init-from reads a bf16 export back')
 
-print('%d passed, %d failed' % (passed, failed))
-sys.exit(1 if failed else 0)
+sys.exit(summary())

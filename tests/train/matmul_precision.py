@@ -18,18 +18,12 @@ import subprocess
 import sys
 import tempfile
 
+from tally import check, summary  # tests/train/tally.py, beside this script
+
 PTC, SRC = sys.argv[1], sys.argv[2]
 STEPS = 3
 TOL = {'highest': 1e-5, 'high': 1e-3, 'medium': 2e-2}
-passed = failed = 0
 
-
-def check(cond, what):
-    global passed, failed
-    print(('PASS ' if cond else 'FAIL ') + what, flush=True)
-    passed += bool(cond)
-    failed += not cond
-    return cond
 
 
 def run(exe, device, precision, wd):
@@ -76,8 +70,7 @@ def main():
                 if took in ('high', 'medium'):
                     check(worst > 0, '%s: the numbers moved (the setting reached the GEMMs)'
                           % what)
-    print('%d passed, %d failed' % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == '__main__':
