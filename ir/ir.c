@@ -367,3 +367,19 @@ int64_t ptc_graph_param_count(const ptc_graph *g)
         }
     return total;
 }
+
+bool ptc_op_storage16(ptc_op op)
+{
+    switch (op) {
+    case PTC_OP_ATTENTION:
+    case PTC_OP_ATTENTION_GRAD:
+    case PTC_OP_ATTENTION_SHARD:
+    case PTC_OP_ATTENTION_SHARD_GRAD:
+    case PTC_OP_CONCAT:
+    case PTC_OP_SUM_TO:
+    case PTC_OP_SUMSQ:
+    case PTC_OP_LAYERNORM_GRAD:
+    case PTC_OP_RMSNORM_GRAD: return true;
+    default: return false;
+    }
+}

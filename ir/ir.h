@@ -269,6 +269,13 @@ ptc_attrs ptc_attrs_default(ptc_op op);
 int ptc_infer(ptc_op op, const ptc_type *in, int nin, ptc_attrs *attrs, ptc_type *out, char *err,
               size_t errn);
 
+/* Whether kernels of op, over bf16 or f16 operands, read and write that 2-byte storage
+ * themselves (widening as they load, computing in f32, rounding results as they store): the
+ * attention ops, concat, sum_to, sumsq, layernorm_grad and rmsnorm_grad, into which the fusion
+ * pass folds the casts a 16-bit plan puts around them (runtime/kernels/kernel.h). Every other
+ * op's kernels compute on f32 copies that casts make. */
+bool ptc_op_storage16(ptc_op op);
+
 /* Whether op is moe or one of its internal pieces (moe.c): what ptc_infer_moe and the reference
  * kernels of ref_moe.c handle. */
 bool ptc_op_is_moe(ptc_op op);

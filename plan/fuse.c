@@ -285,14 +285,18 @@ static int chain_at(const fz *z, int i)
         g.n--;
     while (g.n >= 2 && !inplace_safe(z, i, g.n, !chain_member(z, ins(z, i + g.n - 1))))
         g.n--;
-    /* a row consumer's one result rounded to 16 bits right after it, and read by nothing else:
-     * the kernel stores the 16-bit result itself */
+    /* a row consumer's results (one, or a split's every part) each rounded to 16 bits right
+     * after it, in order, and read by nothing else: the kernel stores the 16-bit results */
     const ptc_instr *c = ins(z, i + g.n - 1);
-    if (g.n >= 2 && !chain_member(z, c) && c->nout == 1 && i + g.n < z->nold) {
-        const ptc_instr *nx = ins(z, i + g.n);
-        if (half_cast(z, nx, false) && same_task(a, nx) && nx->in[0] == c->out[0] &&
-            !z->keep[root(z, c->out[0])] && z->last_read[root(z, c->out[0])] == i + g.n)
-            g.n++;
+    if (g.n >= 2 && !chain_member(z, c) && i + g.n + c->nout <= z->nold) {
+        bool all = true;
+        for (int q = 0; q < c->nout && all; q++) {
+            const ptc_instr *nx = ins(z, i + g.n + q);
+            all = half_cast(z, nx, false) && same_task(a, nx) && nx->in[0] == c->out[q] &&
+                  !z->keep[root(z, c->out[q])] && z->last_read[root(z, c->out[q])] == i + g.n + q;
+        }
+        if (all && g.n + c->nout <= MAX_MEMBERS)
+            g.n += c->nout;
     }
     return g.n >= 2 ? g.n : 0;
 }
@@ -731,9 +735,10 @@ static int add_out(kb *b, int buf)
     return b->nout++;
 }
 
-static void collect_inputs(kb *b)
+/* the inputs of members [0, n) */
+static void collect_inputs(kb *b, int n)
 {
-    for (int m = 0; m < b->n; m++) {
+    for (int m = 0; m < n; m++) {
         const ptc_instr *in = ins(b->z, b->first + m);
         for (int k = 0; k < in->nin; k++)
             if (producer(b, m, in->in[k]) < 0)
@@ -745,24 +750,28 @@ static ptc_kir *build_chain(kb *b)
 {
     fz *z = b->z;
     const ptc_instr *last = ins(z, b->first + b->n - 1);
-    int cn = b->n, yout = -1; /* members through the consumer; its 16-bit rounding after it */
-    if (b->n >= 2 && half_cast(z, last, false) && !chain_member(z, ins(z, b->first + b->n - 2))) {
-        yout = last->out[0];
-        cn = b->n - 1;
+    /* members through the consumer; the 16-bit roundings of its results after it (chain_at) */
+    int cn = b->n, nr = 0;
+    while (nr < b->n - 1 && half_cast(z, ins(z, b->first + b->n - 1 - nr), false))
+        nr++;
+    if (nr && !chain_member(z, ins(z, b->first + b->n - 1 - nr)) &&
+        ins(z, b->first + b->n - 1 - nr)->nout == nr) {
+        cn = b->n - nr;
         last = ins(z, b->first + cn - 1);
-    }
+    } else
+        nr = 0;
     bool consumer = !chain_member(z, last);
     int npw = consumer ? cn - 1 : cn;
     int o0 = ins(z, b->first)->out[0];
     b->C = last_dim(z, o0);
     b->R = numel(z, o0) / b->C;
-    collect_inputs(b);
+    collect_inputs(b, cn);
     for (int m = 0; m < npw; m++)
         if (stored(b, m))
             add_out(b, ins(z, b->first + m)->out[0]);
     if (consumer)
         for (int o = 0; o < last->nout; o++)
-            add_out(b, yout >= 0 ? yout : last->out[o]);
+            add_out(b, nr ? ins(z, b->first + cn + o)->out[0] : last->out[o]);
     ptc_kir *k = b->k;
     b->r = ptc_kir_for(k, "r", ptc_kx_i(k, b->R), true);
     /* pass 1: the chain's stored results */
@@ -855,7 +864,7 @@ static ptc_kir *build_adamw(kb *b)
 {
     fz *z = b->z;
     ptc_kir *k = b->k;
-    collect_inputs(b);
+    collect_inputs(b, b->n);
     const ptc_instr *a0 = NULL;
     for (int m = 0; m < b->n; m++) {
         const ptc_instr *a = ins(z, b->first + m);
@@ -1351,6 +1360,7 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
         free(groups);
         free(z.last_read);
         free(z.keep);
+        compact(p, pg); /* (the buffers of casts ptc_plan_fold_casts folded) */
         return;
     }
     /* rebuild the instruction list; the old one (operand arrays in the arena) stays readable
@@ -1424,6 +1434,8 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
 
 void ptc_plan_fuse(ptc_plan *p)
 {
-    for (int k = 0; k < p->nprograms; k++)
+    for (int k = 0; k < p->nprograms; k++) {
+        ptc_plan_fold_casts(&p->programs[k]);
         fuse_program(p, &p->programs[k]);
+    }
 }

@@ -54,6 +54,9 @@ ptc_plan *ptc_lower_sample(const ptc_graph *g, bool fuse, char *why, size_t whyn
 /* The fusion pass (fuse.c): runs of kernels become generated kernels (fused instructions), their
  * intermediates leave the program. On a lowered plan before memory planning. */
 void ptc_plan_fuse(ptc_plan *p);
+/* Its first step on each program (fold_casts.c): the casts around an op of ptc_op_storage16
+ * over 16-bit tensors fold into it, which then reads and writes those tensors itself. */
+void ptc_plan_fold_casts(ptc_program *pg);
 
 /* The static memory planner: offsets for every buffer of every program and the arena size of every
  * region. Persistent regions (parameters, gradients, optimizer state) lay buffers out in order;

@@ -111,9 +111,19 @@ static int check_kernel(vctx *v, int i, const ptc_instr *in)
     if ((info->nin >= 0 && in->nin != info->nin) || (info->nin < 0 && in->nin < 1))
         return bad(v, "i%d: %s takes %d operands, not %d", i, info->name, info->nin, in->nin);
     ptc_type it[PTC_MAX_RESULTS * 2], ot[PTC_MAX_RESULTS];
-    /* 16-bit storage is read and written by casts alone: every other kernel computes on f32
-     * copies (kernel.h), and one handed 16-bit bytes would read them as floats */
-    for (int k = 0; k < in->nin + in->nout && in->op != PTC_OP_CAST; k++)
+    /* 16-bit storage is read and written by casts and the ops of ptc_op_storage16 alone: every
+     * other kernel computes on f32 copies (kernel.h), and one handed 16-bit bytes would read them
+     * as floats. Those ops take operands of one 16-bit type and give results of it (or f32). */
+    ptc_dtype t16 = in->nin ? dtype(v, in->in[0]) : PTC_F32;
+    bool s16 = ptc_op_storage16(in->op) && is_16bit(t16);
+    for (int k = 0; s16 && k < in->nin + in->nout; k++) {
+        ptc_dtype t = dtype(v, k < in->nin ? in->in[k] : in->out[k - in->nin]);
+        if (t != t16 && (k < in->nin || t != PTC_F32))
+            return bad(v, "i%d: %s over 16-bit storage has %s b%d of another dtype", i,
+                       info->name, k < in->nin ? "operand" : "result",
+                       k < in->nin ? in->in[k] : in->out[k - in->nin]);
+    }
+    for (int k = 0; k < in->nin + in->nout && in->op != PTC_OP_CAST && !s16; k++)
         if (is_16bit(dtype(v, k < in->nin ? in->in[k] : in->out[k - in->nin])))
             return bad(v, "i%d: %s %s b%d is 16-bit: only a cast reads or writes 16-bit storage",
                        i, info->name, k < in->nin ? "operand" : "result",

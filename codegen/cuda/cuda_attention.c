@@ -141,6 +141,19 @@ static void emit_defs(const ptc_cuda_attn *a, const char *n, FILE *f)
             (long long)a->h0, n, (long long)(a->ratio ? a->ratio : a->heads / a->kv_heads), n,
             (double)(float)(1.0 / sqrt((double)a->head_dim)), n,
             (long long)tile_of(90, a->head_dim), n, (long long)tile_of(80, a->head_dim), n, n, n);
+    /* q, k, v, dy and the results: f32, or 16-bit storage widened as loaded, rounded as stored */
+    const char *cv = a->io == PTC_BF16 ? "bf16" : "f16";
+    if (a->io)
+        fprintf(f,
+                "#define %s_IO16 1\n#define %s_T unsigned short\n"
+                "#define %s_LDX(p, i) ptc_%s_f(PTC_LD(p, i))\n"
+                "#define %s_STX(p, i, x) PTC_ST(p, i, ptc_f_%s(x))\n",
+                n, n, n, cv, n, cv);
+    else
+        fprintf(f,
+                "#define %s_IO16 0\n#define %s_T float\n#define %s_LDX(p, i) PTC_LD(p, i)\n"
+                "#define %s_STX(p, i, x) PTC_ST(p, i, x)\n",
+                n, n, n, n);
     if (a->mma) {
         ptc_cuda_emit_attn_mma_defs(a, n, f);
         return;
@@ -160,8 +173,8 @@ static const char kv_tiles[] =
     "            __syncthreads(); /* the last tile's readers are done */\n"
     "            for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
     "                const long long j = j0 + x / @_DH, at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + x % @_DH;\n"
-    "                PTC_ST(ks, x, j < @_S2 ? PTC_LD(k, at) : 0.0f);\n"
-    "                PTC_ST(vs, x, j < @_S2 ? PTC_LD(v, at) : 0.0f);\n"
+    "                PTC_ST(ks, x, j < @_S2 ? @_LDX(k, at) : 0.0f);\n"
+    "                PTC_ST(vs, x, j < @_S2 ? @_LDX(v, at) : 0.0f);\n"
     "            }\n"
     "            __syncthreads();\n"
     "            long long jn = @_S2 - j0 < @_BK ? @_S2 - j0 : @_BK;\n"
@@ -179,7 +192,7 @@ static const char fwd_body[] =
     "        const int live = i < @_S;\n"
     "        float qr[@_DH], acc[@_DH], m = -PTC_INF, l = 0.0f;\n"
     "        for (int d = 0; d < @_DH; d++) {\n"
-    "            qr[d] = live ? PTC_LD(q, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d) * @_SCALE : 0.0f;\n"
+    "            qr[d] = live ? @_LDX(q, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d) * @_SCALE : 0.0f;\n"
     "            acc[d] = 0.0f;\n"
     "        }\n";
 
@@ -211,14 +224,14 @@ static const char fwd_loop[] =
 
 static const char fwd_tail[] =
     "        for (int d = 0; d < @_DH; d++)\n"
-    "            PTC_ST(o, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d, acc[d] / l);\n"
+    "            @_STX(o, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d, acc[d] / l);\n"
     "    }\n"
     "}\n";
 
 static const char stats_tail[] =
     "        float dd = 0.0f;\n"
     "        for (int d = 0; d < @_DH; d++)\n"
-    "            dd += PTC_LD(dy, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d) * (acc[d] / l);\n"
+    "            dd += @_LDX(dy, (b * @_S + i) * (@_H * @_DH) + h * @_DH + d) * (acc[d] / l);\n"
     "        PTC_ST(lse, (b * @_H + h) * @_S + i, m + logf(l));\n"
     "        PTC_ST(dsum, (b * @_H + h) * @_S + i, dd);\n"
     "    }\n"
@@ -240,8 +253,8 @@ static const char bwd_kv[] =
     "        float kr[@_HD], vr[@_HD], gk[@_HD], gv[@_HD];\n"
     "        for (int d = 0; d < @_HD; d++) {\n"
     "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d0 + d;\n"
-    "            kr[d] = live && d < nd ? PTC_LD(k, at) : 0.0f;\n"
-    "            vr[d] = live && d < nd ? PTC_LD(v, at) : 0.0f;\n"
+    "            kr[d] = live && d < nd ? @_LDX(k, at) : 0.0f;\n"
+    "            vr[d] = live && d < nd ? @_LDX(v, at) : 0.0f;\n"
     "            gk[d] = gv[d] = 0.0f;\n"
     "        }\n"
     "        for (long long h = PTC_IMAX(kh * @_R - @_H0, 0); h < PTC_IMIN((kh + 1) * @_R - @_H0, @_H); h++) {\n"
@@ -250,8 +263,8 @@ static const char bwd_kv[] =
     "                __syncthreads();\n"
     "                for (long long x = threadIdx.x; x < @_BK * @_DH; x += rows) {\n"
     "                    const long long i = i0 + x / @_DH, at = (b * @_S + i) * (@_H * @_DH) + h * @_DH + x % @_DH;\n"
-    "                    PTC_ST(qs, x, i < @_S ? PTC_LD(q, at) : 0.0f);\n"
-    "                    PTC_ST(ds, x, i < @_S ? PTC_LD(dy, at) : 0.0f);\n"
+    "                    PTC_ST(qs, x, i < @_S ? @_LDX(q, at) : 0.0f);\n"
+    "                    PTC_ST(ds, x, i < @_S ? @_LDX(dy, at) : 0.0f);\n"
     "                }\n"
     "                for (long long x = threadIdx.x; x < @_BK; x += rows) {\n"
     "                    const long long i = i0 + x;\n"
@@ -275,8 +288,8 @@ static const char bwd_kv[] =
     "        }\n"
     "        for (int d = 0; live && d < nd; d++) {\n"
     "            const long long at = (b * @_S2 + j) * (@_G * @_DH) + kh * @_DH + d0 + d;\n"
-    "            PTC_ST(dk, at, gk[d]);\n"
-    "            PTC_ST(dv, at, gv[d]);\n"
+    "            @_STX(dk, at, gk[d]);\n"
+    "            @_STX(dv, at, gv[d]);\n"
     "        }\n"
     "    }\n"
     "}\n";
@@ -293,8 +306,8 @@ static const char bwd_q[] =
     "        const long long qo = (b * @_S + i) * (@_H * @_DH) + h * @_DH;\n"
     "        float qr[@_DH], dr[@_DH], gq[@_DH];\n"
     "        for (int d = 0; d < @_DH; d++) {\n"
-    "            qr[d] = live ? PTC_LD(q, qo + d) : 0.0f;\n"
-    "            dr[d] = live ? PTC_LD(dy, qo + d) : 0.0f;\n"
+    "            qr[d] = live ? @_LDX(q, qo + d) : 0.0f;\n"
+    "            dr[d] = live ? @_LDX(dy, qo + d) : 0.0f;\n"
     "            gq[d] = 0.0f;\n"
     "        }\n"
     "        const float l = live ? PTC_LD(lse, (b * @_H + h) * @_S + i) : 0.0f;\n"
@@ -308,21 +321,21 @@ static const char bwd_q_loop[] =
     "            }\n"
     "        }\n"
     "        for (int d = 0; live && d < @_DH; d++)\n"
-    "            PTC_ST(dq, qo + d, gq[d]);\n"
+    "            @_STX(dq, qo + d, gq[d]);\n"
     "    }\n"
     "}\n";
 
 static const char *const params[PTC_CUDA_ATTN_NKERNELS] = {
-    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
-    "float *PTC_RESTRICT o",
-    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
-    "const float *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum",
-    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
-    "const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
-    "float *PTC_RESTRICT dk, float *PTC_RESTRICT dv",
-    "const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, "
-    "const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
-    "float *PTC_RESTRICT dq",
+    "const @_T *PTC_RESTRICT q, const @_T *PTC_RESTRICT k, const @_T *PTC_RESTRICT v, "
+    "@_T *PTC_RESTRICT o",
+    "const @_T *PTC_RESTRICT q, const @_T *PTC_RESTRICT k, const @_T *PTC_RESTRICT v, "
+    "const @_T *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum",
+    "const @_T *PTC_RESTRICT q, const @_T *PTC_RESTRICT k, const @_T *PTC_RESTRICT v, "
+    "const @_T *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
+    "@_T *PTC_RESTRICT dk, @_T *PTC_RESTRICT dv",
+    "const @_T *PTC_RESTRICT q, const @_T *PTC_RESTRICT k, const @_T *PTC_RESTRICT v, "
+    "const @_T *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, "
+    "@_T *PTC_RESTRICT dq",
 };
 static const int nparams[PTC_CUDA_ATTN_NKERNELS] = {4, 6, 8, 7};
 static const int nouts[PTC_CUDA_ATTN_NKERNELS] = {1, 2, 2, 1};
@@ -337,8 +350,10 @@ void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
             ptc_cuda_attention_launch(a, (ptc_cuda_attn_kernel)w, &ptc_cuda_archs[r], &g, &b);
             fprintf(f, "%s sm_%d: grid %d, block %d", r ? "," : "", ptc_cuda_archs[r].sm, g, b);
         }
-        fprintf(f, " */\nPTC_KERNEL __launch_bounds__(128) k_%s_%s(%s)\n", name,
-                ptc_cuda_attn_names[w], params[w]);
+        fprintf(f, " */\nPTC_KERNEL __launch_bounds__(128) k_%s_%s(", name,
+                ptc_cuda_attn_names[w]);
+        ptc_cuda_put_named(f, params[w], name);
+        fputs(")\n", f);
         switch (a->mma ? -1 : w) {
         case -1: ptc_cuda_emit_attn_mma_body((ptc_cuda_attn_kernel)w, name, f); break;
         case PTC_CUDA_ATTN_FWD:
@@ -362,9 +377,12 @@ void ptc_cuda_emit_attention(const ptc_cuda_attn *a, const char *name, FILE *f)
         }
         fprintf(f, "#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
                 name, ptc_cuda_attn_names[w], name, ptc_cuda_attn_names[w]);
-        for (int i = 0; i < nparams[w]; i++)
-            fprintf(f, "%s(%sfloat *)a[%d]", i ? ", " : "",
-                    i < nparams[w] - nouts[w] ? "const " : "", i);
+        for (int i = 0; i < nparams[w]; i++) { /* (lse and dsum are f32 scratch) */
+            bool stat = w != PTC_CUDA_ATTN_FWD && i >= 4 && i < 6;
+            fprintf(f, "%s(%s%s%s *)a[%d]", i ? ", " : "",
+                    i < nparams[w] - nouts[w] ? "const " : "", stat ? "float" : name,
+                    stat ? "" : "_T", i);
+        }
         fputs(");\n}\n#endif\n", f);
     }
 }
@@ -373,7 +391,8 @@ bool ptc_cuda_attn_same(const ptc_cuda_attn *a, const ptc_cuda_attn *b)
 {
     return a->batch == b->batch && a->seq == b->seq && a->kv_seq == b->kv_seq &&
            a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-           a->h0 == b->h0 && a->ratio == b->ratio && a->causal == b->causal && a->mma == b->mma;
+           a->h0 == b->h0 && a->ratio == b->ratio && a->causal == b->causal && a->mma == b->mma &&
+           a->io == b->io;
 }
 
 /* The 16-bit type buffer b of pg is an f32 copy of (the result of a cast from it), or 0. */
@@ -406,9 +425,13 @@ bool ptc_cuda_attn_of(const ptc_program *pg, const ptc_instr *in, int coord, ptc
         a->h0 = (int64_t)coord * heads;
         a->ratio = in->attrs.n / kv;
     }
-    /* tensor cores when every operand (q, k, v, and dy of the gradient) was one 16-bit type */
-    int mma = ptc_cuda_attn_mma_fits(a->head_dim) ? widened_from(pg, in->in[0]) : 0;
-    for (int k = 1; k < in->nin && mma; k++)
+    /* 16-bit storage (the verifier holds every operand and result to q's type), or f32 */
+    int dt = tq->dtype;
+    a->io = dt == PTC_BF16 || dt == PTC_F16 ? dt : 0;
+    /* tensor cores when every operand (q, k, v, and dy of the gradient) is, or was widened
+     * from, one 16-bit type */
+    int mma = !ptc_cuda_attn_mma_fits(a->head_dim) ? 0 : a->io ? a->io : widened_from(pg, in->in[0]);
+    for (int k = 1; k < in->nin && mma && !a->io; k++)
         if (widened_from(pg, in->in[k]) != mma)
             mma = 0;
     a->mma = mma;

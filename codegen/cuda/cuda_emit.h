@@ -74,9 +74,12 @@ void ptc_cuda_emit_unit(ptc_kir *const *ks, int n, FILE *f);
 typedef struct ptc_cuda_attn {
     int64_t batch, seq, kv_seq, heads, kv_heads, head_dim, h0, ratio;
     bool causal;
-    /* PTC_BF16 or PTC_F16: the operands are f32 copies of that 16-bit type (a 16-bit plan's
+    /* PTC_BF16 or PTC_F16: the operands hold values of that 16-bit type (a 16-bit plan's
      * attention), and the kernels run on tensor cores in it (cuda_attention_mma.c); 0: f32 */
     int mma;
+    /* PTC_BF16 or PTC_F16: q, k, v, dy and the results are that 16-bit storage itself (the
+     * fusion pass folded the casts around the attention into it); 0: f32 */
+    int io;
 } ptc_cuda_attn;
 
 /* Whether a and b are one shape. */

@@ -4,6 +4,13 @@
  * from the plan, and the rank's coordinate on the op's mesh axis for the ops whose result depends
  * on it (shard slices, the pieces of vocabulary-parallel embedding and cross-entropy, attention
  * over this rank's heads). Operands and results come as typed pointers beside it.
+ *
+ * Storage: f32 and i32 operands are 4 bytes an element. Of the kernels, casts read and write
+ * bf16 and f16 storage (2 bytes), and so do the ops of ptc_op_storage16 (attention and its
+ * gradient, concat, sum_to, sumsq, the norms' gradients) over 16-bit operands: they widen them as
+ * they load, compute in f32 and round their 16-bit results as they store (ptrt_storage16 in
+ * ref.h; the fusion pass folds the casts around them into them). Fused kernels declare their
+ * parameters' dtypes.
  */
 #ifndef PTRT_KERNEL_H
 #define PTRT_KERNEL_H

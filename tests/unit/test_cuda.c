@@ -451,6 +451,27 @@ Test(cuda, odd_sizes_emulated)
 
 /* The four attention kernels of shape a, emulated with sm's tiles at grid x block, against the
  * reference attention and attention_grad (double precision, the softmax recomputed). */
+/* n floats in 16-bit storage of dtype t (exact: they hold values of t), or x itself for 0 */
+static void *to_storage(float *x, int64_t n, int t)
+{
+    if (!t)
+        return x;
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = t == PTC_BF16 ? ptc_bf16_bits(x[i]) : ptc_f16_bits(x[i]);
+    return h;
+}
+
+static float *from_storage(void *x, int64_t n, int t)
+{
+    if (!t)
+        return x;
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        f[i] = t == PTC_BF16 ? ptc_bf16_value(((uint16_t *)x)[i]) : ptc_f16_value(((uint16_t *)x)[i]);
+    return f;
+}
+
 static void check_attention(const ptc_cuda_attn *a, int sm)
 {
     char *buf = NULL, flags[64], name[64];
@@ -460,25 +481,31 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
     ptc_cuda_emit_attention(a, "at", f);
     fclose(f);
     snprintf(flags, sizeof flags, "-DPTC_CUDA_EMU_ARCH=%d", sm * 10);
-    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%lld_%d%s", (long long)a->seq,
+    snprintf(name, sizeof name, "attn_%lld_%lld_%lld_%lld_%d%s%s", (long long)a->seq,
              (long long)a->head_dim, (long long)a->heads, (long long)a->h0, sm,
-             a->mma == PTC_BF16 ? "_bf16" : a->mma == PTC_F16 ? "_f16" : "");
+             a->mma == PTC_BF16 ? "_bf16" : a->mma == PTC_F16 ? "_f16" : "",
+             a->io == PTC_BF16 ? "_io_bf16" : a->io == PTC_F16 ? "_io_f16" : "");
     void *so = build_emu_with(buf, name, flags);
     free(buf);
     launch_fn launch;
     void *p = dlsym(so, "ptc_cuda_emu_launch");
     memcpy(&launch, &p, sizeof launch);
 
+    /* 16-bit storage (a->io): the operands rounded to it and stored in 2 bytes, the results read
+     * back from 2 bytes */
     attn_ref r = attn_ref_make(a->batch, a->seq, a->kv_seq, a->heads, a->kv_heads, a->head_dim,
-                               a->causal, a->ratio, a->h0, a->mma);
+                               a->causal, a->ratio, a->h0, a->mma ? a->mma : a->io);
     int64_t nq = r.nq, nk = r.nk, ns = r.ns;
-    float *q = r.q, *k = r.k, *v = r.v, *dy = r.dy;
+    void *q = to_storage(r.q, nq, a->io), *k = to_storage(r.k, nk, a->io);
+    void *v = to_storage(r.v, nk, a->io), *dy = to_storage(r.dy, nq, a->io);
+    size_t es = a->io ? 2 : 4;
 
     const ptc_cuda_arch *arch = &ptc_cuda_archs[sm >= 90 ? 1 : 0];
     unsigned blocks[2] = {0, 32}, grids[2] = {0, 3};
     for (int c = 0; c < 2; c++) {
-        float *o = calloc((size_t)nq, 4), *dq = calloc((size_t)nq, 4), *dk = calloc((size_t)nk, 4);
-        float *dv = calloc((size_t)nk, 4), *lse = calloc((size_t)ns, 4), *ds = calloc((size_t)ns, 4);
+        void *o = calloc((size_t)nq, es), *dq = calloc((size_t)nq, es), *dk = calloc((size_t)nk, es);
+        void *dv = calloc((size_t)nk, es);
+        float *lse = calloc((size_t)ns, 4), *ds = calloc((size_t)ns, 4);
         void *args[4][8] = {{q, k, v, o},
                             {q, k, v, dy, lse, ds},
                             {q, k, v, dy, lse, ds, dk, dv},
@@ -496,9 +523,15 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
         }
         char what[128];
         snprintf(what, sizeof what, "%s, block %s", name, c ? "32" : "of the architecture");
-        attn_ref_expect(&r, o, dq, dk, dv, what);
+        float *fo = from_storage(o, nq, a->io), *fdq = from_storage(dq, nq, a->io);
+        float *fdk = from_storage(dk, nk, a->io), *fdv = from_storage(dv, nk, a->io);
+        attn_ref_expect(&r, fo, fdq, fdk, fdv, what);
+        if (a->io)
+            free(fo), free(fdq), free(fdk), free(fdv);
         free(o), free(dq), free(dk), free(dv), free(lse), free(ds);
     }
+    if (a->io)
+        free(q), free(k), free(v), free(dy);
     attn_ref_free(&r);
     dlclose(so);
 }
@@ -523,6 +556,9 @@ Test(cuda, attention_emulated)
         {.batch = 2, .seq = 9, .kv_seq = 9, .heads = 2, .kv_heads = 2, .head_dim = 4, .h0 = 2, .ratio = 4, .causal = true},
         {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 8, .h0 = 6, .ratio = 4, .causal = true},
         {.batch = 1, .seq = 5, .kv_seq = 5, .heads = 3, .kv_heads = 3, .head_dim = 4, .h0 = 3, .ratio = 2, .causal = false},
+        /* over 16-bit storage (the casts around it folded in), a head size no tensor core takes */
+        {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 3, .kv_heads = 1, .head_dim = 5, .causal = true, .io = PTC_BF16},
+        {.batch = 2, .seq = 9, .kv_seq = 9, .heads = 2, .kv_heads = 2, .head_dim = 4, .h0 = 2, .ratio = 4, .causal = true, .io = PTC_F16},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         check_attention(&shapes[i], 80);
@@ -547,6 +583,10 @@ Test(cuda, attention_tensor_cores_emulated)
         /* above head size 64: tiles of 32, bwd_kv's k and v rows in shared memory */
         {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 128, .causal = true, .mma = PTC_BF16},
         {.batch = 2, .seq = 9, .kv_seq = 41, .heads = 1, .kv_heads = 1, .head_dim = 80, .causal = false, .mma = PTC_F16},
+        /* over 16-bit storage: 8-byte row loads, results rounded as stored */
+        {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .causal = true, .mma = PTC_BF16, .io = PTC_BF16},
+        {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 16, .h0 = 6, .ratio = 4, .causal = true, .mma = PTC_F16, .io = PTC_F16},
+        {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 128, .causal = true, .mma = PTC_BF16, .io = PTC_BF16},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_attention(&shapes[i], 90);

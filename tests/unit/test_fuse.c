@@ -508,3 +508,147 @@ Test(fuse, gpt2_peak_memory, .timeout = 120)
     ptc_plan_free(p1);
     ptc_graph_free(g);
 }
+
+/* ---- casts folded into ops over 16-bit storage (plan/fold_casts.c) ---- */
+
+typedef struct fold_prog {
+    ptc_plan *p;
+    ptc_program *pg;
+    int q16[3], q32[3], o32, o16; /* bf16 q, k, v; their f32 copies; the f32 and bf16 result */
+} fold_prog;
+
+static int fold_buf(fold_prog *f, ptc_dtype dt, int kind)
+{
+    ptc_buffer b = {.kind = (uint8_t)kind, .region = PTC_REGION_ACT, .view = -1, .view_axis = -1};
+    b.type = (ptc_type){.dtype = dt, .rank = 3, .dims = {1, 4, 8}};
+    b.bytes = 32 * (dt == PTC_F32 ? 4 : 2);
+    return ptc_prog_add_buffer(f->p, f->pg, &b);
+}
+
+static void fold_cast(fold_prog *f, int *from, int *to, ptc_dtype dt)
+{
+    ptc_instr c = {.kind = PTC_INSTR_KERNEL, .op = PTC_OP_CAST, .nin = 1, .nout = 1};
+    c.attrs = ptc_attrs_default(PTC_OP_CAST);
+    c.attrs.dtype = dt;
+    c.in = from;
+    c.out = to;
+    ptc_prog_add_instr(f->p, f->pg, &c);
+}
+
+/* bf16 inputs q, k, v widened; [`between` after the widenings;] attention; its result rounded */
+static fold_prog fold_make(void (*between)(fold_prog *))
+{
+    fold_prog f = {.p = ptc_plan_new()};
+    f.pg = ptc_plan_add_program(f.p);
+    f.pg->loss = f.pg->grad_norm = -1;
+    for (int k = 0; k < 3; k++) {
+        f.q16[k] = fold_buf(&f, PTC_BF16, PTC_BUF_INPUT);
+        f.q32[k] = fold_buf(&f, PTC_F32, PTC_BUF_TEMP);
+    }
+    f.o32 = fold_buf(&f, PTC_F32, PTC_BUF_TEMP);
+    f.o16 = fold_buf(&f, PTC_BF16, PTC_BUF_TEMP);
+    for (int k = 0; k < 3; k++)
+        fold_cast(&f, &f.q16[k], &f.q32[k], PTC_F32);
+    if (between)
+        between(&f);
+    ptc_instr a = {.kind = PTC_INSTR_KERNEL, .op = PTC_OP_ATTENTION, .nin = 3, .nout = 1};
+    a.attrs = ptc_attrs_default(PTC_OP_ATTENTION);
+    a.attrs.heads = 2;
+    a.attrs.causal = true;
+    a.in = f.q32;
+    a.out = &f.o32;
+    ptc_prog_add_instr(f.p, f.pg, &a);
+    fold_cast(&f, &f.o32, &f.o16, PTC_BF16);
+    return f;
+}
+
+static const ptc_instr *fold_attention(const fold_prog *f)
+{
+    for (int i = 0; i < f->pg->ninstrs; i++)
+        if (f->pg->instrs[i].op == PTC_OP_ATTENTION)
+            return &f->pg->instrs[i];
+    cr_assert_fail("no attention left");
+    return NULL;
+}
+
+static void read_k_copy_too(fold_prog *f)
+{
+    int y = fold_buf(f, PTC_F32, PTC_BUF_TEMP);
+    ptc_instr n = {.kind = PTC_INSTR_KERNEL, .op = PTC_OP_NEG, .nin = 1, .nout = 1};
+    n.attrs = ptc_attrs_default(PTC_OP_NEG);
+    n.in = &f->q32[1];
+    n.out = &y;
+    ptc_prog_add_instr(f->p, f->pg, &n);
+}
+
+static void overwrite_v(fold_prog *f)
+{
+    int y = fold_buf(f, PTC_F32, PTC_BUF_TEMP);
+    fold_cast(f, &y, &f->q16[2], PTC_BF16); /* v's bytes change after its copy was made */
+}
+
+Test(fold, casts_around_attention)
+{
+    fold_prog f = fold_make(NULL);
+    ptc_plan_fold_casts(f.pg);
+    cr_expect_eq(f.pg->ninstrs, 1, "the casts fold: %d instructions left", f.pg->ninstrs);
+    const ptc_instr *a = fold_attention(&f);
+    for (int k = 0; k < 3; k++)
+        cr_expect_eq(a->in[k], f.q16[k], "operand %d reads the bf16 tensor", k);
+    cr_expect_eq(a->out[0], f.o16, "the result is written as bf16");
+    ptc_plan_free(f.p);
+
+    /* a copy another op reads too, or a source written after its copy: nothing folds */
+    void (*cases[])(fold_prog *) = {read_k_copy_too, overwrite_v};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        f = fold_make(cases[c]);
+        int n = f.pg->ninstrs;
+        ptc_plan_fold_casts(f.pg);
+        cr_expect_eq(f.pg->ninstrs, n, "case %zu: %d of %d instructions left", c, f.pg->ninstrs, n);
+        a = fold_attention(&f);
+        for (int k = 0; k < 3; k++)
+            cr_expect_eq(a->in[k], f.q32[k], "case %zu: operand %d", c, k);
+        cr_expect_eq(a->out[0], f.o32, "case %zu: the result", c);
+        ptc_plan_free(f.p);
+    }
+}
+
+/* In a bf16 GPT-2 the ops of ptc_op_storage16 read and write bf16 themselves; what casts stay
+ * are those of the embeddings and the position slice, whose ops compute on f32 copies. */
+Test(fold, gpt2_bf16_casts_left)
+{
+    precision = PTC_BF16;
+    ptc_graph *g = compile_file("examples/gpt2_tiny.ptm");
+    precision = PTC_F32;
+    char err[2048];
+    ptc_lower_opts o = {.fuse = true};
+    ptc_plan *p = ptc_lower(g, &o, err, sizeof err);
+    cr_assert_not_null(p, "%s", err);
+    const ptc_program *pg = &p->programs[0];
+    int casts = 0, s16 = 0;
+    for (int i = 0; i < pg->ninstrs; i++) {
+        const ptc_instr *in = &pg->instrs[i];
+        if (in->kind != PTC_INSTR_KERNEL)
+            continue;
+        if (in->op == PTC_OP_CAST) {
+            casts++;
+            const ptc_instr *next = i + 1 < pg->ninstrs ? &pg->instrs[i + 1] : in;
+            const ptc_instr *prev = i > 0 ? &pg->instrs[i - 1] : in;
+            bool embed = next->op == PTC_OP_EMBEDDING || next->op == PTC_OP_SLICE ||
+                         next->op == PTC_OP_PAD || next->op == PTC_OP_EMBEDDING_GRAD ||
+                         prev->op == PTC_OP_EMBEDDING || prev->op == PTC_OP_SLICE ||
+                         prev->op == PTC_OP_PAD || prev->op == PTC_OP_SUM_TO;
+            cr_expect(embed, "i%d: a cast beside %s", i, ptc_ops[next->op].name);
+        }
+        if (ptc_op_storage16(in->op)) {
+            cr_expect_eq(pg->bufs[in->in[0]].type.dtype, PTC_BF16, "i%d: %s reads f32", i,
+                         ptc_ops[in->op].name);
+            s16++;
+        }
+    }
+    /* per layer: attention, its gradient, concat, 4 sum_to, 2 layernorm_grad, 12 sumsq */
+    cr_expect_geq(s16, 2 * 21, "%d ops over bf16", s16);
+    cr_expect_leq(casts, 8, "%d casts", casts);
+    ptc_plan_free(p);
+    ptc_graph_free(g);
+}

@@ -256,15 +256,22 @@ Test(ref_grad, sum_to)
     EXPECT_INTS(r, 0, 31, 2);
     rt_free(&r);
 
-    /* a bf16 result is rounded once, from the double sum: 1 + 2^-8 is halfway between the bf16
-     * neighbours 1 and 1 + 2^-7, and ties go to the even one, 1 */
-    float y[2] = {1.0f, 0.00390625f};
+    /* over bf16, sum_to reads and writes the 2-byte storage (kernel.h), its result rounded as a
+     * cast rounds the f32 sum: 1 + 2^-8 is halfway between the bf16 neighbours 1 and 1 + 2^-7,
+     * and ties go to the even one, 1; 1 + 2^-8 + 2^-8 is 1 + 2^-7 */
+    float y[3] = {1.0f, 0.00390625f, 0.00390625f};
+    uint16_t y16[3];
+    rt_encode16(PTC_BF16, y, y16, 3);
     it[0] = TY(PTC_BF16, 2);
-    in[0] = y;
+    in[0] = y16;
     a.nshape = 0;
     r = rg_ok(PTC_OP_SUM_TO, a, 1, it, in);
     rt_expect_type(&r.ot[0], SCALAR(PTC_BF16));
-    EXPECT_OUT(r, 0, 0, 1.0);
+    EXPECT_OUT16(r, 0, 0, 1.0);
+    rt_free(&r);
+    it[0] = TY(PTC_BF16, 3);
+    r = rg_ok(PTC_OP_SUM_TO, a, 1, it, in);
+    EXPECT_OUT16(r, 0, 0, 1.0078125);
     rt_free(&r);
 }
 

@@ -95,6 +95,8 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
 int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
+    if (ptrt_storage16(n, it)) /* (widened, run on the fast kernel, rounded into storage) */
+        return ptrt_run_storage16(ptrt_cpu_run, ptrt_cpu_cast, n, it, in, ot, out, err, errn);
     if (n->op == PTC_OP_CAST ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
                              : plain(n, it, ot) && fast(n, it, in, ot, out)) {
         if (errn)

@@ -7,8 +7,12 @@
  * other kernel computes in double (or float) on float arrays. A kernel called with bf16/f16 types
  * (as the unit tests do) treats its operands as floats holding such values and rounds its results
  * to that format here, once, after the kernel: the rounding a cast to 16-bit storage applies.
+ * The exceptions are the ops of ptc_op_storage16 (kernel.h): over 16-bit operands they read and
+ * write the 2-byte storage, which the fusion pass lets them do in place of the casts around them.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "half.h"
@@ -97,6 +101,115 @@ static void ref_cast(const ptc_type *ti, const void *x, const ptc_type *to, void
     }
 }
 
+/* The ops of ptc_op_storage16 over 16-bit operands read and write the 16-bit storage (kernel.h):
+ * the operands widened into float arrays, the kernel run on those as f32, each result rounded to
+ * the storage once as a cast rounds. */
+bool ptrt_storage16(const ptrt_kcall *n, const ptc_type *it)
+{
+    return ptc_op_storage16(n->op) && n->nin > 0 &&
+           (it[0].dtype == PTC_BF16 || it[0].dtype == PTC_F16);
+}
+
+int ptrt_ref_cast_to(const ptc_type *tx, const void *x, ptc_dtype to, void *o)
+{
+    ptc_type t = *tx;
+    t.dtype = to;
+    ref_cast(tx, x, &t, o);
+    return 1;
+}
+
+/* The f32 copies of ptrt_run_storage16, per thread and operand slot: grown to the largest call's
+ * and kept (memory a fresh allocation would fault in on every call). Each thread's set is on a
+ * list while the thread lives, freed when it ends. */
+enum { S16_SLOTS = 16 };
+typedef struct s16_cache {
+    float *p[S16_SLOTS];
+    int64_t cap[S16_SLOTS];
+    struct s16_cache *next, **prev;
+} s16_cache;
+static pthread_key_t s16_key;
+static pthread_once_t s16_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t s16_lock = PTHREAD_MUTEX_INITIALIZER;
+static s16_cache *s16_all;
+
+static void s16_end(void *v)
+{
+    s16_cache *c = v;
+    pthread_mutex_lock(&s16_lock);
+    *c->prev = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&s16_lock);
+    for (int k = 0; k < S16_SLOTS; k++)
+        free(c->p[k]);
+    free(c);
+}
+
+static void s16_init(void)
+{
+    PTC_ASSERT(pthread_key_create(&s16_key, s16_end) == 0);
+}
+
+static float *s16_slot(int k, int64_t n)
+{
+    pthread_once(&s16_once, s16_init);
+    s16_cache *c = pthread_getspecific(s16_key);
+    if (!c) {
+        c = ptc_xcalloc(1, sizeof *c);
+        pthread_mutex_lock(&s16_lock);
+        c->next = s16_all;
+        c->prev = &s16_all;
+        if (s16_all)
+            s16_all->prev = &c->next;
+        s16_all = c;
+        pthread_mutex_unlock(&s16_lock);
+        pthread_setspecific(s16_key, c);
+    }
+    if (c->cap[k] < n) {
+        free(c->p[k]);
+        c->p[k] = aligned_alloc(64, (sizeof(float) * (size_t)n + 63) / 64 * 64 + 64);
+        PTC_ASSERT(c->p[k]);
+        c->cap[k] = n;
+    }
+    return c->p[k];
+}
+
+int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
+                       const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out,
+                       char *err, size_t errn)
+{
+    enum { MAXN = S16_SLOTS / 2 };
+    ptc_type it2[MAXN], ot2[MAXN];
+    void *in2[MAXN] = {0}, *out2[MAXN] = {0};
+    if (n->nin > MAXN || n->nout > MAXN) {
+        ptc_fmt(err, errn, "%s over 16-bit storage: too many operands", ptc_ops[n->op].name);
+        return -1;
+    }
+    for (int k = 0; k < n->nin + n->nout; k++) {
+        const ptc_type *t = k < n->nin ? &it[k] : &ot[k - n->nin];
+        ptc_type *w = k < n->nin ? &it2[k] : &ot2[k - n->nin];
+        void **x = k < n->nin ? &in2[k] : &out2[k - n->nin];
+        *w = *t;
+        if (t->dtype != PTC_BF16 && t->dtype != PTC_F16) {
+            *x = k < n->nin ? in[k] : out[k - n->nin];
+            continue;
+        }
+        float *f = s16_slot(k, ptc_type_numel(t));
+        if (k < n->nin)
+            cast(t, in[k], PTC_F32, f);
+        w->dtype = PTC_F32;
+        *x = f;
+    }
+    int rc = run(n, it2, in2, ot2, out2, err, errn);
+    for (int k = 0; k < n->nout; k++) {
+        if (out2[k] == out[k])
+            continue;
+        if (rc == 0)
+            cast(&ot2[k], out2[k], ot[k].dtype, out[k]);
+    }
+    return rc;
+}
+
 static void ref_const(const ptc_attrs *at, const ptc_type *to, void *o)
 {
     int64_t n = ptc_type_numel(to);
@@ -128,6 +241,8 @@ int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const
     int rc = 0;
     if (errn)
         err[0] = '\0';
+    if (ptrt_storage16(n, it))
+        return ptrt_run_storage16(ptrt_ref_run, ptrt_ref_cast_to, n, it, in, ot, out, err, errn);
     switch (n->op) {
     case PTC_OP_INPUT:
     case PTC_OP_PARAM:

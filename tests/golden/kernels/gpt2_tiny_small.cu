@@ -361,6 +361,10 @@ void k_f6_adamw_x28__emu(void *const *a)
 #endif
 #define attn0_C 8
 #define attn0_HD ((attn0_DH + 1) / 2)
+#define attn0_IO16 0
+#define attn0_T float
+#define attn0_LDX(p, i) PTC_LD(p, i)
+#define attn0_STX(p, i, x) PTC_ST(p, i, x)
 PTC_DEVICE float attn0_dot(const float *r, const float *sh, long long row)
 {
     float s = 0.0f;
@@ -430,7 +434,7 @@ PTC_DEVICE void attn0_haxpy(float *acc, float p, const float *sh, long long at, 
 #endif
 }
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
-PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, float *PTC_RESTRICT o)
+PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const attn0_T *PTC_RESTRICT q, const attn0_T *PTC_RESTRICT k, const attn0_T *PTC_RESTRICT v, attn0_T *PTC_RESTRICT o)
 {
     __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
@@ -440,7 +444,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
+            qr[d] = live ? attn0_LDX(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -451,8 +455,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
-                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
+                PTC_ST(ks, x, j < attn0_S2 ? attn0_LDX(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? attn0_LDX(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -483,17 +487,17 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_fwd(const float *PTC_RESTRICT q, const
         if (!live)
             continue;
         for (int d = 0; d < attn0_DH; d++)
-            PTC_ST(o, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d, acc[d] / l);
+            attn0_STX(o, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d, acc[d] / l);
     }
 }
 #ifdef PTC_CUDA_EMULATE
 void k_attn0_fwd__emu(void *const *a)
 {
-    k_attn0_fwd((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
+    k_attn0_fwd((const attn0_T *)a[0], (const attn0_T *)a[1], (const attn0_T *)a[2], (attn0_T *)a[3]);
 }
 #endif
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
-PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum)
+PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const attn0_T *PTC_RESTRICT q, const attn0_T *PTC_RESTRICT k, const attn0_T *PTC_RESTRICT v, const attn0_T *PTC_RESTRICT dy, float *PTC_RESTRICT lse, float *PTC_RESTRICT dsum)
 {
     __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
@@ -503,7 +507,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
         const int live = i < attn0_S;
         float qr[attn0_DH], acc[attn0_DH], m = -PTC_INF, l = 0.0f;
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? PTC_LD(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
+            qr[d] = live ? attn0_LDX(q, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * attn0_SCALE : 0.0f;
             acc[d] = 0.0f;
         }
         /* the keys any query of the tile sees (causal: up to its last query) */
@@ -514,8 +518,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
-                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
+                PTC_ST(ks, x, j < attn0_S2 ? attn0_LDX(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? attn0_LDX(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -547,7 +551,7 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
             continue;
         float dd = 0.0f;
         for (int d = 0; d < attn0_DH; d++)
-            dd += PTC_LD(dy, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * (acc[d] / l);
+            dd += attn0_LDX(dy, (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + d) * (acc[d] / l);
         PTC_ST(lse, (b * attn0_H + h) * attn0_S + i, m + logf(l));
         PTC_ST(dsum, (b * attn0_H + h) * attn0_S + i, dd);
     }
@@ -555,11 +559,11 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_stats(const float *PTC_RESTRICT q, con
 #ifdef PTC_CUDA_EMULATE
 void k_attn0_stats__emu(void *const *a)
 {
-    k_attn0_stats((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (float *)a[4], (float *)a[5]);
+    k_attn0_stats((const attn0_T *)a[0], (const attn0_T *)a[1], (const attn0_T *)a[2], (const attn0_T *)a[3], (float *)a[4], (float *)a[5]);
 }
 #endif
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
-PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dk, float *PTC_RESTRICT dv)
+PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const attn0_T *PTC_RESTRICT q, const attn0_T *PTC_RESTRICT k, const attn0_T *PTC_RESTRICT v, const attn0_T *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, attn0_T *PTC_RESTRICT dk, attn0_T *PTC_RESTRICT dv)
 {
     __shared__ __align__(16) float qs[attn0_BK * attn0_DH], ds[attn0_BK * attn0_DH];
     __shared__ float ls[attn0_BK], dd[attn0_BK];
@@ -572,8 +576,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
         float kr[attn0_HD], vr[attn0_HD], gk[attn0_HD], gv[attn0_HD];
         for (int d = 0; d < attn0_HD; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d0 + d;
-            kr[d] = live && d < nd ? PTC_LD(k, at) : 0.0f;
-            vr[d] = live && d < nd ? PTC_LD(v, at) : 0.0f;
+            kr[d] = live && d < nd ? attn0_LDX(k, at) : 0.0f;
+            vr[d] = live && d < nd ? attn0_LDX(v, at) : 0.0f;
             gk[d] = gv[d] = 0.0f;
         }
         for (long long h = PTC_IMAX(kh * attn0_R - attn0_H0, 0); h < PTC_IMIN((kh + 1) * attn0_R - attn0_H0, attn0_H); h++) {
@@ -582,8 +586,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
                 __syncthreads();
                 for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                     const long long i = i0 + x / attn0_DH, at = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH + x % attn0_DH;
-                    PTC_ST(qs, x, i < attn0_S ? PTC_LD(q, at) : 0.0f);
-                    PTC_ST(ds, x, i < attn0_S ? PTC_LD(dy, at) : 0.0f);
+                    PTC_ST(qs, x, i < attn0_S ? attn0_LDX(q, at) : 0.0f);
+                    PTC_ST(ds, x, i < attn0_S ? attn0_LDX(dy, at) : 0.0f);
                 }
                 for (long long x = threadIdx.x; x < attn0_BK; x += rows) {
                     const long long i = i0 + x;
@@ -607,19 +611,19 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_kv(const float *PTC_RESTRICT q, co
         }
         for (int d = 0; live && d < nd; d++) {
             const long long at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + d0 + d;
-            PTC_ST(dk, at, gk[d]);
-            PTC_ST(dv, at, gv[d]);
+            attn0_STX(dk, at, gk[d]);
+            attn0_STX(dv, at, gv[d]);
         }
     }
 }
 #ifdef PTC_CUDA_EMULATE
 void k_attn0_bwd_kv__emu(void *const *a)
 {
-    k_attn0_bwd_kv((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6], (float *)a[7]);
+    k_attn0_bwd_kv((const attn0_T *)a[0], (const attn0_T *)a[1], (const attn0_T *)a[2], (const attn0_T *)a[3], (const float *)a[4], (const float *)a[5], (attn0_T *)a[6], (attn0_T *)a[7]);
 }
 #endif
 /* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 128 */
-PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, const float *PTC_RESTRICT k, const float *PTC_RESTRICT v, const float *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, float *PTC_RESTRICT dq)
+PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const attn0_T *PTC_RESTRICT q, const attn0_T *PTC_RESTRICT k, const attn0_T *PTC_RESTRICT v, const attn0_T *PTC_RESTRICT dy, const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum, attn0_T *PTC_RESTRICT dq)
 {
     __shared__ __align__(16) float ks[attn0_BK * attn0_DH], vs[attn0_BK * attn0_DH];
     const long long rows = blockDim.x, nqb = (attn0_S + rows - 1) / rows;
@@ -630,8 +634,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
         const long long qo = (b * attn0_S + i) * (attn0_H * attn0_DH) + h * attn0_DH;
         float qr[attn0_DH], dr[attn0_DH], gq[attn0_DH];
         for (int d = 0; d < attn0_DH; d++) {
-            qr[d] = live ? PTC_LD(q, qo + d) : 0.0f;
-            dr[d] = live ? PTC_LD(dy, qo + d) : 0.0f;
+            qr[d] = live ? attn0_LDX(q, qo + d) : 0.0f;
+            dr[d] = live ? attn0_LDX(dy, qo + d) : 0.0f;
             gq[d] = 0.0f;
         }
         const float l = live ? PTC_LD(lse, (b * attn0_H + h) * attn0_S + i) : 0.0f;
@@ -644,8 +648,8 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             __syncthreads(); /* the last tile's readers are done */
             for (long long x = threadIdx.x; x < attn0_BK * attn0_DH; x += rows) {
                 const long long j = j0 + x / attn0_DH, at = (b * attn0_S2 + j) * (attn0_G * attn0_DH) + kh * attn0_DH + x % attn0_DH;
-                PTC_ST(ks, x, j < attn0_S2 ? PTC_LD(k, at) : 0.0f);
-                PTC_ST(vs, x, j < attn0_S2 ? PTC_LD(v, at) : 0.0f);
+                PTC_ST(ks, x, j < attn0_S2 ? attn0_LDX(k, at) : 0.0f);
+                PTC_ST(vs, x, j < attn0_S2 ? attn0_LDX(v, at) : 0.0f);
             }
             __syncthreads();
             long long jn = attn0_S2 - j0 < attn0_BK ? attn0_S2 - j0 : attn0_BK;
@@ -658,13 +662,13 @@ PTC_KERNEL __launch_bounds__(128) k_attn0_bwd_q(const float *PTC_RESTRICT q, con
             }
         }
         for (int d = 0; live && d < attn0_DH; d++)
-            PTC_ST(dq, qo + d, gq[d]);
+            attn0_STX(dq, qo + d, gq[d]);
     }
 }
 #ifdef PTC_CUDA_EMULATE
 void k_attn0_bwd_q__emu(void *const *a)
 {
-    k_attn0_bwd_q((const float *)a[0], (const float *)a[1], (const float *)a[2], (const float *)a[3], (const float *)a[4], (const float *)a[5], (float *)a[6]);
+    k_attn0_bwd_q((const attn0_T *)a[0], (const attn0_T *)a[1], (const attn0_T *)a[2], (const attn0_T *)a[3], (const float *)a[4], (const float *)a[5], (attn0_T *)a[6]);
 }
 #endif
 /* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
