@@ -36,7 +36,7 @@ bool ptc_cuda_attn_mma_fits(int64_t head_dim)
 }
 
 /* The multiply-add and the 16-bit packing, once per translation unit. */
-static const char helpers[] =
+static const char helpers[] = /* (the GPU's; helpers_emu the emulation's) */
     "#ifndef PTC_MMA_HELPERS\n"
     "#define PTC_MMA_HELPERS\n"
     "/* Tensor cores: a warp's d += a b over 16 x 16 x 8 (m16n8k16: 16-bit a and b, f32 d), in\n"
@@ -47,6 +47,17 @@ static const char helpers[] =
     "#define PTC_UNROLL _Pragma(\"unroll\")\n"
     "#define PTC_LD2(p, i) (*reinterpret_cast<const unsigned *>((p) + (i)))\n"
     "#define PTC_ST2(p, i, u) (*reinterpret_cast<unsigned *>((p) + (i)) = (u))\n"
+    "/* 16 bytes from global x + at to shared sh + i without the registers (zeros unless ok),\n"
+    " * in flight until the thread's group is waited for (cp.async, sm_80 on) */\n"
+    "PTC_DEVICE void ptc_cp16(unsigned short *sh, const unsigned short *x, int ok)\n"
+    "{\n"
+    "    asm volatile(\"{ .reg .u64 s; .reg .u32 t; cvta.to.shared.u64 s, %0; cvt.u32.u64 t, s; \"\n"
+    "                 \"cp.async.cg.shared.global [t], [%1], 16, %2; }\"\n"
+    "                 :: \"l\"(sh), \"l\"(x), \"r\"(ok ? 16 : 0) : \"memory\");\n"
+    "}\n"
+    "#define PTC_CP16(sh, i, x, at, ok) ptc_cp16((sh) + (i), (x) + (at), ok)\n"
+    "#define PTC_CP_COMMIT() asm volatile(\"cp.async.commit_group;\" ::: \"memory\")\n"
+    "#define PTC_CP_WAIT(n) asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(n) : \"memory\")\n"
     "PTC_DEVICE void ptc_mma_bf16(float *d, const unsigned *a, const unsigned *b)\n"
     "{\n"
     "    asm(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, \"\n"
@@ -73,9 +84,17 @@ static const char helpers[] =
     "    asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(u) : \"f\"(hi), \"f\"(lo));\n"
     "    return u;\n"
     "}\n"
-    "#else\n"
+    "#else\n";
+static const char helpers_emu[] =
     "#define PTC_UNROLL\n"
     "#define PTC_LD2(p, i) ((unsigned)PTC_LD(p, i) | (unsigned)PTC_LD(p, (i) + 1) << 16)\n"
+    "#define PTC_CP16(sh, i, x, at, ok)                                         \\\n"
+    "    do {                                                                   \\\n"
+    "        for (int ptc_e = 0; ptc_e < 8; ptc_e++)                            \\\n"
+    "            PTC_ST(sh, (i) + ptc_e, (ok) ? PTC_LD(x, (at) + ptc_e) : 0);   \\\n"
+    "    } while (0)\n"
+    "#define PTC_CP_COMMIT() ((void)0)\n"
+    "#define PTC_CP_WAIT(n) ((void)0)\n"
     "#define PTC_ST2(p, i, u)                                                   \\\n"
     "    do {                                                                   \\\n"
     "        const unsigned ptc_u2 = (u);                                       \\\n"
@@ -147,7 +166,52 @@ static const char shape_helpers[] =
     "        PTC_ST2(sh, r * @_LDS + d + 2, u1);\n"
     "    }\n"
     "}\n"
-    "#define @_tile(sh, x, base, F, r0, n) @_rows_to(sh, @_KT, x, base, F, r0, n)\n"
+    "#define @_tile(sh, x, base, F, r0, n) @_rows_to(sh, @_KT, x, base, F, r0, n)\n";
+
+/* Per shape over 16-bit storage: tiles issued asynchronously into shared memory. */
+static const char async_helpers[] =
+    "#if @_DBQ || @_DBK\n"
+    "/* the same over 16-bit storage, issued (cp.async) rather than done: straight copies of 16\n"
+    " * bytes, base, F and d multiples of 8 */\n"
+    "PTC_DEVICE void @_rows_async(unsigned short *sh, int nr, const @_T *PTC_RESTRICT x,\n"
+    "                             long long base, long long F, long long r0, long long n)\n"
+    "{\n"
+    "    for (int e = (int)threadIdx.x; e < nr * @_DH / 8; e += (int)blockDim.x) {\n"
+    "        const int r = e / (@_DH / 8), d = e % (@_DH / 8) * 8, ok = r0 + r < n;\n"
+    "        PTC_CP16(sh, r * @_LDS + d, x, ok ? base + (r0 + r) * F + d : 0, ok);\n"
+    "    }\n"
+    "}\n"
+    "#endif\n"
+    "#if @_DBQ\n"
+    "/* fwd, stats, bwd_q: key and value tile j0 of (b, kv head kh) issued into kt and vt */\n"
+    "PTC_DEVICE void @_kv_issue(unsigned short *kt, unsigned short *vt, const @_T *PTC_RESTRICT k,\n"
+    "                           const @_T *PTC_RESTRICT v, long long b, long long kh, long long j0)\n"
+    "{\n"
+    "    @_rows_async(kt, @_KT, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
+    "    @_rows_async(vt, @_KT, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
+    "    PTC_CP_COMMIT();\n"
+    "}\n"
+    "#endif\n"
+    "#if @_DBK\n"
+    "/* bwd_kv: query and dy tile i0 of (b, head h) issued into qt and dt, its lse (base 2) and D\n"
+    " * stored into lt and dt2 */\n"
+    "PTC_DEVICE void @_q_issue(unsigned short *qt, unsigned short *dt, float *lt, float *dt2,\n"
+    "                          const @_T *PTC_RESTRICT q, const @_T *PTC_RESTRICT dy,\n"
+    "                          const float *PTC_RESTRICT lse, const float *PTC_RESTRICT dsum,\n"
+    "                          long long b, long long h, long long i0)\n"
+    "{\n"
+    "    @_rows_async(qt, @_KT, q, b * @_S * (@_H * @_DH) + h * @_DH, @_H * @_DH, i0, @_S);\n"
+    "    @_rows_async(dt, @_KT, dy, b * @_S * (@_H * @_DH) + h * @_DH, @_H * @_DH, i0, @_S);\n"
+    "    PTC_CP_COMMIT();\n"
+    "    for (int x = (int)threadIdx.x; x < @_KT; x += (int)blockDim.x) {\n"
+    "        const long long i = i0 + x;\n"
+    "        PTC_ST(lt, x, i < @_S ? PTC_LD(lse, (b * @_H + h) * @_S + i) * 1.442695041f : 0.0f);\n"
+    "        PTC_ST(dt2, x, i < @_S ? PTC_LD(dsum, (b * @_H + h) * @_S + i) : 0.0f);\n"
+    "    }\n"
+    "}\n"
+    "#endif\n";
+
+static const char shape_helpers2[] =
     "PTC_DEVICE unsigned @_pair(const @_T *PTC_RESTRICT x, long long at, int d)\n"
     "{\n"
     "#if @_IO16\n"
@@ -236,7 +300,8 @@ static const char shape_helpers[] =
  * tiles go through ks and vs */
 static const char query_tiles[] =
     "{\n"
-    "    __shared__ __align__(16) unsigned short ks[@_KT * @_LDS], vs[@_KT * @_LDS];\n"
+    "    __shared__ __align__(16) unsigned short ks[(1 + @_DBQ) * @_KT * @_LDS],\n"
+    "        vs[(1 + @_DBQ) * @_KT * @_LDS];\n"
     "    const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5);\n"
     "    const int g = lane >> 2, c = lane & 3;\n"
     "    const long long rows = blockDim.x / 2, nqb = (@_S + rows - 1) / rows;\n"
@@ -258,13 +323,30 @@ static const char fwd_body[] =
     "        long long kend = @_S2;\n"
     "        if (@_CAUSAL && i0 + rows < kend)\n"
     "            kend = i0 + rows;\n"
-    "        for (long long j0 = 0; j0 < kend; j0 += @_KT) {\n"
+    "#if @_DBQ\n"
+    "        __syncthreads(); /* the last tiles' readers are done */\n"
+    "        if (kend > 0)\n"
+    "            @_kv_issue(ks, vs, k, v, b, kh, 0);\n"
+    "#endif\n"
+    "        for (long long j0 = 0, kb = 0; j0 < kend; j0 += @_KT, kb ^= @_DBQ) {\n"
     "            __syncthreads(); /* the last tile's readers are done */\n"
+    "#if @_DBQ\n"
+    "            /* the next tile goes into the other buffers while this one is computed */\n"
+    "            if (j0 + @_KT < kend) {\n"
+    "                @_kv_issue(ks + (kb ^ 1) * (@_KT * @_LDS), vs + (kb ^ 1) * (@_KT * @_LDS), k, v, b, kh,\n"
+    "                           j0 + @_KT);\n"
+    "                PTC_CP_WAIT(1);\n"
+    "            } else {\n"
+    "                PTC_CP_WAIT(0);\n"
+    "            }\n"
+    "#else\n"
     "            @_tile(ks, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
+    "#endif\n"
     "            __syncthreads();\n"
+    "            const unsigned short *kt = ks + kb * (@_KT * @_LDS), *vt = vs + kb * (@_KT * @_LDS);\n"
     "            float s[@_KT / 8][4];\n"
-    "            @_abt(s, qa, ks, g, c);\n"
+    "            @_abt(s, qa, kt, g, c);\n"
     "            /* scaled (by log2(e) too: exp2 below), masked (keys past the end; causal: keys\n"
     "             * after the row: only tiles that cross the end or the warp's diagonal), the maxima */\n"
     "            const int edge = j0 + @_KT > @_S2 || (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
@@ -309,7 +391,7 @@ static const char fwd_body[] =
     "            }\n"
     "            unsigned pa[@_KT / 16][4];\n"
     "            @_pack(pa, s);\n"
-    "            @_pb(acc, pa, vs, g, c);\n"
+    "            @_pb(acc, pa, vt, g, c);\n"
     "        }\n"
     "        l0 = @_qsum(l0);\n"
     "        l1 = @_qsum(l1);\n"
@@ -364,8 +446,9 @@ static const char stats_tail[] =
 /* dk, dv: a warp's 16 key rows over the query tiles of the query heads of its kv head */
 static const char bwd_kv[] =
     "{\n"
-    "    __shared__ __align__(16) unsigned short qs[@_KT * @_LDS], ds[@_KT * @_LDS];\n"
-    "    __shared__ float ls[@_KT], dd[@_KT];\n"
+    "    __shared__ __align__(16) unsigned short qs[(1 + @_DBK) * @_KT * @_LDS],\n"
+    "        ds[(1 + @_DBK) * @_KT * @_LDS];\n"
+    "    __shared__ float ls[(1 + @_DBK) * @_KT], dd[(1 + @_DBK) * @_KT];\n"
     "#if @_KVS\n"
     "    __shared__ __align__(16) unsigned short kvs[2 * @_KR * @_LDS]; /* the block's k, then v rows */\n"
     "#endif\n"
@@ -394,10 +477,31 @@ static const char bwd_kv[] =
 
 /* bwd_kv, continued: the query tiles of every query head of the kv head, then dk and dv */
 static const char bwd_kv_loop[] =
-    "        for (long long h = PTC_IMAX(kh * @_R - @_H0, 0); h < PTC_IMIN((kh + 1) * @_R - @_H0, @_H); h++) {\n"
-    "            /* causal: queries before the tile's first key see none of its keys */\n"
-    "            for (long long i0 = @_CAUSAL ? j0 : 0; i0 < @_S; i0 += @_KT) {\n"
-    "                __syncthreads();\n"
+    "        /* the query tiles of every query head of the kv head, one sequence of (h, i0); causal:\n"
+    "         * queries before the tile's first key see none of its keys */\n"
+    "        const long long h_lo = PTC_IMAX(kh * @_R - @_H0, 0), h_hi = PTC_IMIN((kh + 1) * @_R - @_H0, @_H);\n"
+    "        const long long i_lo = @_CAUSAL ? j0 : 0, nit = i_lo < @_S ? (@_S - i_lo + @_KT - 1) / @_KT : 0;\n"
+    "        const long long ntl = h_hi > h_lo ? (h_hi - h_lo) * nit : 0;\n"
+    "#if @_DBK\n"
+    "        __syncthreads(); /* the last tiles' readers are done */\n"
+    "        if (ntl > 0)\n"
+    "            @_q_issue(qs, ds, ls, dd, q, dy, lse, dsum, b, h_lo, i_lo);\n"
+    "#endif\n"
+    "        for (long long tl = 0, qb = 0; tl < ntl; tl++, qb ^= @_DBK) {\n"
+    "            {\n"
+    "                const long long h = h_lo + tl / nit, i0 = i_lo + tl % nit * @_KT;\n"
+    "                __syncthreads(); /* the last tile's readers are done */\n"
+    "#if @_DBK\n"
+    "                /* the next tile goes into the other buffers while this one is computed */\n"
+    "                if (tl + 1 < ntl) {\n"
+    "                    const long long o = (qb ^ 1) * (@_KT * @_LDS);\n"
+    "                    @_q_issue(qs + o, ds + o, ls + (qb ^ 1) * @_KT, dd + (qb ^ 1) * @_KT, q, dy, lse, dsum, b,\n"
+    "                              h_lo + (tl + 1) / nit, i_lo + (tl + 1) % nit * @_KT);\n"
+    "                    PTC_CP_WAIT(1);\n"
+    "                } else {\n"
+    "                    PTC_CP_WAIT(0);\n"
+    "                }\n"
+    "#else\n"
     "                @_tile(qs, q, b * @_S * (@_H * @_DH) + h * @_DH, @_H * @_DH, i0, @_S);\n"
     "                @_tile(ds, dy, b * @_S * (@_H * @_DH) + h * @_DH, @_H * @_DH, i0, @_S);\n"
     "                for (int x = (int)threadIdx.x; x < @_KT; x += (int)blockDim.x) {\n"
@@ -405,7 +509,13 @@ static const char bwd_kv_loop[] =
     "                    PTC_ST(ls, x, i < @_S ? PTC_LD(lse, (b * @_H + h) * @_S + i) * 1.442695041f : 0.0f);\n"
     "                    PTC_ST(dd, x, i < @_S ? PTC_LD(dsum, (b * @_H + h) * @_S + i) : 0.0f);\n"
     "                }\n"
+    "#endif\n"
     "                __syncthreads();\n"
+    "                const unsigned short *qt = qs + qb * (@_KT * @_LDS), *dt = ds + qb * (@_KT * @_LDS);\n"
+    "                const float *lt = ls + qb * @_KT, *dt2 = dd + qb * @_KT;\n";
+
+/* bwd_kv, continued: one query tile's products, then dk and dv */
+static const char bwd_kv_tile[] =
     "                /* masks only where the tile crosses an end or the warp's keys' diagonal */\n"
     "                const int edge = i0 + @_KT > @_S || j0 + w * 16 + 16 > @_S2 ||\n"
     "                                 (@_CAUSAL && j0 + w * 16 + 15 > i0);\n"
@@ -414,13 +524,13 @@ static const char bwd_kv_loop[] =
     "                { /* k's and v's fragments live only through their product */\n"
     "                    unsigned fa[@_DH / 16][4];\n"
     "                    @_afrags(fa, kvs, w * 16, g, c);\n"
-    "                    @_abt(st, fa, qs, g, c);\n"
+    "                    @_abt(st, fa, qt, g, c);\n"
     "                    @_afrags(fa, kvs + @_KR * @_LDS, w * 16, g, c);\n"
-    "                    @_abt(dp, fa, ds, g, c);\n"
+    "                    @_abt(dp, fa, dt, g, c);\n"
     "                }\n"
     "#else\n"
-    "                @_abt(st, ka, qs, g, c);\n"
-    "                @_abt(dp, va, ds, g, c);\n"
+    "                @_abt(st, ka, qt, g, c);\n"
+    "                @_abt(dp, va, dt, g, c);\n"
     "#endif\n"
     "                PTC_UNROLL\n"
     "                for (int n = 0; n < @_KT / 8; n++)\n"
@@ -430,15 +540,15 @@ static const char bwd_kv_loop[] =
     "                        const long long i = i0 + x, j = e < 2 ? r0 : r1;\n"
     "                        const float p = edge && (i >= @_S || j >= @_S2 || (@_CAUSAL && j > i))\n"
     "                                            ? 0.0f\n"
-    "                                            : exp2f(st[n][e] * @_SL2 - PTC_LD(ls, x));\n"
+    "                                            : exp2f(st[n][e] * @_SL2 - PTC_LD(lt, x));\n"
     "                        st[n][e] = p;\n"
-    "                        dp[n][e] = p * (dp[n][e] - PTC_LD(dd, x));\n"
+    "                        dp[n][e] = p * (dp[n][e] - PTC_LD(dt2, x));\n"
     "                    }\n"
     "                unsigned pa[@_KT / 16][4], sa[@_KT / 16][4];\n"
     "                @_pack(pa, st);\n"
     "                @_pack(sa, dp);\n"
-    "                @_pb(gv, pa, ds, g, c);\n"
-    "                @_pb(gk, sa, qs, g, c);\n"
+    "                @_pb(gv, pa, dt, g, c);\n"
+    "                @_pb(gk, sa, qt, g, c);\n"
     "            }\n"
     "        }\n"
     "        PTC_UNROLL\n"
@@ -477,16 +587,33 @@ static const char bwd_q[] =
     "        long long kend = @_S2;\n"
     "        if (@_CAUSAL && i0 + rows < kend)\n"
     "            kend = i0 + rows;\n"
-    "        for (long long j0 = 0; j0 < kend; j0 += @_KT) {\n"
-    "            __syncthreads();\n"
+    "#if @_DBQ\n"
+    "        __syncthreads(); /* the last tiles' readers are done */\n"
+    "        if (kend > 0)\n"
+    "            @_kv_issue(ks, vs, k, v, b, kh, 0);\n"
+    "#endif\n"
+    "        for (long long j0 = 0, kb = 0; j0 < kend; j0 += @_KT, kb ^= @_DBQ) {\n"
+    "            __syncthreads(); /* the last tile's readers are done */\n"
+    "#if @_DBQ\n"
+    "            /* the next tile goes into the other buffers while this one is computed */\n"
+    "            if (j0 + @_KT < kend) {\n"
+    "                @_kv_issue(ks + (kb ^ 1) * (@_KT * @_LDS), vs + (kb ^ 1) * (@_KT * @_LDS), k, v, b, kh,\n"
+    "                           j0 + @_KT);\n"
+    "                PTC_CP_WAIT(1);\n"
+    "            } else {\n"
+    "                PTC_CP_WAIT(0);\n"
+    "            }\n"
+    "#else\n"
     "            @_tile(ks, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
+    "#endif\n"
     "            __syncthreads();\n"
+    "            const unsigned short *kt = ks + kb * (@_KT * @_LDS), *vt = vs + kb * (@_KT * @_LDS);\n"
     "            const int edge = i0 + w * 16 + 16 > @_S || j0 + @_KT > @_S2 ||\n"
     "                             (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
     "            float s[@_KT / 8][4], dp[@_KT / 8][4];\n"
-    "            @_abt(s, qa, ks, g, c);\n"
-    "            @_abt(dp, da, vs, g, c);\n"
+    "            @_abt(s, qa, kt, g, c);\n"
+    "            @_abt(dp, da, vt, g, c);\n"
     "            PTC_UNROLL\n"
     "            for (int n = 0; n < @_KT / 8; n++)\n"
     "                PTC_UNROLL\n"
@@ -499,7 +626,7 @@ static const char bwd_q[] =
     "                }\n"
     "            unsigned sa[@_KT / 16][4];\n"
     "            @_pack(sa, s);\n"
-    "            @_pb(gq, sa, ks, g, c);\n"
+    "            @_pb(gq, sa, kt, g, c);\n"
     "        }\n"
     "        PTC_UNROLL\n"
     "        for (int n = 0; n < @_DH / 8; n++) {\n"
@@ -519,6 +646,7 @@ static const char bwd_q[] =
 void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE *f)
 {
     fputs(helpers, f);
+    fputs(helpers_emu, f);
     bool f16 = a->mma == PTC_F16;
     fprintf(f, "#define %s_MMA ptc_mma_%s\n#define %s_PK ptc_pk_%s\n", name, f16 ? "f16" : "bf16",
             name, f16 ? "f16" : "bf16");
@@ -527,10 +655,17 @@ void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE 
     bool wide = a->head_dim > 64;
     fprintf(f, "#define %s_KT %d\n#define %s_KVS %d\n#define %s_KR %d\n", name, wide ? 32 : 64,
             name, wide ? 1 : 0, name, wide ? 32 : 64);
+    /* over 16-bit storage the tiles are straight copies: issued asynchronously (cp.async), the
+     * next one while this one is computed, in a second buffer (what fits 48 KB of shared memory:
+     * bwd_kv's with its k and v rows in shared memory does not) */
+    fprintf(f, "#define %s_DBQ %d\n#define %s_DBK %d\n", name, a->io ? 1 : 0, name,
+            a->io && !wide ? 1 : 0);
     /* the scale times log2(e): the softmax in powers of 2 (exp2f, one instruction on the GPU) */
     fprintf(f, "#define %s_SL2 %.9ef\n", name,
             (double)(float)((double)(float)(1.0 / sqrt((double)a->head_dim)) * 1.4426950408889634));
     ptc_cuda_put_named(f, shape_helpers, name);
+    ptc_cuda_put_named(f, async_helpers, name);
+    ptc_cuda_put_named(f, shape_helpers2, name);
 }
 
 void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE *f)
@@ -538,6 +673,7 @@ void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE 
     if (w == PTC_CUDA_ATTN_BWD_KV) {
         ptc_cuda_put_named(f, bwd_kv, name);
         ptc_cuda_put_named(f, bwd_kv_loop, name);
+        ptc_cuda_put_named(f, bwd_kv_tile, name);
         return;
     }
     ptc_cuda_put_named(f, query_tiles, name);
