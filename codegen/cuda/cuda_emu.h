@@ -17,6 +17,8 @@
  *   __shared__            a static variable, one per kernel; blocks do not overlap in time;
  *   mma.sync              ptc_emu_mma_share: the warp's fragments, exchanged as the shuffles'
  *                         values are; the generated code multiplies (the tensor-core attention);
+ *   ldmatrix              ptc_emu_rows_share: the warp's row addresses, exchanged likewise; the
+ *                         generated code loads each lane's fragment from them;
  *   atomicAdd             under a lock (no generated kernel uses it yet; flash-style kernels will);
  *   PTC_LD(p, i)          p[i], and PTC_ST(p, i, v), p[i] = v: every load and store of the
  *                         kernel-IR, attention and communicator kernels (global and shared
@@ -568,6 +570,18 @@ static inline const unsigned (*ptc_emu_mma_share(const unsigned *a, const unsign
 static inline void ptc_emu_mma_done(void)
 {
     ptc_emu_warp_wait();
+}
+
+/* The exchange of ldmatrix (the tensor-core attention's fragment loads from shared memory): each
+ * lane leaves the address of the row it names, and after a barrier of the warp reads all 32
+ * (lane 0 first); the generated code loads its fragment's elements from those rows, then
+ * ptc_emu_mma_done frees the slots. */
+static const unsigned short *ptc_emu_rowp[1024];
+static inline const unsigned short *const *ptc_emu_rows_share(const unsigned short *p)
+{
+    ptc_emu_rowp[threadIdx.x] = p;
+    ptc_emu_warp_wait();
+    return &ptc_emu_rowp[threadIdx.x & ~31u];
 }
 
 #endif
