@@ -61,6 +61,8 @@ struct ptrt_exec {
     int ntrace, captrace, maxtrace;
     double prof_s[PTC_NOPS + 1]; /* by op; fused kernels last */
     int64_t prof_calls[PTC_NOPS + 1];
+    double *prof_kernel_s; /* by fused kernel of the plan's table */
+    int64_t *prof_kernel_calls;
     /* collectives in the background (a communicator with wait, unless no_overlap) */
     bool no_overlap;
     inflight *fl;
@@ -422,6 +424,8 @@ void ptrt_exec_free(ptrt_exec *x)
     bind(x);
     settle_all(x);
     free(x->fl);
+    free(x->prof_kernel_s);
+    free(x->prof_kernel_calls);
     if (x->be->release && x->be_state)
         x->be->release(x->be_state);
     for (int r = 0; r < PTC_NREGIONS; r++)
@@ -739,8 +743,13 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
             rc = x->be->sync(msg, sizeof msg);
         int slot = in->kind == PTC_INSTR_FUSED ? PTC_NOPS : (int)in->op;
         if (x->profile) {
-            x->prof_s[slot] += seconds() - t0;
+            double dt = seconds() - t0;
+            x->prof_s[slot] += dt;
             x->prof_calls[slot]++;
+            if (in->kind == PTC_INSTR_FUSED && in->kernel >= 0 && in->kernel < x->plan->nkernels) {
+                x->prof_kernel_s[in->kernel] += dt;
+                x->prof_kernel_calls[in->kernel]++;
+            }
         }
         if (x->tracing && x->ntrace < x->maxtrace) {
             PTC_GROW(x->trace, x->captrace, x->ntrace);
@@ -826,6 +835,70 @@ void ptrt_exec_set_profile(ptrt_exec *x, bool on)
     x->profile = on;
     memset(x->prof_s, 0, sizeof x->prof_s);
     memset(x->prof_calls, 0, sizeof x->prof_calls);
+    int nk = x->plan->nkernels ? x->plan->nkernels : 1;
+    if (!x->prof_kernel_s) {
+        x->prof_kernel_s = ptc_xcalloc((size_t)nk, sizeof(double));
+        x->prof_kernel_calls = ptc_xcalloc((size_t)nk, sizeof(int64_t));
+    }
+    memset(x->prof_kernel_s, 0, sizeof(double) * (size_t)nk);
+    memset(x->prof_kernel_calls, 0, sizeof(int64_t) * (size_t)nk);
+}
+
+/* A fused kernel's kind: its name without the "f<number>_" that numbers it in the table. */
+static const char *kernel_kind(const char *name)
+{
+    const char *u = name[0] == 'f' ? strchr(name, '_') : NULL;
+    return u ? u + 1 : name;
+}
+
+/* Under the fused kernels' row, their kinds (kernels of one name summed), largest first: the
+ * eight largest and what the rest add up to. */
+static void print_fused_kinds(const ptrt_exec *x, FILE *f, double per, double total)
+{
+    int nk = x->plan->nkernels, n = 0;
+    int *first = ptc_xmalloc(sizeof(int) * (size_t)(nk ? nk : 1)); /* a kind's first kernel */
+    double *s = ptc_xcalloc((size_t)(nk ? nk : 1), sizeof(double));
+    int64_t *calls = ptc_xcalloc((size_t)(nk ? nk : 1), sizeof(int64_t));
+    for (int k = 0; k < nk; k++) {
+        if (!x->prof_kernel_calls[k])
+            continue;
+        const char *kind = kernel_kind(x->plan->kernels[k]->name);
+        int q = 0;
+        while (q < n && strcmp(kernel_kind(x->plan->kernels[first[q]]->name), kind) != 0)
+            q++;
+        if (q == n)
+            first[n++] = k;
+        s[q] += x->prof_kernel_s[k];
+        calls[q] += x->prof_kernel_calls[k];
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && s[j] > s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1], s[j - 1] = t;
+            int64_t c = calls[j];
+            calls[j] = calls[j - 1], calls[j - 1] = c;
+            int k = first[j];
+            first[j] = first[j - 1], first[j - 1] = k;
+        }
+    double rest = 0;
+    int64_t rest_calls = 0;
+    for (int q = 0; q < n; q++) {
+        if (q >= 8) {
+            rest += s[q];
+            rest_calls += calls[q];
+            continue;
+        }
+        fprintf(f, "  %-42.42s %8lld %12.3f %6.1f%%\n", kernel_kind(x->plan->kernels[first[q]]->name),
+                (long long)((double)calls[q] / per + 0.5), 1e3 * s[q] / per,
+                total > 0 ? 100.0 * s[q] / total : 0.0);
+    }
+    if (n > 8)
+        fprintf(f, "  %-42s %8lld %12.3f %6.1f%%\n", "(the other kinds)",
+                (long long)((double)rest_calls / per + 0.5), 1e3 * rest / per,
+                total > 0 ? 100.0 * rest / total : 0.0);
+    free(first);
+    free(s);
+    free(calls);
 }
 
 void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
@@ -844,12 +917,14 @@ void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
             order[j - 1] = t;
         }
     double per = steps > 0 ? (double)steps : 1.0;
-    fprintf(f, "%-20s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
+    fprintf(f, "%-44s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
     for (int i = 0; i < n; i++) {
         int op = order[i];
-        fprintf(f, "%-20s %8lld %12.3f %6.1f%%\n", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
+        fprintf(f, "%-44s %8lld %12.3f %6.1f%%\n", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
                 (long long)((double)x->prof_calls[op] / per + 0.5), 1e3 * x->prof_s[op] / per,
                 total > 0 ? 100.0 * x->prof_s[op] / total : 0.0);
+        if (op == PTC_NOPS && x->prof_kernel_calls)
+            print_fused_kinds(x, f, per, total);
     }
-    fprintf(f, "%-20s %8s %12.3f %6.1f%%\n", "total", "", 1e3 * total / per, 100.0);
+    fprintf(f, "%-44s %8s %12.3f %6.1f%%\n", "total", "", 1e3 * total / per, 100.0);
 }

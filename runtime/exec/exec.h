@@ -102,7 +102,8 @@ const struct ptc_trace_event *ptrt_exec_trace(const ptrt_exec *x, int *n);
  * overlaps then, and where ranks share a device an instruction's time includes the other ranks'
  * work queued before it. */
 void ptrt_exec_set_profile(ptrt_exec *x, bool on);
-/* The sums as a table, largest first: op, calls and milliseconds per step (divided by steps). */
+/* The sums as a table, largest first: op, calls and milliseconds per step (divided by steps);
+ * under the fused kernels, their kinds (a kernel's name without its number), largest first. */
 void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps);
 
 /* Deterministic initial values (init.c): values [offset, offset + n) of the full tensor of a
