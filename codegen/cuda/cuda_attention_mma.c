@@ -349,14 +349,19 @@ static const char query_tiles[] =
     "        const long long a0 = r0 < @_S ? (b * @_S + r0) * (@_H * @_DH) + h * @_DH : -1;\n"
     "        const long long a1 = r1 < @_S ? (b * @_S + r1) * (@_H * @_DH) + h * @_DH : -1;\n";
 
-/* fwd and stats: the text up to the output */
+/* fwd and stats: the text before the key tiles */
 static const char fwd_body[] =
     "        unsigned qa[@_DH / 16][4];\n"
     "        @_rows(qa, q, a0, a1, c);\n"
     "        float acc[@_DH / 8][4], m0 = -PTC_INF, m1 = -PTC_INF, l0 = 0.0f, l1 = 0.0f;\n"
     "        PTC_UNROLL\n"
     "        for (int n = 0; n < @_DH / 8; n++)\n"
-    "            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n"
+    "            acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n";
+
+/* fwd, stats and bwd_q: the key tiles a query tile sees (causal: up to its last query) and the
+ * loop over them, each tile in ks and vs (over 16-bit storage: kt and vt, one of two buffers,
+ * the next tile issued while this one is computed); their texts around it */
+static const char key_tiles[] =
     "        long long kend = @_S2;\n"
     "        if (@_CAUSAL && i0 + rows < kend)\n"
     "            kend = i0 + rows;\n"
@@ -381,7 +386,10 @@ static const char fwd_body[] =
     "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
     "#endif\n"
     "            __syncthreads();\n"
-    "            const unsigned short *kt = ks + kb * (@_KT * @_LDS), *vt = vs + kb * (@_KT * @_LDS);\n"
+    "            const unsigned short *kt = ks + kb * (@_KT * @_LDS), *vt = vs + kb * (@_KT * @_LDS);\n";
+
+/* fwd and stats, continued: a key tile's products and the online softmax */
+static const char fwd_loop[] =
     "            float s[@_KT / 8][4];\n"
     "            @_abt(s, qa, kt);\n"
     "            /* scaled (by log2(e) too: exp2 below), masked (keys past the end; causal: keys\n"
@@ -620,32 +628,10 @@ static const char bwd_q[] =
     "        float gq[@_DH / 8][4];\n"
     "        PTC_UNROLL\n"
     "        for (int n = 0; n < @_DH / 8; n++)\n"
-    "            gq[n][0] = gq[n][1] = gq[n][2] = gq[n][3] = 0.0f;\n"
-    "        long long kend = @_S2;\n"
-    "        if (@_CAUSAL && i0 + rows < kend)\n"
-    "            kend = i0 + rows;\n"
-    "#if @_DBQ\n"
-    "        __syncthreads(); /* the last tiles' readers are done */\n"
-    "        if (kend > 0)\n"
-    "            @_kv_issue(ks, vs, k, v, b, kh, 0);\n"
-    "#endif\n"
-    "        for (long long j0 = 0, kb = 0; j0 < kend; j0 += @_KT, kb ^= @_DBQ) {\n"
-    "            __syncthreads(); /* the last tile's readers are done */\n"
-    "#if @_DBQ\n"
-    "            /* the next tile goes into the other buffers while this one is computed */\n"
-    "            if (j0 + @_KT < kend) {\n"
-    "                @_kv_issue(ks + (kb ^ 1) * (@_KT * @_LDS), vs + (kb ^ 1) * (@_KT * @_LDS), k, v, b, kh,\n"
-    "                           j0 + @_KT);\n"
-    "                PTC_CP_WAIT(1);\n"
-    "            } else {\n"
-    "                PTC_CP_WAIT(0);\n"
-    "            }\n"
-    "#else\n"
-    "            @_tile(ks, k, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
-    "            @_tile(vs, v, b * @_S2 * (@_G * @_DH) + kh * @_DH, @_G * @_DH, j0, @_S2);\n"
-    "#endif\n"
-    "            __syncthreads();\n"
-    "            const unsigned short *kt = ks + kb * (@_KT * @_LDS), *vt = vs + kb * (@_KT * @_LDS);\n"
+    "            gq[n][0] = gq[n][1] = gq[n][2] = gq[n][3] = 0.0f;\n";
+
+/* bwd_q, continued: a key tile's products */
+static const char bwd_q_loop[] =
     "            const int edge = i0 + w * 16 + 16 > @_S || j0 + @_KT > @_S2 ||\n"
     "                             (@_CAUSAL && j0 + @_KT - 1 > i0 + w * 16);\n"
     "            float s[@_KT / 8][4], dp[@_KT / 8][4];\n"
@@ -716,8 +702,12 @@ void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE 
     ptc_cuda_put_named(f, query_tiles, name);
     if (w == PTC_CUDA_ATTN_BWD_Q) {
         ptc_cuda_put_named(f, bwd_q, name);
+        ptc_cuda_put_named(f, key_tiles, name);
+        ptc_cuda_put_named(f, bwd_q_loop, name);
         return;
     }
     ptc_cuda_put_named(f, fwd_body, name);
+    ptc_cuda_put_named(f, key_tiles, name);
+    ptc_cuda_put_named(f, fwd_loop, name);
     ptc_cuda_put_named(f, w == PTC_CUDA_ATTN_FWD ? fwd_tail : stats_tail, name);
 }
