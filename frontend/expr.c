@@ -317,7 +317,7 @@ int ptc_lower_type(ptc_lower *L, const ptc_type_ast *t, bool want_dtype, ptc_typ
         return ptc_lower_fail(L, t->loc, "a tensor has at most %d dimensions, this type has %d",
                               PTC_MAX_RANK, t->ndims);
     for (const ptc_arg *g = t->dims; g; g = g->next) {
-        int64_t d;
+        int64_t d = 0; /* (set unless ptc_lower_int fails; -O3 cannot tell) */
         if (ptc_lower_int(L, g->value, "a dimension", &d) < 0)
             return -1;
         if (d < 1)

@@ -109,7 +109,7 @@ static void format_layers(char names[][64], int n, char *buf, size_t bufn)
     size_t len = 0;
     buf[0] = 0;
     for (int i = 0; i < n;) {
-        size_t pa, pb;
+        size_t pa = 0, pb = 0; /* (set where layer_number is not -1; -O3 cannot tell) */
         int a = layer_number(names[i], &pa), j = i;
         while (a >= 0 && j + 1 < n && layer_number(names[j + 1], &pb) == a + (j + 1 - i) &&
                pb == pa && strncmp(names[j + 1], names[i], pa) == 0)

@@ -827,7 +827,7 @@ static void nvrtc_check_with(const char *rel, const char *name, const par_opts *
             got++;
         cr_expect_eq(got, entries, "%s: %d kernels in the unit, %d in the PTX for sm_%d", rel,
                      entries, got, sm);
-        char path[512], cmd[1024];
+        char path[512], cmd[2048];
         snprintf(path, sizeof path, "%s/%s_sm%d.ptx", tmpdir, name, sm);
         write_text(path, ptx);
         snprintf(cmd, sizeof cmd, "%s -arch=sm_%d -o %s/%s_sm%d.cubin %s", ptxas(), sm, tmpdir,
@@ -1296,7 +1296,7 @@ Test(cuda, nvrtc_and_ptxas_comm_unit)
         char *ptx = ptrt_nvrtc_compile(unit, "comm", sm, "", &cached, err, sizeof err);
         cr_assert_not_null(ptx, "%s", err);
         cr_expect_not_null(strstr(ptx, ".entry k_ptc_comm_reduce("), "sm_%d", sm);
-        char path[512], cmd[1024];
+        char path[512], cmd[2048];
         snprintf(path, sizeof path, "%s/comm_sm%d.ptx", tmpdir, sm);
         write_text(path, ptx);
         snprintf(cmd, sizeof cmd, "%s -arch=sm_%d -o %s/comm_sm%d.cubin %s", ptxas(), sm, tmpdir,

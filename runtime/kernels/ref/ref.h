@@ -16,9 +16,6 @@
 #include "kernel.h"
 #include "program.h"
 
-/* Runs node n on the CPU: in[i] points at the data of operand i (of type it[i]), out[j] at the
- * already allocated result j (of type ot[j]). Returns 0, or -1 with a message in err for data
- * errors (e.g. an embedding id out of range, a target outside the classes). */
 /* Whether call n is of an op of ptc_op_storage16 over 16-bit storage (its first operand), and
  * that call run through `run` on f32 copies, its results rounded into the storage (kernel.h). */
 bool ptrt_storage16(const ptrt_kcall *n, const ptc_type *it);
@@ -28,6 +25,9 @@ int ptrt_ref_cast_to(const ptc_type *tx, const void *x, ptc_dtype to, void *o);
 int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
                        const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out,
                        char *err, size_t errn);
+/* Runs node n on the CPU: in[i] points at the data of operand i (of type it[i]), out[j] at the
+ * already allocated result j (of type ot[j]). Returns 0, or -1 with a message in err for data
+ * errors (e.g. an embedding id out of range, a target outside the classes). */
 int ptrt_ref_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn);
 
