@@ -19,6 +19,9 @@
  * except for matmul, the same bits at every thread count (kernels split work so that no result
  * depends on where the pieces are cut; OpenBLAS's edge tiles do not promise that). The vector math
  * runs both its AVX2 and its portable path.
+ *
+ * The ops of ptc_op_storage16 over bf16/f16 storage, on both backends, give exactly the bits of
+ * the casts the fusion pass folded into them (cpu_storage16).
  */
 #include "ref_test.h"
 
@@ -1006,4 +1009,110 @@ Test(cpu_elementwise, casts_round_like_the_reference)
     ptrt_cpu_vec_force_portable(false);
     free(w);
     free(h);
+}
+
+/* ---- ops over 16-bit storage (ptc_op_storage16) ---- */
+
+/* op over operands x (values of it32's shapes) in 16-bit storage of dtype t, on backend run (the
+ * reference or the cpu backend), gives the bits of the casts it stands for: every operand widened,
+ * the op on f32, each result rounded as the cast kernel rounds (sumsq's sum stays f32). */
+static void storage16_case(const char *what, ptrt_kernel_fn run, ptc_dtype t, ptc_op op,
+                           ptc_attrs at, int nin, const ptc_type *it32, float *const *x)
+{
+    ptc_type it16[8], ot32[PTC_MAX_RESULTS], ot16[PTC_MAX_RESULTS];
+    void *in16[8], *in32[8], *o16[PTC_MAX_RESULTS], *o32[PTC_MAX_RESULTS];
+    cr_assert(nin <= 8);
+    for (int k = 0; k < nin; k++) {
+        int64_t n = ptc_type_numel(&it32[k]);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+        float *w = malloc(sizeof(float) * (size_t)(n ? n : 1));
+        cr_assert(h && w);
+        for (int64_t i = 0; i < n; i++) {
+            h[i] = t == PTC_BF16 ? ptc_bf16_bits(x[k][i]) : ptc_f16_bits(x[k][i]);
+            w[i] = t == PTC_BF16 ? ptc_bf16_value(h[i]) : ptc_f16_value(h[i]);
+        }
+        it16[k] = it32[k];
+        it16[k].dtype = t;
+        in16[k] = h;
+        in32[k] = w;
+    }
+    char err[512] = "";
+    ptc_attrs a = at;
+    int nout = ptc_infer(op, it32, nin, &a, ot32, err, sizeof err);
+    cr_assert(nout > 0, "%s: %s", what, err);
+    for (int j = 0; j < nout; j++) {
+        ot16[j] = ot32[j];
+        ot16[j].dtype = op == PTC_OP_SUMSQ ? PTC_F32 : t;
+        o16[j] = alloc_poison((size_t)ptc_type_numel(&ot32[j]) * 4);
+        o32[j] = alloc_poison((size_t)ptc_type_numel(&ot32[j]) * 4);
+    }
+    ptrt_kcall node = {.op = op, .nin = nin, .nout = nout, .attrs = at};
+    cr_assert_eq(run(&node, it16, in16, ot16, o16, err, sizeof err), 0, "%s: %s", what, err);
+    cr_assert_eq(run(&node, it32, in32, ot32, o32, err, sizeof err), 0, "%s: %s", what, err);
+    for (int j = 0; j < nout; j++) {
+        int64_t n = ptc_type_numel(&ot32[j]), bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float v = ((const float *)o32[j])[i];
+            if (ot16[j].dtype == PTC_F32)
+                bad += memcmp(&v, (const float *)o16[j] + i, 4) != 0;
+            else
+                bad += ((const uint16_t *)o16[j])[i] !=
+                       (t == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v));
+        }
+        cr_expect_eq(bad, 0, "%s: %lld of result %d's %lld elements are not the casts' bits", what,
+                     (long long)bad, j, (long long)n);
+        free(o16[j]);
+        free(o32[j]);
+    }
+    for (int k = 0; k < nin; k++) {
+        free(in16[k]);
+        free(in32[k]);
+    }
+}
+
+/* Every op of ptc_op_storage16, bf16 and f16, on the reference and the cpu backend (which widens
+ * into per-thread scratch: the cases run large then small then large again through it). */
+Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
+{
+    float *x[4];
+    for (int k = 0; k < 4; k++)
+        x[k] = rnd(4 * 33 * 70, 40 + (uint32_t)k, -1, 1);
+    ptc_attrs att = DEF(ATTENTION), attg = DEF(ATTENTION_GRAD), cat = DEF(CONCAT);
+    att.heads = attg.heads = 3;
+    att.causal = attg.causal = true;
+    cat.axis = 2;
+    ptc_attrs st = DEF(SUM_TO);
+    st.nshape = 1;
+    st.shape[0] = 70;
+    ptc_type tq = TY(PTC_F32, 2, 9, 12), tx = TY(PTC_F32, 5, 70), tg = TY(PTC_F32, 70);
+    struct {
+        const char *what;
+        ptc_op op;
+        ptc_attrs at;
+        int nin;
+        ptc_type it[4];
+    } cases[] = {
+        {"attention", PTC_OP_ATTENTION, att, 3, {tq, tq, tq}},
+        {"attention_grad", PTC_OP_ATTENTION_GRAD, attg, 4, {tq, tq, tq, tq}},
+        {"concat", PTC_OP_CONCAT, cat, 3, {TY(PTC_F32, 3, 5, 4), TY(PTC_F32, 3, 5, 2), TY(PTC_F32, 3, 5, 4)}},
+        {"sum_to", PTC_OP_SUM_TO, st, 1, {TY(PTC_F32, 4, 33, 70)}},
+        {"sumsq", PTC_OP_SUMSQ, DEF(SUMSQ), 1, {TY(PTC_F32, 7, 300)}},
+        {"layernorm_grad", PTC_OP_LAYERNORM_GRAD, DEF(LAYERNORM_GRAD), 3, {tx, tg, tx}},
+        {"rmsnorm_grad", PTC_OP_RMSNORM_GRAD, DEF(RMSNORM_GRAD), 3, {tx, tg, tx}},
+        {"sum_to again", PTC_OP_SUM_TO, st, 1, {TY(PTC_F32, 4, 33, 70)}},
+    };
+    ptrt_kernel_fn runs[2] = {ptrt_ref_run, ptrt_cpu_run};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        cr_assert(ptc_op_storage16(cases[c].op), "%s", cases[c].what);
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int r = 0; r < 2; r++) {
+                char what[128];
+                snprintf(what, sizeof what, "%s, %s, %s", cases[c].what, f16 ? "f16" : "bf16",
+                         r ? "cpu" : "reference");
+                storage16_case(what, runs[r], f16 ? PTC_F16 : PTC_BF16, cases[c].op, cases[c].at,
+                               cases[c].nin, cases[c].it, x);
+            }
+    }
+    for (int k = 0; k < 4; k++)
+        free(x[k]);
 }
