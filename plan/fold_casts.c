@@ -26,7 +26,8 @@ static bool is16(ptc_dtype t)
 
 typedef struct fa {
     ptc_program *pg;
-    int *readers, *writers; /* by root: how many instructions read (write) it */
+    int *readers, *writers;  /* by root: how many instructions read (write) it */
+    int *read_at, *written_at; /* by root: the last instruction that reads (writes) it */
     bool *keep;             /* by root: observable after the program */
 } fa;
 
@@ -69,28 +70,20 @@ static bool touched_between(const fa *z, int a, int b, int r, bool reads)
     return false;
 }
 
-/* The instruction that writes b (the only one), before `before`, or -1. */
+/* The one instruction that writes b itself (no view of it), before `before`, or -1. */
 static int writer_of(const fa *z, int b, int before)
 {
-    if (z->writers[root(z, b)] != 1)
-        return -1;
-    for (int i = before - 1; i >= 0; i--)
-        for (int k = 0; k < z->pg->instrs[i].nout; k++)
-            if (z->pg->instrs[i].out[k] == b)
-                return i;
-    return -1;
+    int w = z->written_at[root(z, b)];
+    const ptc_instr *in = w >= 0 ? &z->pg->instrs[w] : NULL;
+    return z->writers[root(z, b)] == 1 && w < before && in->nout == 1 && in->out[0] == b ? w : -1;
 }
 
-/* The instruction that reads b (the only one), after `after`, or -1. */
+/* The one instruction that reads b itself, after `after`, or -1. */
 static int reader_of(const fa *z, int b, int after)
 {
-    if (z->readers[root(z, b)] != 1)
-        return -1;
-    for (int i = after + 1; i < z->pg->ninstrs; i++)
-        for (int k = 0; k < z->pg->instrs[i].nin; k++)
-            if (z->pg->instrs[i].in[k] == b)
-                return i;
-    return -1;
+    int r = z->read_at[root(z, b)];
+    const ptc_instr *in = r >= 0 ? &z->pg->instrs[r] : NULL;
+    return z->readers[root(z, b)] == 1 && r > after && in->nin == 1 && in->in[0] == b ? r : -1;
 }
 
 /* Folds the casts around instruction i when it can, marking them in dead. */
@@ -153,15 +146,23 @@ static void fold_program(ptc_program *pg)
     fa z = {.pg = pg,
             .readers = calloc((size_t)nb, sizeof(int)),
             .writers = calloc((size_t)nb, sizeof(int)),
+            .read_at = malloc(sizeof(int) * (size_t)nb),
+            .written_at = malloc(sizeof(int) * (size_t)nb),
             .keep = calloc((size_t)nb, sizeof(bool))};
     bool *dead = calloc((size_t)(n ? n : 1), sizeof(bool));
-    PTC_ASSERT(z.readers && z.writers && z.keep && dead);
+    PTC_ASSERT(z.readers && z.writers && z.read_at && z.written_at && z.keep && dead);
+    for (int b = 0; b < nb; b++)
+        z.read_at[b] = z.written_at[b] = -1;
     for (int i = 0; i < n; i++) {
         const ptc_instr *in = &pg->instrs[i];
-        for (int k = 0; k < in->nin; k++)
+        for (int k = 0; k < in->nin; k++) {
             z.readers[root(&z, in->in[k])]++;
-        for (int k = 0; k < in->nout; k++)
+            z.read_at[root(&z, in->in[k])] = i;
+        }
+        for (int k = 0; k < in->nout; k++) {
             z.writers[root(&z, in->out[k])]++;
+            z.written_at[root(&z, in->out[k])] = i;
+        }
     }
     int ends[2] = {pg->loss, pg->grad_norm};
     for (int k = 0; k < 2; k++)
@@ -196,6 +197,8 @@ static void fold_program(ptc_program *pg)
     free(dead);
     free(z.readers);
     free(z.writers);
+    free(z.read_at);
+    free(z.written_at);
     free(z.keep);
 }
 

@@ -693,21 +693,13 @@ void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE 
 
 void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE *f)
 {
-    if (w == PTC_CUDA_ATTN_BWD_KV) {
-        ptc_cuda_put_named(f, bwd_kv, name);
-        ptc_cuda_put_named(f, bwd_kv_loop, name);
-        ptc_cuda_put_named(f, bwd_kv_tile, name);
-        return;
-    }
-    ptc_cuda_put_named(f, query_tiles, name);
-    if (w == PTC_CUDA_ATTN_BWD_Q) {
-        ptc_cuda_put_named(f, bwd_q, name);
-        ptc_cuda_put_named(f, key_tiles, name);
-        ptc_cuda_put_named(f, bwd_q_loop, name);
-        return;
-    }
-    ptc_cuda_put_named(f, fwd_body, name);
-    ptc_cuda_put_named(f, key_tiles, name);
-    ptc_cuda_put_named(f, fwd_loop, name);
-    ptc_cuda_put_named(f, w == PTC_CUDA_ATTN_FWD ? fwd_tail : stats_tail, name);
+    /* each kernel's text, its pieces in order */
+    static const char *const texts[PTC_CUDA_ATTN_NKERNELS][6] = {
+        [PTC_CUDA_ATTN_FWD] = {query_tiles, fwd_body, key_tiles, fwd_loop, fwd_tail},
+        [PTC_CUDA_ATTN_STATS] = {query_tiles, fwd_body, key_tiles, fwd_loop, stats_tail},
+        [PTC_CUDA_ATTN_BWD_KV] = {bwd_kv, bwd_kv_loop, bwd_kv_tile},
+        [PTC_CUDA_ATTN_BWD_Q] = {query_tiles, bwd_q, key_tiles, bwd_q_loop},
+    };
+    for (int i = 0; i < 6 && texts[w][i]; i++)
+        ptc_cuda_put_named(f, texts[w][i], name);
 }
