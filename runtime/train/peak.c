@@ -74,13 +74,13 @@ bool ptrt_peak_bf16(const ptc_plan *p)
     return false;
 }
 
-/* (peak.h) measure_gemm, kept beside the kernel cache ($XDG_CACHE_HOME/ptc or ~/.cache/ptc) by
- * the CPU's model name, the GEMM library, the operands' dtype, the float32 matmul precision and
- * the thread count, so that a machine measures it once and not every start (runs of a test suite
- * start thousands of times); a cache that cannot be read or written costs only the measurement. */
-double ptrt_peak_flops(int threads, bool bf16)
+/* Where measure_gemm's figure is kept: beside the kernel cache ($XDG_CACHE_HOME/ptc or
+ * ~/.cache/ptc), by the CPU's model name, the GEMM library, the operands' dtype, the float32
+ * matmul precision and the thread count, so that a machine measures it once and not every start
+ * (runs of a test suite start thousands of times). False where there is no cache directory. */
+static bool peak_path(int threads, bool bf16, char *path, size_t n)
 {
-    char dir[2048], path[2400] = "", cpu[256] = "?", line[512];
+    char dir[2048], cpu[256] = "?", line[512];
     FILE *f = fopen("/proc/cpuinfo", "r");
     while (f && fgets(line, sizeof line, f))
         if (strncmp(line, "model name", 10) == 0) {
@@ -92,23 +92,47 @@ double ptrt_peak_flops(int threads, bool bf16)
     /* (and by the GEMM library: each has its own peak) */
     size_t cl = strlen(cpu);
     ptc_fmt(cpu + cl, sizeof cpu - cl, " %s", ptrt_cpu_blas_name());
-    if (ptc_file_cache_dir("", dir, sizeof dir))
-        ptc_fmt(path, sizeof path, "%s/peak_flops_%016llx_t%d%s", dir,
-                (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads,
-                bf16                                                 ? "_bf16"
-                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGHEST ? ""
-                : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGH    ? "_f32high"
-                                                                     : "_f32medium");
+    if (!ptc_file_cache_dir("", dir, sizeof dir))
+        return false;
+    ptc_fmt(path, n, "%s/peak_flops_%016llx_t%d%s", dir,
+            (unsigned long long)ptc_hash64(cpu, strlen(cpu), 0x70656b), threads,
+            bf16                                                 ? "_bf16"
+            : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGHEST ? ""
+            : ptrt_cpu_matmul_precision() == PTRT_MATMUL_HIGH    ? "_f32high"
+                                                                 : "_f32medium");
+    return true;
+}
+
+static void keep(const char *path, double v)
+{
+    char buf[64], err[256];
+    int n = snprintf(buf, sizeof buf, "%.6g\n", v);
+    ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
+}
+
+/* (peak.h) measure_gemm, kept (peak_path); a cache that cannot be read or written costs only
+ * the measurement. */
+double ptrt_peak_flops(int threads, bool bf16)
+{
+    char path[2400];
+    bool cached = peak_path(threads, bf16, path, sizeof path);
     size_t len;
-    char *text = *path ? ptc_read_file_max(path, 64, &len) : NULL;
+    char *text = cached ? ptc_read_file_max(path, 64, &len) : NULL;
     double v = text ? strtod(text, NULL) : 0;
     free(text);
     if (v > 0 && isfinite(v))
         return v;
     v = measure_gemm(bf16);
-    char buf[64], err[256];
-    int n = snprintf(buf, sizeof buf, "%.6g\n", v);
-    if (*path)
-        ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
+    if (cached)
+        keep(path, v);
     return v;
+}
+
+/* (peak.h) */
+void ptrt_peak_flops_seen(int threads, bool bf16, double rate)
+{
+    char path[2400];
+    if (rate > 0 && isfinite(rate) && rate > ptrt_peak_flops(threads, bf16) &&
+        peak_path(threads, bf16, path, sizeof path))
+        keep(path, rate);
 }

@@ -13,5 +13,9 @@
 bool ptrt_peak_bf16(const ptc_plan *p);
 /* The FLOP/s of that GEMM (bf16 operands or f32 ones) at `threads` threads. */
 double ptrt_peak_flops(int threads, bool bf16);
+/* A run reached `rate` FLOP/s of model FLOPs: where that is above the kept peak, the measurement
+ * was low (taken while the machine was busy, say) and `rate` is kept in its place, so that no
+ * later run shows an MFU above 100% for it either. */
+void ptrt_peak_flops_seen(int threads, bool bf16, double rate);
 
 #endif

@@ -132,7 +132,7 @@ struct shared {
     int *all;            /* 0..nranks-1, the group of barriers */
     int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
     int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
-    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start; 0: none */
+    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start (raised to a step's rate where one beats it); 0: none */
     bool peak_bf16;      /* that GEMM's operands were bf16 (the plan's GEMMs are) */
     entry *ents;
     int nparams, nents;
@@ -719,6 +719,11 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
     moe_balance(r, moe, sizeof moe, moe_json, sizeof moe_json);
     char mfu[48] = "", mfu_json[96] = "";
     if (sh->plan->model_flops > 0 && sh->peak_flops > 0 && dt > 0) {
+        /* a measured peak that a step beats was measured low: the step's rate is the peak now */
+        if (o->peak_flops <= 0 && sh->plan->model_flops / dt > sh->peak_flops) {
+            sh->peak_flops = sh->plan->model_flops / dt;
+            ptrt_peak_flops_seen(o->threads, sh->peak_bf16, sh->peak_flops);
+        }
         double m = sh->plan->model_flops / dt / sh->peak_flops;
         ptc_fmt(mfu, sizeof mfu, " | MFU %.1f%%", 100 * m);
         ptc_fmt(mfu_json, sizeof mfu_json, ", \"model_flops_per_s\": %.6g, \"mfu\": %.6g",

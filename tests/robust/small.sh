@@ -113,6 +113,20 @@ for r in map(json.loads, open("mfu.jsonl")):
         assert abs(r["mfu"] - r["model_flops_per_s"] / 1e11) < 1e-6 * r["mfu"], r
         assert abs(r["model_flops_per_s"] * r["step_ms"] / 1e3 - 201326592) < 1e-3 * 201326592, r
 ' && ok "--log: mfu = model FLOPs / step time / peak" "" || bad "--log: mfu = model FLOPs / step time / peak" "$(head -2 mfu.jsonl)"
+# the measured peak is kept per machine; one measured low (while the machine was busy) is raised
+# by the first step that beats it, so no step shows an MFU over 100%: plant 1 kFLOP/s
+mkdir -p pc && check "the peak measured into an empty cache (fine)" 0 "" env XDG_CACHE_HOME="$PWD/pc" ./exe --steps 1 --threads 1
+kept=$(ls pc/ptc/peak_flops_*_t1 2> /dev/null | head -1)
+if [ -n "$kept" ]; then
+  echo 1000 > "$kept"
+  check "a planted low peak (fine)" 0 "" env XDG_CACHE_HOME="$PWD/pc" ./exe --steps 2 --threads 1
+  grep -o "MFU [0-9.]*%" out.txt | awk '{ v = $2 + 0; if (v > 100.05) bad = 1 } END { exit bad || NR != 3 }' &&
+    grep -Eq "^step +1/2 .* MFU 100\.0% " out.txt &&
+    awk '{ exit !($1 > 1e6) }' "$kept" && ok "a step beating the kept peak raises it" "" ||
+    bad "a step beating the kept peak raises it" "$(grep -E 'MFU' out.txt | head -3) kept: $(cat "$kept")"
+else
+  bad "the peak is kept in the cache" "$(ls -R pc | head -5)"
+fi
 check "--peak-flops 0" 2 "--peak-flops expects a positive number, got '0'" ./exe --steps 1 --peak-flops 0
 
 # (item 11) two runs writing one checkpoint directory at once: the second is refused, naming the
