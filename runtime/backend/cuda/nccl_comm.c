@@ -579,7 +579,9 @@ typedef struct init_arg {
 
 static void identity(int32_t *rec, bool ok)
 {
-    char host[64] = "?", text[ID_WORDS * 4 - 4];
+    /* (all of text is compared: the bytes after its string are zeros, not what the stack held,
+     * which made ranks sharing a GPU look apart under ASan and chose NCCL for them) */
+    char host[64] = "?", text[ID_WORDS * 4 - 4] = {0};
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = '\0';
     memset(rec, 0, ID_WORDS * 4);
