@@ -441,7 +441,6 @@ static pthread_barrier_t ptc_emu_barrier, ptc_emu_warp_barrier[32];
 static float ptc_emu_slot[1024];
 static pthread_mutex_t ptc_emu_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ptc_emu_go = PTHREAD_COND_INITIALIZER;
-static int ptc_emu_state; /* 0 starting, 1 run, -1 give up (a thread could not be started) */
 
 static inline void __syncthreads(void)
 {
@@ -474,31 +473,70 @@ static inline float atomicAdd(float *p, float v)
 
 typedef void (*ptc_emu_fn)(void *const *args);
 
+/* The block's threads are kept from one launch to the next: starting a thread is the dearest thing
+ * ASan does (its stacks and shadow: 3,000 launches of a 4-rank training step made 96,000 threads
+ * and spent 5 of its 6 seconds in the kernel). A launch hands the kernel to threads 0..block-1
+ * and waits for them; the others sleep on. They end when the module is unloaded (dlclose runs
+ * ptc_emu_stop) or the process exits; a forked child starts its own. */
 typedef struct ptc_emu_thread {
-    ptc_emu_fn fn;
-    void *const *args;
-    unsigned tid;
+    unsigned tid, seen; /* the launch it ran last */
 } ptc_emu_thread;
+static pthread_t ptc_emu_th[1024];
+static ptc_emu_thread ptc_emu_ts[1024];
+static unsigned ptc_emu_nthreads, ptc_emu_launch_no, ptc_emu_done_count, ptc_emu_block;
+static bool ptc_emu_quit, ptc_emu_atfork;
+static ptc_emu_fn ptc_emu_fn_now;
+static void *const *ptc_emu_args_now;
+static pthread_cond_t ptc_emu_done = PTHREAD_COND_INITIALIZER;
 
 static void *ptc_emu_run(void *arg)
 {
     ptc_emu_thread *t = arg;
-    pthread_mutex_lock(&ptc_emu_lock);
-    while (ptc_emu_state == 0)
-        pthread_cond_wait(&ptc_emu_go, &ptc_emu_lock);
-    bool run = ptc_emu_state > 0;
-    pthread_mutex_unlock(&ptc_emu_lock);
-    if (!run)
-        return NULL;
     threadIdx.x = t->tid;
     threadIdx.y = threadIdx.z = 0;
-    for (unsigned b = 0; b < gridDim.x; b++) {
-        blockIdx.x = b;
-        blockIdx.y = blockIdx.z = 0;
-        t->fn(t->args);
-        __syncthreads(); /* the next block starts when this one has ended */
+    pthread_mutex_lock(&ptc_emu_lock);
+    for (;;) {
+        while (ptc_emu_launch_no == t->seen && !ptc_emu_quit)
+            pthread_cond_wait(&ptc_emu_go, &ptc_emu_lock);
+        if (ptc_emu_quit)
+            break;
+        t->seen = ptc_emu_launch_no;
+        if (t->tid >= ptc_emu_block)
+            continue;
+        ptc_emu_fn fn = ptc_emu_fn_now;
+        void *const *args = ptc_emu_args_now;
+        pthread_mutex_unlock(&ptc_emu_lock);
+        for (unsigned b = 0; b < gridDim.x; b++) {
+            blockIdx.x = b;
+            blockIdx.y = blockIdx.z = 0;
+            fn(args);
+            __syncthreads(); /* the next block starts when this one has ended */
+        }
+        pthread_mutex_lock(&ptc_emu_lock);
+        if (++ptc_emu_done_count == ptc_emu_block)
+            pthread_cond_signal(&ptc_emu_done);
     }
+    pthread_mutex_unlock(&ptc_emu_lock);
     return NULL;
+}
+
+__attribute__((destructor)) static void ptc_emu_stop(void)
+{
+    pthread_mutex_lock(&ptc_emu_lock);
+    ptc_emu_quit = true;
+    pthread_cond_broadcast(&ptc_emu_go);
+    pthread_mutex_unlock(&ptc_emu_lock);
+    for (unsigned i = 0; i < ptc_emu_nthreads; i++)
+        pthread_join(ptc_emu_th[i], NULL);
+    ptc_emu_nthreads = 0;
+}
+
+static void ptc_emu_forked(void) /* (the child has none of the parent's threads) */
+{
+    pthread_mutex_init(&ptc_emu_lock, NULL);
+    pthread_cond_init(&ptc_emu_go, NULL);
+    pthread_cond_init(&ptc_emu_done, NULL);
+    ptc_emu_nthreads = 0;
 }
 
 /* Runs fn on grid blocks of block threads. 0, or -1 for a block size the generated code does
@@ -526,26 +564,31 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
         return -1;
     for (unsigned w = 0; w < block / 32; w++)
         pthread_barrier_init(&ptc_emu_warp_barrier[w], NULL, 32);
-    pthread_t th[1024];
-    ptc_emu_thread ts[1024];
-    unsigned started = 0;
     int rc = 0;
-    ptc_emu_state = 0;
-    for (; started < block; started++) {
-        ts[started] = (ptc_emu_thread){fn, args, started};
-        if (pthread_create(&th[started], NULL, ptc_emu_run, &ts[started])) {
+    pthread_mutex_lock(&ptc_emu_lock);
+    if (!ptc_emu_atfork)
+        ptc_emu_atfork = pthread_atfork(NULL, NULL, ptc_emu_forked) == 0;
+    /* (a thread started here waits for the launch below: it has not seen it) */
+    for (; ptc_emu_nthreads < block; ptc_emu_nthreads++) {
+        ptc_emu_thread *t = &ptc_emu_ts[ptc_emu_nthreads];
+        *t = (ptc_emu_thread){ptc_emu_nthreads, ptc_emu_launch_no};
+        if (pthread_create(&ptc_emu_th[ptc_emu_nthreads], NULL, ptc_emu_run, t)) {
             ptc_emu_err = "the block's threads could not be started";
             rc = -1;
             break;
         }
     }
-    /* the threads start together, or not at all: a missing one would hold a barrier forever */
-    pthread_mutex_lock(&ptc_emu_lock);
-    ptc_emu_state = rc ? -1 : 1;
-    pthread_cond_broadcast(&ptc_emu_go);
+    if (rc == 0) { /* the threads start together, or not at all: a missing one would hold a barrier forever */
+        ptc_emu_fn_now = fn;
+        ptc_emu_args_now = args;
+        ptc_emu_block = block;
+        ptc_emu_done_count = 0;
+        ptc_emu_launch_no++;
+        pthread_cond_broadcast(&ptc_emu_go);
+        while (ptc_emu_done_count < block)
+            pthread_cond_wait(&ptc_emu_done, &ptc_emu_lock);
+    }
     pthread_mutex_unlock(&ptc_emu_lock);
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
     pthread_barrier_destroy(&ptc_emu_barrier);
     for (unsigned w = 0; w < block / 32; w++)
         pthread_barrier_destroy(&ptc_emu_warp_barrier[w]);

@@ -17,7 +17,8 @@
  *             block's threads as fibers (cuda_emu.h), at most 4 blocks: every generated kernel
  *             strides over its grid, so fewer blocks compute the same (and test the striding).
  *             Blocks have the launch's size (in an ASan build, real threads, at most 32: ASan
- *             follows no fibers). One launch at a time.
+ *             follows no fibers; the module keeps them from one launch to the next). One launch
+ *             at a time.
  *   GEMMs     computed from the column-major description cuBLASLt would get (ptrt_cuda_gemm),
  *             in double, so the row-major to column-major mapping is what is tested.
  *   streams   the default stream runs every call at once; a stream of its own (NCCL's calls,
