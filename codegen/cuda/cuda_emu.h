@@ -578,7 +578,8 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
             break;
         }
     }
-    if (rc == 0) { /* the threads start together, or not at all: a missing one would hold a barrier forever */
+    /* the threads start together, or not at all: a missing one would hold a barrier forever */
+    if (rc == 0) {
         ptc_emu_fn_now = fn;
         ptc_emu_args_now = args;
         ptc_emu_block = block;

@@ -110,17 +110,24 @@ static void keep(const char *path, double v)
     ptc_file_write_file(path, buf, (size_t)n, err, sizeof err);
 }
 
+/* the figure kept at path, or 0 */
+static double kept(const char *path)
+{
+    size_t len;
+    char *text = ptc_read_file_max(path, 64, &len);
+    double v = text ? strtod(text, NULL) : 0;
+    free(text);
+    return v > 0 && isfinite(v) ? v : 0;
+}
+
 /* (peak.h) measure_gemm, kept (peak_path); a cache that cannot be read or written costs only
  * the measurement. */
 double ptrt_peak_flops(int threads, bool bf16)
 {
     char path[2400];
     bool cached = peak_path(threads, bf16, path, sizeof path);
-    size_t len;
-    char *text = cached ? ptc_read_file_max(path, 64, &len) : NULL;
-    double v = text ? strtod(text, NULL) : 0;
-    free(text);
-    if (v > 0 && isfinite(v))
+    double v = cached ? kept(path) : 0;
+    if (v > 0)
         return v;
     v = measure_gemm(bf16);
     if (cached)
@@ -128,11 +135,11 @@ double ptrt_peak_flops(int threads, bool bf16)
     return v;
 }
 
-/* (peak.h) */
+/* (peak.h) (never a measurement: this runs between steps) */
 void ptrt_peak_flops_seen(int threads, bool bf16, double rate)
 {
     char path[2400];
-    if (rate > 0 && isfinite(rate) && rate > ptrt_peak_flops(threads, bf16) &&
-        peak_path(threads, bf16, path, sizeof path))
+    if (rate > 0 && isfinite(rate) && peak_path(threads, bf16, path, sizeof path) &&
+        rate > kept(path))
         keep(path, rate);
 }

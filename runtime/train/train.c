@@ -132,7 +132,8 @@ struct shared {
     int *all;            /* 0..nranks-1, the group of barriers */
     int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
     int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
-    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start (raised to a step's rate where one beats it); 0: none */
+    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start (or the rate
+                            of a step that beat it); 0: none */
     bool peak_bf16;      /* that GEMM's operands were bf16 (the plan's GEMMs are) */
     entry *ents;
     int nparams, nents;
