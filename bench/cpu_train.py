@@ -206,14 +206,24 @@ def profile_ptc(exe, wd, steps, warmup, threads, lr):
 # ---------------------------------------------------------------------------------------------
 
 def machine():
-    cpu = "?"
+    # the model name, and what tells machines apart where it does not ("AMD EPYC", "Intel(R)
+    # Xeon(R) Processor" in a VM): family and model, and the widest vector instructions
+    cpu, info = "?", {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+            if not line.strip():
                 break
     except OSError:
         pass
+    if info:
+        flags = info.get("flags", "").split()
+        isa = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE") + \
+              (" AMX" if "amx_tile" in flags else "")
+        cpu = "%s (family %s, model %s; %s)" % (info.get("model name", "?"),
+                                                 info.get("cpu family", "?"),
+                                                 info.get("model", "?"), isa)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
