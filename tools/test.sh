@@ -16,8 +16,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 
 if [ "$quick" != --quick ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer =="
-  # (-O1: AddressSanitizer's advice for a reasonable speed; -O0 made the emulated-GPU trainings
-  # the longest part of CI)
+  # (-O1: AddressSanitizer's advice for a reasonable speed)
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
     -DPTC_SANITIZE=ON -DPTC_WERROR=ON >/dev/null
   cmake --build build-asan -j "$jobs"

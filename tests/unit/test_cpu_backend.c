@@ -579,10 +579,11 @@ Test(cpu_gemm, bf16_operands)
  * by the cast kernel afterwards (what the plan did before): within one unit in the last place of
  * the 16-bit format, plus what adding the f32 sums in another order may change (C is made a chunk
  * of rows at a time, and the BLAS picks its kernel by shape): 2 k 2^-24 alpha sum|a||b|, with
- * |a|, |b| <= 1. Near zero that term is several of f16's subnormal steps; AVX2 kernels (AMD EPYC)
- * met 2 steps where AVX-512 ones had met 1. The shapes reach each path: C split by rows across the pool in chunks of a scratch
- * (3001 columns: 87 rows a chunk, 200 rows: a part chunk), split by columns (a chunk's rows are
- * not whole rows of C), a batch of matrices one per piece, and 1 x 1 x 1. */
+ * |a|, |b| <= 1, so sum|a||b| <= k. Near zero that term is several of f16's subnormal steps;
+ * AVX2 kernels (AMD EPYC) met 2 steps where AVX-512 ones had met 1. The shapes reach each path:
+ * C split by rows across the pool in chunks of a scratch (3001 columns: 87 rows a chunk, 200
+ * rows: a part chunk), split by columns (a chunk's rows are not whole rows of C), a batch of
+ * matrices one per piece, and 1 x 1 x 1. */
 Test(cpu_gemm, sixteen_bit_results)
 {
     int64_t shapes[][4] = {{200, 3001, 19, 1}, {23, 509, 40, 1}, {7, 5, 3, 6}, {1, 1, 1, 1}};
