@@ -40,6 +40,8 @@ GPT20M = ["-D", "vocab=8192", "-D", "ctx=256", "-D", "d=512", "-D", "heads=8", "
           "-D", "batch=8", "-D", "seq=256"]
 GPT_SMALL = ["-D", "vocab=4096", "-D", "ctx=128", "-D", "d=256", "-D", "heads=4", "-D", "layers=2",
              "-D", "batch=4", "-D", "seq=128"]
+GPT_WIDE_VOCAB = ["-D", "vocab=32768", "-D", "ctx=256", "-D", "d=128", "-D", "heads=2", "-D",
+                  "layers=1", "-D", "batch=4", "-D", "seq=256"]
 CONFIGS = {
     "gpt2_20m": ("examples/gpt2.ptm", GPT20M),
     "gpt2_20m_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT20M + [
@@ -47,6 +49,11 @@ CONFIGS = {
     "gpt2_small": ("examples/gpt2.ptm", GPT_SMALL),
     "gpt2_small_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT_SMALL + [
         "--mesh", "dp=2,tp=2", "--seq-parallel", "--zero", "3"]),
+    # f16 storage with a wide vocabulary: no CPU library has an f16 GEMM (nor a bf16 one without
+    # AVX-512 BF16 or AMX), so every product runs on f32 copies of its operands, which the plan
+    # does not hold; whole copies of the logits' gradient put the process 181 MiB past its plan,
+    # tiles of them 33 MiB
+    "gpt2_wide_vocab_fp16": ("examples/gpt2.ptm", GPT_WIDE_VOCAB + ["--precision", "fp16"]),
 }
 
 

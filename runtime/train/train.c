@@ -33,6 +33,7 @@
 #include "nccl_comm.h"
 #include "peak.h"
 #include "plan.h"
+#include "ref.h"
 #include "staged.h"
 #include "trace.h"
 
@@ -1251,6 +1252,14 @@ static int check_memory(shared *sh, char *err, size_t errn)
             }
         }
     }
+    /* the CPU's f32 copies of 16-bit operands for kernels that read f32 (bounded: a batch element
+     * of attention, a tile of a GEMM), which the plan does not hold */
+    int64_t widened = ptrt_widened_high_water();
+    if (widened && !sh->o->quiet)
+        fprintf(out, "memory: f32 copies of 16-bit operands, outside the plan: high-water %lld\n",
+                (long long)widened);
+    if (widened && sh->log)
+        fprintf(sh->log, "{\"memory_widened\": {\"high_water\": %lld}}\n", (long long)widened);
     return rc;
 }
 

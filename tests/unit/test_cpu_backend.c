@@ -476,12 +476,14 @@ Test(cpu_gemm, transposes_and_plain_loop)
 }
 
 /* The transposed-A product with beta 0 and C taller than wide, which oneDNN runs faster as
- * (B^T A)^T (cpu_gemm.c), on odd sizes with row strides past the matrices' widths, and a C so tall
- * it splits across the pool: against a double loop, and the row padding of C untouched. */
+ * (B^T A)^T (cpu_gemm.c), on odd sizes with row strides past the matrices' widths, a C so tall
+ * it splits across the pool, and one whose pieces are made a chunk of C^T (1M floats) at a time:
+ * against a double loop, and the row padding of C untouched. */
 Test(cpu_gemm, transposed_a_tall_c)
 {
-    int64_t shapes[][3] = {{301, 37, 53}, {1, 1, 7}, {17, 16, 1}, {4099, 67, 131}, {640, 511, 9}};
-    for (int sh = 0; sh < 5; sh++) {
+    int64_t shapes[][3] = {{301, 37, 53}, {1, 1, 7},    {17, 16, 1},
+                           {4099, 67, 131}, {640, 511, 9}, {40009, 67, 3}};
+    for (int sh = 0; sh < 6; sh++) {
         int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
         int64_t lda = m + 3, ldb = n + 2, ldc = n + 5;
         float *a = rnd(k * lda, 41 + sh, -1, 1), *b = rnd(k * ldb, 51 + sh, -1, 1);
@@ -573,6 +575,74 @@ Test(cpu_gemm, bf16_operands)
             free(c);
             free(want);
         }
+}
+
+/* 16-bit operands too large to widen whole (cpu_gemm.c's gemm_widened), here with tiles of 16 so
+ * that small shapes reach each path: C in tiles with the sum whole (k <= 32), the sum in chunks
+ * of 16 added into an f32 C (beta 1 applied once), f32 sums of a tile rounded into a 16-bit C
+ * once, a batch of matrices one at a time, part tiles on every side. Against the reference's
+ * double sums: DOT for f32 C; for a 16-bit C, one 16-bit ulp of the reference rounded, plus the
+ * summation-order term of sixteen_bit_results. Nothing past C is written. */
+Test(cpu_gemm, sixteen_bit_tiles)
+{
+    int64_t shapes[][4] = {{37, 53, 71, 1}, {50, 33, 20, 1}, {19, 40, 45, 3}, {1, 70, 100, 1}};
+    int64_t tile = ptrt_cpu_widen_tile;
+    ptrt_cpu_widen_tile = 16;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int mode = 0; mode < 4; mode++)
+                for (int c16 = 0; c16 < 2; c16++) {
+                    int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+                    int64_t nb = shapes[sh][3];
+                    ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
+                    ptc_gemm g = gemm_of(mode, m, n, k, nb, false);
+                    g.ab = (uint8_t)dt;
+                    g.alpha = 0.75;
+                    if (c16)
+                        g.beta = 0;
+                    uint16_t *a = halves(nb * m * k, 111 + sh, f16);
+                    uint16_t *b = halves(nb * k * n, 121 + sh, f16);
+                    size_t nc = (size_t)(nb * m * n);
+                    float *want = rnd(nb * m * n, 131, -1, 1);
+                    float *c = malloc(sizeof(float) * (nc + 1));
+                    memcpy(c, want, sizeof(float) * nc);
+                    ptrt_ref_gemm(&g, a, b, want);
+                    double worst = 0;
+                    bool past;
+                    if (!c16) {
+                        c[nc] = 42.0f;
+                        ptrt_cpu_gemm_instr(&g, a, b, c);
+                        worst = rel_error(c, want, nb * m * n) / DOT;
+                        past = c[nc] != 42.0f;
+                    } else {
+                        uint16_t *got = (uint16_t *)c, *w16 = malloc(2 * nc);
+                        ptc_type tc = {.dtype = PTC_F32, .rank = 1, .dims = {(int64_t)nc}};
+                        ptrt_cpu_cast(&tc, want, dt, w16);
+                        got[nc] = 0x5a5a;
+                        g.cd = (uint8_t)dt;
+                        ptrt_cpu_gemm_instr(&g, a, b, got);
+                        double order = 2.0 * (double)k * (double)k * 0.75 * 0x1p-24;
+                        for (size_t i = 0; i < nc; i++) {
+                            double w = f16 ? ptc_f16_value(w16[i]) : ptc_bf16_value(w16[i]);
+                            double v = f16 ? ptc_f16_value(got[i]) : ptc_bf16_value(got[i]);
+                            double ulp = fmax(fabs(w), 1e-4) * (f16 ? 0x1p-10 : 0x1p-7);
+                            worst = fmax(worst, fmax(fabs(v - w) - order, 0) / ulp);
+                        }
+                        past = got[nc] != 0x5a5a;
+                        free(w16);
+                    }
+                    cr_expect(worst <= 1.0 && !past,
+                              "%s gemm %lldx%lldx%lld batch %lld ta=%d tb=%d beta=%g into %s, "
+                              "tiles of 16: %.2f of the bound%s",
+                              f16 ? "f16" : "bf16", (long long)m, (long long)n, (long long)k,
+                              (long long)nb, g.ta, g.tb, g.beta, c16 ? "16 bits" : "f32", worst,
+                              past ? "; wrote past C" : "");
+                    free(a);
+                    free(b);
+                    free(c);
+                    free(want);
+                }
+    ptrt_cpu_widen_tile = tile;
 }
 
 /* A gemm instruction with a 16-bit C (c=bf16 / c=f16) against the same GEMM into f32 rounded
@@ -1073,13 +1143,15 @@ static void storage16_case(const char *what, ptrt_kernel_fn run, ptc_dtype t, pt
     }
 }
 
-/* Every op of ptc_op_storage16, bf16 and f16, on the reference and the cpu backend (which widens
- * into per-thread scratch: the cases run large then small then large again through it). */
+/* Every op of ptc_op_storage16, bf16 and f16, on the reference and the cpu backend: concat,
+ * sum_to, sumsq (over two blocks of the pool) and the norms' gradients read and write 16 bits
+ * themselves; attention (a batch element at a time) widens into per-thread scratch, and the
+ * cases run large then small then large again through it. */
 Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
 {
     float *x[4];
     for (int k = 0; k < 4; k++)
-        x[k] = rnd(4 * 33 * 70, 40 + (uint32_t)k, -1, 1);
+        x[k] = rnd(7 * 3000, 40 + (uint32_t)k, -1, 1);
     ptc_attrs att = DEF(ATTENTION), attg = DEF(ATTENTION_GRAD), cat = DEF(CONCAT);
     att.heads = attg.heads = 3;
     att.causal = attg.causal = true;
@@ -1100,6 +1172,7 @@ Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
         {"concat", PTC_OP_CONCAT, cat, 3, {TY(PTC_F32, 3, 5, 4), TY(PTC_F32, 3, 5, 2), TY(PTC_F32, 3, 5, 4)}},
         {"sum_to", PTC_OP_SUM_TO, st, 1, {TY(PTC_F32, 4, 33, 70)}},
         {"sumsq", PTC_OP_SUMSQ, DEF(SUMSQ), 1, {TY(PTC_F32, 7, 300)}},
+        {"sumsq of two blocks", PTC_OP_SUMSQ, DEF(SUMSQ), 1, {TY(PTC_F32, 7, 3000)}},
         {"layernorm_grad", PTC_OP_LAYERNORM_GRAD, DEF(LAYERNORM_GRAD), 3, {tx, tg, tx}},
         {"rmsnorm_grad", PTC_OP_RMSNORM_GRAD, DEF(RMSNORM_GRAD), 3, {tx, tg, tx}},
         {"sum_to again", PTC_OP_SUM_TO, st, 1, {TY(PTC_F32, 4, 33, 70)}},

@@ -92,17 +92,38 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     }
 }
 
+/* Runs n over 16-bit operands on a kernel that reads and writes them itself, with no f32 copy of
+ * them (attention widens them into per-thread scratch, a batch element at a time:
+ * ptrt_run_storage16); 0 when there is none for this case. */
+static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
+                   void *const *out)
+{
+    switch (n->op) {
+    case PTC_OP_CAST: return ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0]);
+    case PTC_OP_CONCAT: /* one 16-bit dtype: the bits moved as they are */
+        return ot[0].dtype == it[0].dtype &&
+               ptrt_cpu_concat(n->nin, it, (const void *const *)in, (int)n->attrs.axis, out[0]);
+    case PTC_OP_SUM_TO: return ptrt_cpu_sum_to(&it[0], in[0], &ot[0], out[0]);
+    case PTC_OP_SUMSQ: return ot[0].dtype == PTC_F32 && ptrt_cpu_sumsq(&it[0], in[0], out[0]);
+    case PTC_OP_LAYERNORM_GRAD:
+    case PTC_OP_RMSNORM_GRAD:
+        return ptrt_cpu_norm_grad16(n->op == PTC_OP_RMSNORM_GRAD, it, in, ot, out, n->attrs.eps);
+    default: return 0;
+    }
+}
+
 int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
-    if (ptrt_storage16(n, it)) /* (widened, run on the fast kernel, rounded into storage) */
-        return ptrt_run_storage16(ptrt_cpu_run, ptrt_cpu_cast, n, it, in, ot, out, err, errn);
-    if (n->op == PTC_OP_CAST ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
-                             : plain(n, it, ot) && fast(n, it, in, ot, out)) {
+    if (plain(n, it, ot) ? n->op == PTC_OP_CAST ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
+                                                : fast(n, it, in, ot, out)
+                         : sixteen(n, it, in, ot, out)) {
         if (errn)
             err[0] = '\0';
         return 0;
     }
+    if (ptrt_storage16(n, it)) /* (widened, run on the fast kernel, rounded into storage) */
+        return ptrt_run_storage16(ptrt_cpu_run, ptrt_cpu_cast, n, it, in, ot, out, err, errn);
     return ptrt_ref_run(n, it, in, ot, out, err, errn);
 }
 

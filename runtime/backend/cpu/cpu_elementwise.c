@@ -216,8 +216,17 @@ int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o)
 
 /* ---- sum_to, sumsq ---- */
 
+const float *ptrt_cpu_floats_at(const void *x, ptc_dtype t, int64_t off, int64_t n, float *buf)
+{
+    if (t == PTC_F32)
+        return (const float *)x + off;
+    ptrt_cpu_cast_serial(t, (const uint16_t *)x + off, PTC_F32, buf, n);
+    return buf;
+}
+
 typedef struct sum_job {
-    const float *x;
+    const void *x;
+    ptc_dtype xt;
     float *o;
     int64_t rows, cols;
 } sum_job;
@@ -226,68 +235,85 @@ typedef struct sum_job {
 
 /* Columns [begin, end): every row added in order into double accumulators, the rows streamed
  * one contiguous segment at a time (the segment's columns are the vector lanes, so each column's
- * sum is still the reference's, term by term). */
+ * sum is still the reference's, term by term). A 16-bit x is widened a segment at a time. */
 PTRT_CLONES static void sum_cols(void *ctx, int64_t begin, int64_t end)
 {
     const sum_job *j = ctx;
     int64_t w = end - begin;
+    size_t es = j->xt == PTC_F32 ? 4 : 2;
     double *restrict acc = ptc_xcalloc((size_t)w, sizeof *acc);
+    float *buf = j->xt == PTC_F32 ? NULL : ptc_xmalloc((size_t)w * sizeof *buf);
     for (int64_t r = 0; r < j->rows; r++) {
-        const float *restrict xr = j->x + r * j->cols + begin;
+        int64_t off = r * j->cols + begin;
         if (r + SUM_AHEAD < j->rows) /* a piece is a short segment of each of many rows, which
                                       * the hardware's stream prefetch does not follow */
-            for (int64_t c = 0; c < w; c += 16)
-                __builtin_prefetch(xr + SUM_AHEAD * j->cols + c);
+            for (int64_t c = 0; c < w; c += 64 / (int64_t)es)
+                __builtin_prefetch((const char *)j->x + (size_t)(off + SUM_AHEAD * j->cols + c) * es);
+        const float *restrict xr = ptrt_cpu_floats_at(j->x, j->xt, off, w, buf);
         for (int64_t c = 0; c < w; c++)
             acc[c] += xr[c];
     }
     for (int64_t c = 0; c < w; c++)
         j->o[begin + c] = (float)acc[c];
     free(acc);
+    free(buf);
 }
 
-/* The adjoint of a trailing broadcast: o [trailing dims of x] sums x over its leading dims. */
-int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, float *o)
+/* The adjoint of a trailing broadcast: o [trailing dims of x] sums x over its leading dims. x and
+ * o may be 16-bit: x is widened as it is read, the f32 sums rounded into o once (as a cast of the
+ * f32 result would). */
+int ptrt_cpu_sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void *o)
 {
     int64_t p = period(to, tx), n = ptc_type_numel(tx);
-    if (!p || p < 16 || tx->dtype != PTC_F32) /* scalars and short rows: the reference */
+    if (!p || p < 16 || tx->dtype == PTC_I32 || to->dtype == PTC_I32) /* scalars and short
+                                                                        * rows: the reference */
         return 0;
-    sum_job j = {x, o, n / p, p};
+    float *o32 = to->dtype == PTC_F32 ? o : ptc_xmalloc((size_t)p * sizeof(float));
+    sum_job j = {x, tx->dtype, o32, n / p, p};
     ptrt_cpu_parallel_for(p, 16 + GRAIN / j.rows, sum_cols, &j);
+    if (o32 != o) {
+        ptc_type t = {.dtype = PTC_F32, .rank = 1, .dims = {p}};
+        ptrt_cpu_cast(&t, o32, to->dtype, o);
+        free(o32);
+    }
     return 1;
 }
 
 typedef struct sq_job {
-    const float *x;
+    const void *x;
+    ptc_dtype xt;
     double *part;
     int64_t n;
 } sq_job;
 
 /* PTRT_LANES running sums of a block, folded in a fixed order; the square of a float is exact in
- * double. */
+ * double. A 16-bit x is widened a block at a time. */
 PTRT_CLONES static void sq_blocks(void *ctx, int64_t begin, int64_t end)
 {
     const sq_job *j = ctx;
+    float *buf = j->xt == PTC_F32 ? NULL : ptc_xmalloc(GRAIN * sizeof *buf);
     for (int64_t bl = begin; bl < end; bl++) {
-        int64_t lo = bl * GRAIN, hi = lo + GRAIN < j->n ? lo + GRAIN : j->n;
-        const float *restrict x = j->x;
+        int64_t lo = bl * GRAIN, len = (lo + GRAIN < j->n ? lo + GRAIN : j->n) - lo;
+        const float *restrict x = ptrt_cpu_floats_at(j->x, j->xt, lo, len, buf); /* (from lo) */
         double s[PTRT_LANES] = {0};
-        int64_t i = lo;
-        for (; i + PTRT_LANES <= hi; i += PTRT_LANES)
+        int64_t i = 0;
+        for (; i + PTRT_LANES <= len; i += PTRT_LANES)
             for (int l = 0; l < PTRT_LANES; l++)
                 s[l] += (double)x[i + l] * x[i + l];
-        for (int l = 0; l < PTRT_LANES && i < hi; l++, i++)
+        for (int l = 0; l < PTRT_LANES && i < len; l++, i++)
             s[l] += (double)x[i] * x[i];
         j->part[bl] = ptrt_fold_lanes(s);
     }
+    free(buf);
 }
 
-int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o)
+/* The f32 sum of squares of x (f32 or 16-bit) */
+int ptrt_cpu_sumsq(const ptc_type *tx, const void *x, float *o)
 {
     int64_t n = ptc_type_numel(tx), blocks = (n + GRAIN - 1) / GRAIN;
-    if (blocks < 2)
+    if (blocks < 2 || tx->dtype == PTC_I32)
         return 0;
-    sq_job j = {x, ptc_xmalloc((size_t)blocks * sizeof(double)), n};
+    sq_job j = {x, tx->dtype, ptc_xmalloc((size_t)blocks * sizeof(double)), n};
     ptrt_cpu_parallel_for(blocks, 1, sq_blocks, &j);
     double s = 0;
     for (int64_t b = 0; b < blocks; b++)
@@ -386,7 +412,12 @@ int ptrt_cpu_concat(int nin, const ptc_type *it, const void *const *in, int axis
     if (nin < 1 || nin > CONCAT_MAX || axis < 0 || axis >= it[0].rank)
         return 0;
     concat_job j = {.nin = nin, .in = in, .o = o};
-    int64_t outer = 1, inner = 4; /* (4-byte elements: the f32 and i32 the fast path takes) */
+    /* bytes of an element: 4 (f32, i32), or 2 where every operand and the result have one 16-bit
+     * dtype (the caller checks the result), whose bits are moved as they are */
+    int64_t outer = 1, inner = it[0].dtype == PTC_BF16 || it[0].dtype == PTC_F16 ? 2 : 4;
+    for (int i = 1; i < nin; i++)
+        if (it[i].dtype != it[0].dtype)
+            return 0;
     for (int d = 0; d < axis; d++)
         outer *= it[0].dims[d];
     for (int d = axis + 1; d < it[0].rank; d++)
@@ -562,6 +593,12 @@ static void cast_piece(void *ctx, int64_t begin, int64_t end)
             else
                 oh[i] = j->to == PTC_BF16 ? ptrt_to_bf16(v) : to_f16(v);
         }
+}
+
+void ptrt_cpu_cast_serial(ptc_dtype from, const void *x, ptc_dtype to, void *o, int64_t n)
+{
+    cast_job j = {from, to, x, o};
+    cast_piece(&j, 0, n);
 }
 
 int ptrt_cpu_cast(const ptc_type *tx, const void *x, ptc_dtype to, void *o)

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "ref.h"
 
 /* CBLAS's row-major sgemm, and oneDNN's (row-major, 'N'/'T'; returns a dnnl_status_t) */
 typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
@@ -289,9 +290,18 @@ static void *c_at(void *c, ptc_dtype cd, int64_t off)
 static void gemm_tn_tall(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                          const float *b, int64_t ldb, float *c, int64_t ldc)
 {
-    float *t = ptc_xmalloc((size_t)(m * n) * sizeof(float)); /* C^T, n x m */
-    ptrt_cpu_gemm_serial(true, false, n, m, k, alpha, b, ldb, a, lda, 0.0f, t, m);
-    ptrt_cpu_transpose_tiled(t, m, c, ldc, n, m);
+    /* C^T of up to 1M floats (4 MiB) at a time, still taller than wide: a tall gradient (gpt2's
+     * head, 50257 x 512) is not copied whole */
+    if (n <= 0)
+        return;
+    int64_t rows = (1 << 20) / n > 2 * n ? (1 << 20) / n : 2 * n;
+    rows = rows < m ? rows : m;
+    float *t = ptc_xmalloc((size_t)(rows * n) * sizeof(float)); /* C^T, n x rows */
+    for (int64_t r = 0; r < m; r += rows) {
+        int64_t h = m - r < rows ? m - r : rows;
+        ptrt_cpu_gemm_serial(true, false, n, h, k, alpha, b, ldb, a + r, lda, 0.0f, t, h);
+        ptrt_cpu_transpose_tiled(t, h, c + r * ldc, ldc, n, h);
+    }
     free(t);
 }
 
@@ -435,13 +445,137 @@ static void strided_piece(void *ctx, int64_t begin, int64_t end)
                          c_at(j->c, (ptc_dtype)g->cd, bi * g->sc), g->ldc);
 }
 
-/* a 16-bit operand widened to f32 (exact), by the cast kernel */
-static float *widened(const void *x, ptc_dtype dt, int64_t n)
+/* ---- 16-bit operands without a 16-bit GEMM: widened to f32 a tile at a time ---- */
+
+/* The side of the tiles of C (and of the chunks of the sum) a 16-bit GEMM is widened in; a test
+ * sets it small. */
+int64_t ptrt_cpu_widen_tile = 1024;
+
+static size_t dsize(ptc_dtype t)
 {
-    float *o = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
-    ptc_type t = {.dtype = dt, .rank = 1, .dims = {n}};
-    ptrt_cpu_cast(&t, x, PTC_F32, o);
-    return o;
+    return t == PTC_F32 ? 4 : 2;
+}
+
+typedef struct rows_job {
+    const char *x;
+    char *o;
+    ptc_dtype xt, ot;
+    int64_t xld, old, nc;
+} rows_job;
+
+static void rows_piece(void *ctx, int64_t begin, int64_t end)
+{
+    const rows_job *j = ctx;
+    ptc_type t = {.dtype = j->xt, .rank = 1, .dims = {j->nc}};
+    for (int64_t r = begin; r < end; r++)
+        ptrt_cpu_cast(&t, j->x + (size_t)(r * j->xld) * dsize(j->xt), j->ot,
+                      j->o + (size_t)(r * j->old) * dsize(j->ot));
+}
+
+/* nr rows of nc elements, xld apart at x (dtype xt), cast into rows old apart at o (dtype ot):
+ * the cast kernel's rounding (widening is exact) */
+static void cast_rows(const void *x, ptc_dtype xt, int64_t xld, void *o, ptc_dtype ot, int64_t old,
+                      int64_t nr, int64_t nc)
+{
+    if (nr <= 0 || nc <= 0)
+        return;
+    if (xld == nc && old == nc) {
+        ptc_type t = {.dtype = xt, .rank = 1, .dims = {nr * nc}};
+        ptrt_cpu_cast(&t, x, ot, o);
+        return;
+    }
+    rows_job j = {x, o, xt, ot, xld, old, nc};
+    ptrt_cpu_parallel_for(nr, (1 << 16) / nc + 1, rows_piece, &j);
+}
+
+/* The rows [r0, r0 + nr) and columns [c0, c0 + nc) of a 16-bit matrix (rows ld apart), widened
+ * into a packed nr x nc f32 one */
+static void widen_tile(const void *x, ptc_dtype dt, int64_t ld, int64_t r0, int64_t nr, int64_t c0,
+                       int64_t nc, float *o)
+{
+    cast_rows((const uint16_t *)x + r0 * ld + c0, dt, ld, o, PTC_F32, nc, nr, nc);
+}
+
+static void gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c);
+
+/* scratch for n widened floats, counted by ptrt_widened_add until widened_free */
+static float *widened_alloc(int64_t n)
+{
+    n = n > 0 ? n : 1;
+    ptrt_widened_add((int64_t)sizeof(float) * n);
+    return ptc_xmalloc(sizeof(float) * (size_t)n);
+}
+
+static void widened_free(float *p, int64_t n)
+{
+    if (!p)
+        return;
+    ptrt_widened_add(-(int64_t)sizeof(float) * (n > 0 ? n : 1));
+    free(p);
+}
+
+/* One 16-bit matrix product (batch 1) on the f32 GEMM. Operands that fit in five tiles' floats are
+ * widened whole (exact) for one f32 GEMM. Larger ones are never widened whole: a 16-bit gradient
+ * of gpt2's logits (8 x 1024 x 50257) is 1.6 GB as f32, memory the plan does not have. C is then
+ * made a tile of T x T at a time, summed over chunks of the shared dimension (K whole up to 2T),
+ * each chunk's pieces of A and B widened into scratch of at most 5 T^2 floats (20 MiB): f32 sums
+ * across the chunks (beta for the first), into C where it is f32; into a tile of f32 sums where it
+ * is 16-bit, rounded into C once at the end, as the 16-bit C of one GEMM is. Each element of A is
+ * widened n/T times and of B m/T times, one conversion per T/2 multiply-adds. */
+static void gemm_widened(const ptc_gemm *g, const void *a, const void *b, void *c)
+{
+    ptc_dtype dt = (ptc_dtype)g->ab, cd = (ptc_dtype)g->cd;
+    int64_t m = g->m, n = g->n, k = g->k, t = ptrt_cpu_widen_tile;
+    ptc_gemm f = *g;
+    f.ab = PTC_F32;
+    f.batch = 1;
+    f.sa = f.sb = f.sc = 0;
+    if (m * k + k * n <= 5 * t * t) {
+        float *fa = widened_alloc(m * k), *fb = widened_alloc(k * n);
+        widen_tile(a, dt, g->lda, 0, g->ta ? k : m, 0, g->ta ? m : k, fa);
+        widen_tile(b, dt, g->ldb, 0, g->tb ? n : k, 0, g->tb ? k : n, fb);
+        f.lda = g->ta ? m : k;
+        f.ldb = g->tb ? k : n;
+        gemm_instr(&f, fa, fb, c);
+        widened_free(fa, m * k);
+        widened_free(fb, k * n);
+        return;
+    }
+    int64_t kc = k <= 2 * t ? k : t;
+    bool sums = cd != PTC_F32 && kc < k; /* a 16-bit C summed over chunks: f32 sums of a tile */
+    float *fa = widened_alloc(t * kc), *fb = widened_alloc(t * kc);
+    float *acc = sums ? widened_alloc(t * t) : NULL;
+    for (int64_t m0 = 0; m0 < m; m0 += t) {
+        int64_t hm = m - m0 < t ? m - m0 : t;
+        for (int64_t n0 = 0; n0 < n; n0 += t) {
+            int64_t hn = n - n0 < t ? n - n0 : t;
+            for (int64_t k0 = 0; k0 < k; k0 += kc) {
+                int64_t hk = k - k0 < kc ? k - k0 : kc;
+                if (g->ta)
+                    widen_tile(a, dt, g->lda, k0, hk, m0, hm, fa);
+                else
+                    widen_tile(a, dt, g->lda, m0, hm, k0, hk, fa);
+                if (g->tb)
+                    widen_tile(b, dt, g->ldb, n0, hn, k0, hk, fb);
+                else
+                    widen_tile(b, dt, g->ldb, k0, hk, n0, hn, fb);
+                f.m = hm;
+                f.n = hn;
+                f.k = hk;
+                f.lda = g->ta ? hm : hk;
+                f.ldb = g->tb ? hk : hn;
+                f.beta = k0 == 0 ? g->beta : 1.0;
+                f.cd = sums ? PTC_F32 : cd;
+                f.ldc = sums ? hn : g->ldc;
+                gemm_instr(&f, fa, fb, sums ? acc : c_at(c, cd, m0 * g->ldc + n0));
+            }
+            if (sums)
+                cast_rows(acc, PTC_F32, hn, c_at(c, cd, m0 * g->ldc + n0), cd, g->ldc, hm, hn);
+        }
+    }
+    widened_free(fa, t * kc);
+    widened_free(fb, t * kc);
+    widened_free(acc, t * t);
 }
 
 /* a gemm instruction as its operands' dtype says (f32: at f32 precision) */
@@ -450,14 +584,24 @@ static void gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
     bool bf16 = g->ab == PTC_BF16;
     if ((bf16 && !ptrt_cpu_has_bf16_gemm()) || g->ab == PTC_F16) {
         /* no bf16 GEMM in the library, and no f16 one in any: the operands widened to f32
-         * (exact), the f32 GEMM */
-        ptc_gemm f = *g;
-        f.ab = PTC_F32;
-        float *fa = widened(a, (ptc_dtype)g->ab, (g->sa ? g->batch : 1) * g->m * g->k);
-        float *fb = widened(b, (ptc_dtype)g->ab, (g->sb ? g->batch : 1) * g->k * g->n);
-        gemm_instr(&f, fa, fb, c);
-        free(fa);
-        free(fb);
+         * (exact), the f32 GEMM; a batch of small matrices widened whole (the f32 GEMM runs
+         * them in parallel), else one matrix at a time */
+        int64_t na = (g->sa ? g->batch : 1) * g->m * g->k, nb = (g->sb ? g->batch : 1) * g->k * g->n;
+        int64_t t = ptrt_cpu_widen_tile;
+        if (g->batch > 1 && na + nb <= 5 * t * t) {
+            ptc_gemm f = *g;
+            f.ab = PTC_F32;
+            float *fa = widened_alloc(na), *fb = widened_alloc(nb);
+            cast_rows(a, (ptc_dtype)g->ab, na, fa, PTC_F32, na, 1, na);
+            cast_rows(b, (ptc_dtype)g->ab, nb, fb, PTC_F32, nb, 1, nb);
+            gemm_instr(&f, fa, fb, c);
+            widened_free(fa, na);
+            widened_free(fb, nb);
+            return;
+        }
+        for (int64_t bi = 0; bi < g->batch; bi++)
+            gemm_widened(g, (const uint16_t *)a + bi * g->sa, (const uint16_t *)b + bi * g->sb,
+                         c_at(c, (ptc_dtype)g->cd, bi * g->sc));
         return;
     }
     int64_t work = g->m * g->n * g->k;

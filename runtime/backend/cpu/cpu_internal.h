@@ -108,6 +108,9 @@ void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
                          float *c, int64_t ldc);
 /* A plan's gemm instruction (batches in parallel when they are many or small). */
 void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c);
+/* 16-bit operands the library has no GEMM for are widened to f32 in tiles of C this many rows and
+ * columns on a side (scratch of at most 5 x its square in floats; default 1024): tests lower it. */
+extern int64_t ptrt_cpu_widen_tile;
 /* ---- cpu_gemm_split.c ---- */
 /* An f32 gemm instruction as bf16 GEMMs over split operands, when ptrt_cpu_matmul_precision is
  * high or medium; false (nothing done) when it is highest or g is not f32. */
@@ -165,8 +168,14 @@ int ptrt_cpu_binary(ptc_op op, const ptc_type *ta, const float *a, const ptc_typ
 int ptrt_cpu_unary(ptc_op op, const ptc_type *tx, const float *x, float *o);
 int ptrt_cpu_unary_grad(ptc_op op, const ptc_type *tx, const float *x, const float *dy, float *o);
 int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o);
-int ptrt_cpu_sum_to(const ptc_type *tx, const float *x, const ptc_type *to, float *o);
-int ptrt_cpu_sumsq(const ptc_type *tx, const float *x, float *o);
+/* n elements at x cast from one of f32, bf16, f16 to another at o, on this thread */
+void ptrt_cpu_cast_serial(ptc_dtype from, const void *x, ptc_dtype to, void *o, int64_t n);
+/* x (of dtype t) as floats from element off: x itself where it is f32, else its elements
+ * [off, off + n) widened into buf */
+const float *ptrt_cpu_floats_at(const void *x, ptc_dtype t, int64_t off, int64_t n, float *buf);
+/* sum_to and sumsq over f32 or 16-bit x (sum_to's o of its dtype; sumsq's f32) */
+int ptrt_cpu_sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void *o);
+int ptrt_cpu_sumsq(const ptc_type *tx, const void *x, float *o);
 int ptrt_cpu_adamw(const ptrt_kcall *n, const ptc_type *it, void *const *in, void *const *out);
 int ptrt_cpu_copy(int64_t bytes, const void *x, void *o);
 /* concat along axis of nin operands of 4-byte elements, the rows split across the pool */
@@ -179,6 +188,9 @@ int ptrt_cpu_cast(const ptc_type *tx, const void *x, ptc_dtype to, void *o);
 
 int ptrt_cpu_layernorm(const ptc_type *tx, const float *x, const float *g, const float *b,
                        double eps, float *o);
+/* layernorm's (rmsnorm's) gradient, (x, g, dy) -> (dx, dg[, db]), any of them f32 or 16-bit */
+int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
+                         void *const *out, double eps);
 int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
                             double eps, float *dx, float *dg, float *db);
 int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double eps, float *o);

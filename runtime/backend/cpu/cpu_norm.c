@@ -60,6 +60,7 @@ static inline double sumsq_d(const float *restrict x, double c, int64_t n)
 typedef struct norm_job {
     const float *x, *g, *b, *dy;
     float *o, *dx, *dg, *db;
+    ptc_dtype xt, dyt, dxt; /* the backward: x, dy, dx may be 16-bit (then they point at it) */
     double *pg, *pb;      /* the backward: partial sums of dg and db, blocks x d */
     int64_t blocks, block; /* the backward: row blocks, rows per block */
     int64_t rows, d;
@@ -124,15 +125,19 @@ PTRT_CLONES static void norm_bwd_blocks(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d;
+    bool wide = j->xt == PTC_F32 && j->dyt == PTC_F32 && j->dxt == PTC_F32;
+    float *buf = wide ? NULL : ptc_xmalloc((size_t)(3 * d) * sizeof *buf);
     for (int64_t blk = begin; blk < end; blk++) {
         double *restrict pg = j->pg + blk * d, *restrict pb = j->pb + blk * d;
         memset(pg, 0, (size_t)d * sizeof *pg);
         memset(pb, 0, (size_t)d * sizeof *pb);
         int64_t r1 = (blk + 1) * j->block < j->rows ? (blk + 1) * j->block : j->rows;
         for (int64_t r = blk * j->block; r < r1; r++) {
-            const float *restrict x = j->x + r * d, *restrict dy = j->dy + r * d;
+            /* 16-bit rows widened as they are read (exact), dx rounded as it is stored */
+            const float *restrict x = ptrt_cpu_floats_at(j->x, j->xt, r * d, d, buf);
+            const float *restrict dy = ptrt_cpu_floats_at(j->dy, j->dyt, r * d, d, buf + d);
             const float *restrict g = j->g;
-            float *restrict dx = j->dx + r * d;
+            float *restrict dx = j->dxt == PTC_F32 ? j->dx + r * d : buf + 2 * d;
             float m, inv;
             row_stats(j, x, &m, &inv);
             /* sixteen float lanes (each sums d / 16 terms), then the tail and the fold in double */
@@ -166,8 +171,11 @@ PTRT_CLONES static void norm_bwd_blocks(void *ctx, int64_t begin, int64_t end)
                 pg[c] += (double)dy[c] * xh;
                 pb[c] += dy[c];
             }
+            if (j->dxt != PTC_F32)
+                ptrt_cpu_cast_serial(PTC_F32, dx, j->dxt, (uint16_t *)(void *)j->dx + r * d, d);
         }
     }
+    free(buf);
 }
 
 /* dg (and db) for columns [begin, end): the blocks' partial sums added in block order */
@@ -221,6 +229,38 @@ static int norm_grad_of(bool rms, const ptc_type *tx, const float *x, const floa
                   .rms = rms,
                   .rows = d ? ptc_type_numel(tx) / d : 0};
     return norm_grad(&j);
+}
+
+int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
+                         void *const *out, double eps)
+{
+    int64_t d = it[0].dims[it[0].rank - 1];
+    for (int k = 0; k < 3; k++)
+        if (it[k].dtype == PTC_I32 || (k < (rms ? 2 : 3) && ot[k].dtype == PTC_I32))
+            return 0;
+    norm_job j = {.x = in[0],
+                  .dy = in[2],
+                  .dx = out[0],
+                  .xt = it[0].dtype,
+                  .dyt = it[2].dtype,
+                  .dxt = ot[0].dtype,
+                  .d = d,
+                  .eps = eps,
+                  .rms = rms,
+                  .rows = d ? ptc_type_numel(&it[0]) / d : 0};
+    /* gamma widened, and dgamma (dbeta) summed into f32, rounded after: d floats each */
+    float *g = ptc_xmalloc((size_t)(3 * (d ? d : 1)) * sizeof *g);
+    j.g = ptrt_cpu_floats_at(in[1], it[1].dtype, 0, d, g);
+    j.dg = ot[1].dtype == PTC_F32 ? out[1] : g + d;
+    j.db = rms ? NULL : ot[2].dtype == PTC_F32 ? out[2] : g + 2 * d;
+    int done = norm_grad(&j);
+    for (int k = 1; done && k < (rms ? 2 : 3); k++)
+        if (ot[k].dtype != PTC_F32) {
+            ptc_type t = {.dtype = PTC_F32, .rank = 1, .dims = {d}};
+            ptrt_cpu_cast(&t, k == 1 ? j.dg : j.db, ot[k].dtype, out[k]);
+        }
+    free(g);
+    return done;
 }
 
 int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,

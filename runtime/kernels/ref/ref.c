@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,22 @@ int ptrt_ref_cast_to(const ptc_type *tx, const void *x, ptc_dtype to, void *o)
     return 1;
 }
 
+/* Bytes of f32 copies of 16-bit operands held now, and the most held at once (all threads) */
+static _Atomic int64_t widened_now, widened_peak;
+
+void ptrt_widened_add(int64_t bytes)
+{
+    int64_t now = atomic_fetch_add(&widened_now, bytes) + bytes;
+    int64_t peak = atomic_load(&widened_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&widened_peak, &peak, now))
+        ;
+}
+
+int64_t ptrt_widened_high_water(void)
+{
+    return atomic_load(&widened_peak);
+}
+
 /* The f32 copies of ptrt_run_storage16, per thread and operand slot: 64-byte aligned as the
  * memory plan's buffers are (on malloc's 16 bytes the fast kernels made issue 16's config (a) in
  * bf16 11% slower), grown to the largest call's and kept (no page faults a call). Each thread's
@@ -141,8 +158,10 @@ static void s16_end(void *v)
     if (c->next)
         c->next->prev = c->prev;
     pthread_mutex_unlock(&s16_lock);
-    for (int k = 0; k < S16_SLOTS; k++)
+    for (int k = 0; k < S16_SLOTS; k++) {
         free(c->p[k]);
+        ptrt_widened_add(-(int64_t)sizeof(float) * c->cap[k]);
+    }
     free(c);
 }
 
@@ -170,14 +189,39 @@ static float *s16_slot(int k, int64_t n)
         free(c->p[k]);
         c->p[k] = aligned_alloc(64, (sizeof(float) * (size_t)n + 63) / 64 * 64 + 64);
         PTC_ASSERT(c->p[k]);
+        ptrt_widened_add((int64_t)sizeof(float) * (n - c->cap[k]));
         c->cap[k] = n;
     }
     return c->p[k];
 }
 
-int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
-                       const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out,
-                       char *err, size_t errn)
+/* Attention and its gradient are independent across the batch, the leading dim of each operand:
+ * over 16-bit storage they run one batch element at a time, so the f32 copies hold 1/B of the
+ * operands (gpt2's, b=8 s=1024, take 25 MB a slot instead of 200). The number of batch
+ * elements, or 1 where the op or its operands do not split so. */
+static int64_t batch_split(const ptrt_kcall *n, const ptc_type *it, const ptc_type *ot)
+{
+    if (n->op != PTC_OP_ATTENTION && n->op != PTC_OP_ATTENTION_GRAD &&
+        n->op != PTC_OP_ATTENTION_SHARD && n->op != PTC_OP_ATTENTION_SHARD_GRAD)
+        return 1;
+    int64_t b = it[0].rank >= 2 ? it[0].dims[0] : 1;
+    for (int k = 0; k < n->nin + n->nout; k++) {
+        const ptc_type *t = k < n->nin ? &it[k] : &ot[k - n->nin];
+        if (t->rank < 2 || t->dims[0] != b)
+            return 1;
+    }
+    return b > 1 ? b : 1;
+}
+
+static size_t elem_bytes(ptc_dtype t)
+{
+    return t == PTC_BF16 || t == PTC_F16 ? 2 : 4;
+}
+
+/* the op on f32 copies of its 16-bit operands, whole */
+static int run_storage16_whole(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
+                               const ptc_type *it, void *const *in, const ptc_type *ot,
+                               void *const *out, char *err, size_t errn)
 {
     enum { MAXN = S16_SLOTS / 2 };
     ptc_type it2[MAXN], ot2[MAXN];
@@ -209,6 +253,36 @@ int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *
             cast(&ot2[k], out2[k], ot[k].dtype, out[k]);
     }
     return rc;
+}
+
+int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
+                       const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out,
+                       char *err, size_t errn)
+{
+    enum { MAXN = S16_SLOTS / 2 };
+    int64_t nb = n->nin <= MAXN && n->nout <= MAXN ? batch_split(n, it, ot) : 1;
+    if (nb == 1)
+        return run_storage16_whole(run, cast, n, it, in, ot, out, err, errn);
+    ptc_type it1[MAXN], ot1[MAXN];
+    void *in1[MAXN], *out1[MAXN];
+    for (int64_t bi = 0; bi < nb; bi++) {
+        for (int k = 0; k < n->nin + n->nout; k++) {
+            const ptc_type *t = k < n->nin ? &it[k] : &ot[k - n->nin];
+            ptc_type *t1 = k < n->nin ? &it1[k] : &ot1[k - n->nin];
+            void *p = k < n->nin ? in[k] : out[k - n->nin];
+            *t1 = *t;
+            t1->dims[0] = 1;
+            p = (char *)p + (size_t)(bi * ptc_type_numel(t1)) * elem_bytes(t->dtype);
+            if (k < n->nin)
+                in1[k] = p;
+            else
+                out1[k - n->nin] = p;
+        }
+        int rc = run_storage16_whole(run, cast, n, it1, in1, ot1, out1, err, errn);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }
 
 static void ref_const(const ptc_attrs *at, const ptc_type *to, void *o)

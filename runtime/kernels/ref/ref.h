@@ -25,6 +25,11 @@ int ptrt_ref_cast_to(const ptc_type *tx, const void *x, ptc_dtype to, void *o);
 int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
                        const ptc_type *it, void *const *in, const ptc_type *ot, void *const *out,
                        char *err, size_t errn);
+/* f32 copies of 16-bit operands made outside the memory plan, by kernels that do not read 16 bits
+ * (ptrt_run_storage16's scratch, GEMMs without a 16-bit one): bytes added (or, negative, freed),
+ * and the most held at once in the process, which --check-memory reports */
+void ptrt_widened_add(int64_t bytes);
+int64_t ptrt_widened_high_water(void);
 /* Runs node n on the CPU: in[i] points at the data of operand i (of type it[i]), out[j] at the
  * already allocated result j (of type ot[j]). Returns 0, or -1 with a message in err for data
  * errors (e.g. an embedding id out of range, a target outside the classes). */
