@@ -46,6 +46,8 @@ CONFIGS = {
     "gpt2_20m": ("examples/gpt2.ptm", GPT20M),
     "gpt2_20m_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT20M + [
         "--mesh", "dp=2,tp=2", "--seq-parallel", "--zero", "3"]),
+    "gpt2_20m_bf16": ("examples/gpt2.ptm", GPT20M + ["--precision", "bf16"]),
+    "gpt2_20m_fp16": ("examples/gpt2.ptm", GPT20M + ["--precision", "fp16"]),
     "gpt2_small": ("examples/gpt2.ptm", GPT_SMALL),
     "gpt2_small_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT_SMALL + [
         "--mesh", "dp=2,tp=2", "--seq-parallel", "--zero", "3"]),

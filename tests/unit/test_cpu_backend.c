@@ -577,6 +577,45 @@ Test(cpu_gemm, bf16_operands)
         }
 }
 
+/* A 16-bit C is the f32 sum rounded to nearest, ties to even, not truncated: with k = 1 every
+ * element of C is one product of two 16-bit values, exact in f32 whatever the kernel's order, so C
+ * must be exactly its rounding (ptc_bf16_bits, ptc_f16_bits). A C made whole, and one made in
+ * tiles of 16 (cpu_gemm.c's gemm_widened); sixteen_bit_results' bound cannot tell the two apart.
+ * Truncation differs from rounding in about half the elements. */
+Test(cpu_gemm, sixteen_bit_c_rounds_to_nearest_even)
+{
+    int64_t tile = ptrt_cpu_widen_tile;
+    for (int tiled = 0; tiled < 2; tiled++)
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int mode = 0; mode < 4; mode++) {
+                int64_t m = 61, n = 700;
+                ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
+                ptc_gemm g = gemm_of(mode, m, n, 1, 1, false);
+                g.beta = 0;
+                g.ab = g.cd = (uint8_t)dt;
+                uint16_t *a = halves(m, 141 + mode, f16), *b = halves(n, 151 + mode, f16);
+                uint16_t *c = malloc(sizeof(uint16_t) * (size_t)(m * n));
+                ptrt_cpu_widen_tile = tiled ? 16 : tile;
+                ptrt_cpu_gemm_instr(&g, a, b, c);
+                ptrt_cpu_widen_tile = tile;
+                int64_t bad = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        float p = f16 ? ptc_f16_value(a[i]) * ptc_f16_value(b[j])
+                                      : ptc_bf16_value(a[i]) * ptc_bf16_value(b[j]);
+                        bad += c[i * n + j] != (f16 ? ptc_f16_bits(p) : ptc_bf16_bits(p));
+                    }
+                cr_expect_eq(bad, 0,
+                             "%s gemm %lldx%lldx1 ta=%d tb=%d%s: %lld of %lld elements of C are "
+                             "not the products rounded to nearest even",
+                             f16 ? "f16" : "bf16", (long long)m, (long long)n, g.ta, g.tb,
+                             tiled ? ", tiles of 16" : "", (long long)bad, (long long)(m * n));
+                free(a);
+                free(b);
+                free(c);
+            }
+}
+
 /* 16-bit operands too large to widen whole (cpu_gemm.c's gemm_widened), here with tiles of 16 so
  * that small shapes reach each path: C in tiles with the sum whole (k <= 32), the sum in chunks
  * of 16 added into an f32 C (beta 1 applied once), f32 sums of a tile rounded into a 16-bit C
