@@ -1248,6 +1248,32 @@ static void *dc_rank(void *arg)
     return NULL;
 }
 
+/* The identity record that decides whether NCCL serves (nccl_comm.c): a function of (ok, host,
+ * bus id) alone, whatever the memory held before: bytes left from the stack after the text once
+ * made two ranks on one GPU look apart under ASan, and chose NCCL for them. A host name too long
+ * for the record is cut and ends inside it. */
+Test(cuda, nccl_identity_is_its_fields_alone)
+{
+    enum { W = PTRT_NCCL_ID_WORDS };
+    int32_t a[W + 1], b[W + 1];
+    memset(a, 0xAA, sizeof a);
+    memset(b, 0x55, sizeof b);
+    ptrt_nccl_identity(a, true, "node7", "0000:19:00.0");
+    ptrt_nccl_identity(b, true, "node7", "0000:19:00.0");
+    cr_expect(memcmp(a, b, W * 4) == 0, "the same fields, different records");
+    cr_expect(a[W] == (int32_t)0xAAAAAAAA && b[W] == 0x55555555, "written past the record");
+    ptrt_nccl_identity(b, true, "node7", "0000:1a:00.0");
+    cr_expect(memcmp(a, b, W * 4) != 0, "another GPU, the same record");
+    ptrt_nccl_identity(b, false, "node7", "0000:19:00.0");
+    cr_expect(memcmp(a, b, W * 4) != 0, "a process without NCCL, the same record");
+    char host[200];
+    memset(host, 'h', sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    ptrt_nccl_identity(b, true, host, "0000:19:00.0");
+    cr_expect(b[W] == 0x55555555 && memchr(b + 1, '\0', (W - 1) * 4) != NULL,
+              "a long host name overran the record");
+}
+
 Test(cuda, device_communicator_emulated)
 {
     if (!have_cc())

@@ -563,7 +563,7 @@ static size_t scratch_of(const ptc_plan *p, int rank)
  * A failure after the decision fails the start, and aborts the host communicator so that no
  * other rank waits for this one. */
 
-#define ID_WORDS 16 /* a rank's identity record: 64 bytes */
+#define ID_WORDS PTRT_NCCL_ID_WORDS /* a rank's identity record: 64 bytes */
 
 typedef struct init_arg {
     ptrt_ncclc *c;
@@ -577,17 +577,22 @@ typedef struct init_arg {
     char why[768];
 } init_arg;
 
-static void identity(int32_t *rec, bool ok)
+void ptrt_nccl_identity(int32_t *rec, bool ok, const char *host, const char *bus)
 {
-    /* (all of text is compared: the bytes after its string are zeros, not what the stack held,
-     * which made ranks sharing a GPU look apart under ASan and chose NCCL for them) */
-    char host[64] = "?", text[ID_WORDS * 4 - 4] = {0};
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = '\0';
+    /* (all of the text is compared: the bytes after its string are zeros, written here, not
+     * what the stack held, which made ranks sharing a GPU look apart under ASan and chose NCCL
+     * for them) */
     memset(rec, 0, ID_WORDS * 4);
     rec[0] = ok;
-    ptc_fmt(text, sizeof text, "%s|%s", host, ptrt_cuda_bus_id());
-    memcpy(rec + 1, text, sizeof text);
+    ptc_fmt((char *)(rec + 1), ID_WORDS * 4 - 4, "%s|%s", host, bus);
+}
+
+static void identity(int32_t *rec, bool ok)
+{
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    ptrt_nccl_identity(rec, ok, host, ptrt_cuda_bus_id());
 }
 
 static int init_fail(init_arg *a, const char *fmt, const char *what)

@@ -59,4 +59,10 @@ void ptrt_nccl_free(ptrt_ncclc *c);
 void ptrt_nccl_buckets(const ptrt_ncclc *c, int rank, int64_t *bucketed, int64_t *calls);
 ptrt_comm *ptrt_nccl_comm(ptrt_ncclc *c);
 
+/* A rank's identity record, which every rank gathers to decide whether NCCL serves (ranks whose
+ * records match share a GPU): ok (this process has NCCL), then "host|bus id" zero-padded, so that
+ * every one of its 64 bytes is a function of those three (exposed for the test) */
+#define PTRT_NCCL_ID_WORDS 16
+void ptrt_nccl_identity(int32_t *rec, bool ok, const char *host, const char *bus);
+
 #endif
