@@ -577,6 +577,21 @@ Test(cpu_gemm, bf16_operands)
         }
 }
 
+/* How far a 16-bit C (got) is from want, the f32 result rounded, at alpha 0.75 over sums of k
+ * products of |a|, |b| <= 1: the worst distance, less the summation-order term 2 k^2 alpha 2^-24,
+ * in units of the 16-bit format's ulp (floored at 1e-4 near zero); <= 1 passes. */
+static double off16(const uint16_t *got, const uint16_t *want, size_t n, bool f16, int64_t k)
+{
+    double worst = 0, order = 2.0 * (double)k * (double)k * 0.75 * 0x1p-24;
+    for (size_t i = 0; i < n; i++) {
+        double w = f16 ? ptc_f16_value(want[i]) : ptc_bf16_value(want[i]);
+        double v = f16 ? ptc_f16_value(got[i]) : ptc_bf16_value(got[i]);
+        double ulp = fmax(fabs(w), 1e-4) * (f16 ? 0x1p-10 : 0x1p-7);
+        worst = fmax(worst, fmax(fabs(v - w) - order, 0) / ulp);
+    }
+    return worst;
+}
+
 /* A 16-bit C is the f32 sum rounded to nearest, ties to even, not truncated: with k = 1 every
  * element of C is one product of two 16-bit values, exact in f32 whatever the kernel's order, so C
  * must be exactly its rounding (ptc_bf16_bits, ptc_f16_bits). A C made whole, and one made in
@@ -660,13 +675,7 @@ Test(cpu_gemm, sixteen_bit_tiles)
                         got[nc] = 0x5a5a;
                         g.cd = (uint8_t)dt;
                         ptrt_cpu_gemm_instr(&g, a, b, got);
-                        double order = 2.0 * (double)k * (double)k * 0.75 * 0x1p-24;
-                        for (size_t i = 0; i < nc; i++) {
-                            double w = f16 ? ptc_f16_value(w16[i]) : ptc_bf16_value(w16[i]);
-                            double v = f16 ? ptc_f16_value(got[i]) : ptc_bf16_value(got[i]);
-                            double ulp = fmax(fabs(w), 1e-4) * (f16 ? 0x1p-10 : 0x1p-7);
-                            worst = fmax(worst, fmax(fabs(v - w) - order, 0) / ulp);
-                        }
+                        worst = off16(got, w16, nc, f16, k);
                         past = got[nc] != 0x5a5a;
                         free(w16);
                     }
@@ -717,13 +726,7 @@ Test(cpu_gemm, sixteen_bit_results)
                 got[nc] = 0x5a5a; /* past C: untouched */
                 g.cd = (uint8_t)dt;
                 ptrt_cpu_gemm_instr(&g, a, b, got);
-                double worst = 0, order = 2.0 * (double)k * (double)k * 0.75 * 0x1p-24;
-                for (size_t i = 0; i < nc; i++) {
-                    double w = f16 ? ptc_f16_value(want[i]) : ptc_bf16_value(want[i]);
-                    double v = f16 ? ptc_f16_value(got[i]) : ptc_bf16_value(got[i]);
-                    double ulp = fmax(fabs(w), 1e-4) * (f16 ? 0x1p-10 : 0x1p-7);
-                    worst = fmax(worst, fmax(fabs(v - w) - order, 0) / ulp);
-                }
+                double worst = off16(got, want, nc, f16, k);
                 cr_expect(worst <= 1.0 && got[nc] == 0x5a5a,
                           "%s gemm %lldx%lldx%lld batch %lld ta=%d tb=%d: %.2f ulp from the f32 "
                           "result rounded%s",

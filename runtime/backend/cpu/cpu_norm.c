@@ -125,8 +125,8 @@ PTRT_CLONES static void norm_bwd_blocks(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *j = ctx;
     int64_t d = j->d;
-    bool wide = j->xt == PTC_F32 && j->dyt == PTC_F32 && j->dxt == PTC_F32;
-    float *buf = wide ? NULL : ptc_xmalloc((size_t)(3 * d) * sizeof *buf);
+    bool all_f32 = j->xt == PTC_F32 && j->dyt == PTC_F32 && j->dxt == PTC_F32;
+    float *buf = all_f32 ? NULL : ptc_xmalloc((size_t)(3 * d) * sizeof *buf); /* x, dy, dx rows */
     for (int64_t blk = begin; blk < end; blk++) {
         double *restrict pg = j->pg + blk * d, *restrict pb = j->pb + blk * d;
         memset(pg, 0, (size_t)d * sizeof *pg);
