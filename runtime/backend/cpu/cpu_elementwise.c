@@ -248,7 +248,8 @@ PTRT_CLONES static void sum_cols(void *ctx, int64_t begin, int64_t end)
         if (r + SUM_AHEAD < j->rows) /* a piece is a short segment of each of many rows, which
                                       * the hardware's stream prefetch does not follow */
             for (int64_t c = 0; c < w; c += 64 / (int64_t)es)
-                __builtin_prefetch((const char *)j->x + (size_t)(off + SUM_AHEAD * j->cols + c) * es);
+                __builtin_prefetch((const char *)j->x +
+                                   (size_t)(off + SUM_AHEAD * j->cols + c) * es);
         const float *restrict xr = ptrt_cpu_floats_at(j->x, j->xt, off, w, buf);
         for (int64_t c = 0; c < w; c++)
             acc[c] += xr[c];
@@ -265,8 +266,8 @@ PTRT_CLONES static void sum_cols(void *ctx, int64_t begin, int64_t end)
 int ptrt_cpu_sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void *o)
 {
     int64_t p = period(to, tx), n = ptc_type_numel(tx);
-    if (!p || p < 16 || tx->dtype == PTC_I32 || to->dtype == PTC_I32) /* scalars and short
-                                                                        * rows: the reference */
+    /* scalars and short rows: the reference */
+    if (!p || p < 16 || tx->dtype == PTC_I32 || to->dtype == PTC_I32)
         return 0;
     float *o32 = to->dtype == PTC_F32 ? o : ptc_xmalloc((size_t)p * sizeof(float));
     sum_job j = {x, tx->dtype, o32, n / p, p};

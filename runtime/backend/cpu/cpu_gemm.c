@@ -586,7 +586,8 @@ static void gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c)
         /* no bf16 GEMM in the library, and no f16 one in any: the operands widened to f32
          * (exact), the f32 GEMM; a batch of small matrices widened whole (the f32 GEMM runs
          * them in parallel), else one matrix at a time */
-        int64_t na = (g->sa ? g->batch : 1) * g->m * g->k, nb = (g->sb ? g->batch : 1) * g->k * g->n;
+        int64_t na = (g->sa ? g->batch : 1) * g->m * g->k;
+        int64_t nb = (g->sb ? g->batch : 1) * g->k * g->n;
         int64_t t = ptrt_cpu_widen_tile;
         if (g->batch > 1 && na + nb <= 5 * t * t) {
             ptc_gemm f = *g;

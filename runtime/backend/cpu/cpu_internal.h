@@ -178,7 +178,8 @@ int ptrt_cpu_sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void 
 int ptrt_cpu_sumsq(const ptc_type *tx, const void *x, float *o);
 int ptrt_cpu_adamw(const ptrt_kcall *n, const ptc_type *it, void *const *in, void *const *out);
 int ptrt_cpu_copy(int64_t bytes, const void *x, void *o);
-/* concat along axis of nin operands of 4-byte elements, the rows split across the pool */
+/* concat along axis of nin operands of 4-byte elements, or of one 16-bit dtype (their bits
+ * moved as they are), the rows split across the pool */
 int ptrt_cpu_concat(int nin, const ptc_type *it, const void *const *in, int axis, void *o);
 /* A cast between f32, bf16 and f16 storage, bit-exact with the reference (common/half.c); 0 for
  * i32 (the reference's). */

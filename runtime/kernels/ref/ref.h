@@ -17,7 +17,8 @@
 #include "program.h"
 
 /* Whether call n is of an op of ptc_op_storage16 over 16-bit storage (its first operand), and
- * that call run through `run` on f32 copies, its results rounded into the storage (kernel.h). */
+ * that call run through `run` on f32 copies, its results rounded into the storage (kernel.h);
+ * attention and its gradient one batch element at a time. */
 bool ptrt_storage16(const ptrt_kcall *n, const ptc_type *it);
 /* x of type tx cast to dtype `to` at o (as the cast kernel; 1 when done) */
 typedef int (*ptrt_cast_fn)(const ptc_type *tx, const void *x, ptc_dtype to, void *o);
