@@ -76,10 +76,8 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     case PTC_OP_GELU_GRAD:
     case PTC_OP_SILU_GRAD: return ptrt_cpu_unary_grad(n->op, &it[0], in[0], in[1], out[0]);
     case PTC_OP_LAYERNORM_GRAD:
-        return ptrt_cpu_layernorm_grad(&it[0], in[0], in[1], in[2], at->eps, out[0], out[1],
-                                       out[2]);
     case PTC_OP_RMSNORM_GRAD:
-        return ptrt_cpu_rmsnorm_grad(&it[0], in[0], in[1], in[2], at->eps, out[0], out[1]);
+        return ptrt_cpu_norm_grad(n->op == PTC_OP_RMSNORM_GRAD, it, in, ot, out, at->eps);
     case PTC_OP_EMBEDDING_GRAD:
         return ptrt_cpu_embedding_grad(&it[0], in[0], in[1], &ot[0], out[0]);
     case PTC_OP_ATTENTION_GRAD:
@@ -99,7 +97,6 @@ static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, con
                    void *const *out)
 {
     switch (n->op) {
-    case PTC_OP_CAST: return ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0]);
     case PTC_OP_CONCAT: /* one 16-bit dtype: the bits moved as they are */
         return ot[0].dtype == it[0].dtype &&
                ptrt_cpu_concat(n->nin, it, (const void *const *)in, (int)n->attrs.axis, out[0]);
@@ -107,7 +104,7 @@ static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, con
     case PTC_OP_SUMSQ: return ot[0].dtype == PTC_F32 && ptrt_cpu_sumsq(&it[0], in[0], out[0]);
     case PTC_OP_LAYERNORM_GRAD:
     case PTC_OP_RMSNORM_GRAD:
-        return ptrt_cpu_norm_grad16(n->op == PTC_OP_RMSNORM_GRAD, it, in, ot, out, n->attrs.eps);
+        return ptrt_cpu_norm_grad(n->op == PTC_OP_RMSNORM_GRAD, it, in, ot, out, n->attrs.eps);
     default: return 0;
     }
 }
@@ -115,9 +112,9 @@ static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, con
 int ptrt_cpu_run(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out, char *err, size_t errn)
 {
-    if (plain(n, it, ot) ? n->op == PTC_OP_CAST ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
-                                                : fast(n, it, in, ot, out)
-                         : sixteen(n, it, in, ot, out)) {
+    if (n->op == PTC_OP_CAST          ? ptrt_cpu_cast(&it[0], in[0], ot[0].dtype, out[0])
+        : plain(n, it, ot) ? fast(n, it, in, ot, out)
+                           : sixteen(n, it, in, ot, out)) {
         if (errn)
             err[0] = '\0';
         return 0;

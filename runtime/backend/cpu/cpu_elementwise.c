@@ -216,14 +216,6 @@ int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o)
 
 /* ---- sum_to, sumsq ---- */
 
-const float *ptrt_cpu_floats_at(const void *x, ptc_dtype t, int64_t off, int64_t n, float *buf)
-{
-    if (t == PTC_F32)
-        return (const float *)x + off;
-    ptrt_cpu_cast_serial(t, (const uint16_t *)x + off, PTC_F32, buf, n);
-    return buf;
-}
-
 typedef struct sum_job {
     const void *x;
     ptc_dtype xt;
@@ -240,7 +232,7 @@ PTRT_CLONES static void sum_cols(void *ctx, int64_t begin, int64_t end)
 {
     const sum_job *j = ctx;
     int64_t w = end - begin;
-    size_t es = j->xt == PTC_F32 ? 4 : 2;
+    size_t es = (size_t)ptc_dtype_size(j->xt);
     double *restrict acc = ptc_xcalloc((size_t)w, sizeof *acc);
     float *buf = j->xt == PTC_F32 ? NULL : ptc_xmalloc((size_t)w * sizeof *buf);
     for (int64_t r = 0; r < j->rows; r++) {
@@ -413,9 +405,8 @@ int ptrt_cpu_concat(int nin, const ptc_type *it, const void *const *in, int axis
     if (nin < 1 || nin > CONCAT_MAX || axis < 0 || axis >= it[0].rank)
         return 0;
     concat_job j = {.nin = nin, .in = in, .o = o};
-    /* bytes of an element: 4 (f32, i32), or 2 where every operand and the result have one 16-bit
-     * dtype (the caller checks the result), whose bits are moved as they are */
-    int64_t outer = 1, inner = it[0].dtype == PTC_BF16 || it[0].dtype == PTC_F16 ? 2 : 4;
+    /* every operand of one dtype (the caller checks the result's), its bits moved as they are */
+    int64_t outer = 1, inner = ptc_dtype_size(it[0].dtype);
     for (int i = 1; i < nin; i++)
         if (it[i].dtype != it[0].dtype)
             return 0;

@@ -451,11 +451,6 @@ static void strided_piece(void *ctx, int64_t begin, int64_t end)
  * sets it small. */
 int64_t ptrt_cpu_widen_tile = 1024;
 
-static size_t dsize(ptc_dtype t)
-{
-    return t == PTC_F32 ? 4 : 2;
-}
-
 typedef struct rows_job {
     const char *x;
     char *o;
@@ -468,8 +463,8 @@ static void rows_piece(void *ctx, int64_t begin, int64_t end)
     const rows_job *j = ctx;
     ptc_type t = {.dtype = j->xt, .rank = 1, .dims = {j->nc}};
     for (int64_t r = begin; r < end; r++)
-        ptrt_cpu_cast(&t, j->x + (size_t)(r * j->xld) * dsize(j->xt), j->ot,
-                      j->o + (size_t)(r * j->old) * dsize(j->ot));
+        ptrt_cpu_cast(&t, j->x + (size_t)(r * j->xld) * (size_t)ptc_dtype_size(j->xt), j->ot,
+                      j->o + (size_t)(r * j->old) * (size_t)ptc_dtype_size(j->ot));
 }
 
 /* nr rows of nc elements, xld apart at x (dtype xt), cast into rows old apart at o (dtype ot):

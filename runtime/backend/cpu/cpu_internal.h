@@ -171,8 +171,15 @@ int ptrt_cpu_transpose(const ptc_type *tx, const void *x, void *o);
 /* n elements at x cast from one of f32, bf16, f16 to another at o, on this thread */
 void ptrt_cpu_cast_serial(ptc_dtype from, const void *x, ptc_dtype to, void *o, int64_t n);
 /* x (of dtype t) as floats from element off: x itself where it is f32, else its elements
- * [off, off + n) widened into buf */
-const float *ptrt_cpu_floats_at(const void *x, ptc_dtype t, int64_t off, int64_t n, float *buf);
+ * [off, off + n) widened into buf (inline: the f32 case is a row's pointer in hot loops) */
+static inline const float *ptrt_cpu_floats_at(const void *x, ptc_dtype t, int64_t off, int64_t n,
+                                              float *buf)
+{
+    if (t == PTC_F32)
+        return (const float *)x + off;
+    ptrt_cpu_cast_serial(t, (const uint16_t *)x + off, PTC_F32, buf, n);
+    return buf;
+}
 /* sum_to and sumsq over f32 or 16-bit x (sum_to's o of its dtype; sumsq's f32) */
 int ptrt_cpu_sum_to(const ptc_type *tx, const void *x, const ptc_type *to, void *o);
 int ptrt_cpu_sumsq(const ptc_type *tx, const void *x, float *o);
@@ -190,13 +197,9 @@ int ptrt_cpu_cast(const ptc_type *tx, const void *x, ptc_dtype to, void *o);
 int ptrt_cpu_layernorm(const ptc_type *tx, const float *x, const float *g, const float *b,
                        double eps, float *o);
 /* layernorm's (rmsnorm's) gradient, (x, g, dy) -> (dx, dg[, db]), any of them f32 or 16-bit */
-int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
-                         void *const *out, double eps);
-int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
-                            double eps, float *dx, float *dg, float *db);
+int ptrt_cpu_norm_grad(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
+                       void *const *out, double eps);
 int ptrt_cpu_rmsnorm(const ptc_type *tx, const float *x, const float *g, double eps, float *o);
-int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
-                          double eps, float *dx, float *dg);
 int ptrt_cpu_softmax(bool log_out, const ptc_type *tx, const float *x, int axis, float *o);
 int ptrt_cpu_cross_entropy(const ptc_type *tl, const float *logits, const int32_t *targets,
                            float *o);

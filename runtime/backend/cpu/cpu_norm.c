@@ -213,26 +213,8 @@ static int norm_grad(norm_job *j)
     return 1;
 }
 
-/* layernorm's gradient, or rmsnorm's (rms; db NULL) */
-static int norm_grad_of(bool rms, const ptc_type *tx, const float *x, const float *g,
-                        const float *dy, double eps, float *dx, float *dg, float *db)
-{
-    int64_t d = tx->dims[tx->rank - 1];
-    norm_job j = {.x = x,
-                  .g = g,
-                  .dy = dy,
-                  .dx = dx,
-                  .dg = dg,
-                  .db = db,
-                  .d = d,
-                  .eps = eps,
-                  .rms = rms,
-                  .rows = d ? ptc_type_numel(tx) / d : 0};
-    return norm_grad(&j);
-}
-
-int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
-                         void *const *out, double eps)
+int ptrt_cpu_norm_grad(bool rms, const ptc_type *it, void *const *in, const ptc_type *ot,
+                       void *const *out, double eps)
 {
     int64_t d = it[0].dims[it[0].rank - 1];
     for (int k = 0; k < 3; k++)
@@ -248,8 +230,9 @@ int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const pt
                   .eps = eps,
                   .rms = rms,
                   .rows = d ? ptc_type_numel(&it[0]) / d : 0};
-    /* gamma widened, and dgamma (dbeta) summed into f32, rounded after: d floats each */
-    float *g = ptc_xmalloc((size_t)(3 * (d ? d : 1)) * sizeof *g);
+    /* a 16-bit gamma widened, and dgamma (dbeta) summed into f32, rounded after: d floats each */
+    bool f32 = it[1].dtype == PTC_F32 && ot[1].dtype == PTC_F32 && (rms || ot[2].dtype == PTC_F32);
+    float *g = f32 ? NULL : ptc_xmalloc((size_t)(3 * (d ? d : 1)) * sizeof *g);
     j.g = ptrt_cpu_floats_at(in[1], it[1].dtype, 0, d, g);
     j.dg = ot[1].dtype == PTC_F32 ? out[1] : g + d;
     j.db = rms ? NULL : ot[2].dtype == PTC_F32 ? out[2] : g + 2 * d;
@@ -261,18 +244,6 @@ int ptrt_cpu_norm_grad16(bool rms, const ptc_type *it, void *const *in, const pt
         }
     free(g);
     return done;
-}
-
-int ptrt_cpu_layernorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
-                            double eps, float *dx, float *dg, float *db)
-{
-    return norm_grad_of(false, tx, x, g, dy, eps, dx, dg, db);
-}
-
-int ptrt_cpu_rmsnorm_grad(const ptc_type *tx, const float *x, const float *g, const float *dy,
-                          double eps, float *dx, float *dg)
-{
-    return norm_grad_of(true, tx, x, g, dy, eps, dx, dg, NULL);
 }
 
 /* ---- softmax and cross-entropy ---- */

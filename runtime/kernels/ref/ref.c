@@ -213,11 +213,6 @@ static int64_t batch_split(const ptrt_kcall *n, const ptc_type *it, const ptc_ty
     return b > 1 ? b : 1;
 }
 
-static size_t elem_bytes(ptc_dtype t)
-{
-    return t == PTC_BF16 || t == PTC_F16 ? 2 : 4;
-}
-
 /* the op on f32 copies of its 16-bit operands, whole */
 static int run_storage16_whole(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *n,
                                const ptc_type *it, void *const *in, const ptc_type *ot,
@@ -272,7 +267,7 @@ int ptrt_run_storage16(ptrt_kernel_fn run, ptrt_cast_fn cast, const ptrt_kcall *
             void *p = k < n->nin ? in[k] : out[k - n->nin];
             *t1 = *t;
             t1->dims[0] = 1;
-            p = (char *)p + (size_t)(bi * ptc_type_numel(t1)) * elem_bytes(t->dtype);
+            p = (char *)p + (size_t)(bi * ptc_type_numel(t1)) * (size_t)ptc_dtype_size(t->dtype);
             if (k < n->nin)
                 in1[k] = p;
             else
