@@ -187,20 +187,34 @@ def train_ptc(exe, wd, steps, warmup, threads, lr):
 
 
 def profile_ptc(exe, wd, steps, warmup, threads, lr):
-    """ptc's --profile of the same run: (GEMM ms per step, all instructions' ms per step)."""
+    """ptc's --profile of the same run: (GEMM ms per step, all instructions' ms per step, GEMM
+    GFLOP per step)."""
     p = subprocess.run([exe, "--init-from", os.path.join(wd, "init.safetensors"),
                         "--data", os.path.join(wd, "data.bin"), "--steps", str(warmup + steps),
                         "--lr", repr(lr), "--schedule", "constant", "--grad-clip", "1",
                         "--threads", str(threads), "--profile", "--quiet"] + precision_flags(),
                        capture_output=True, text=True)
-    gemm = total = None
+    gemm = total = gflop = None
     for line in (p.stdout + p.stderr).splitlines():
         f = line.split()
         if len(f) >= 4 and f[0] == "matmul":
             gemm = float(f[2])
+            gflop = float(f[4]) if len(f) >= 6 else None
         elif len(f) >= 3 and f[0] == "total":
             total = float(f[1])
-    return gemm, total
+    return gemm, total, gflop
+
+
+def fma_peak(exe, threads):
+    """bench/fma_peak's f32 FLOP rate of the FMA units at `threads` threads (GFLOP/s), or None
+    where it is not built (it is an x86 program)."""
+    if not exe or not os.access(exe, os.X_OK):
+        return None
+    p = subprocess.run([exe, "--threads", str(threads), "--json"], capture_output=True, text=True)
+    try:
+        return json.loads(p.stdout)["gflops"] if p.returncode == 0 else None
+    except (ValueError, KeyError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +292,11 @@ def bench_model(name, args, wd):
     # the GEMM ceiling: tokens per second if everything but ptc's GEMMs took no time. PyTorch
     # runs the same GEMMs on MKL, as fast as ptc's oneDNN (bench/results/gemm_libraries_*.md), so
     # no system on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
-    gemm_ms, total_ms = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
+    gemm_ms, total_ms, gemm_gflop = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
+    # the hardware's bound: the same GEMM FLOPs at the FMA units' peak (bench/fma_peak, measured
+    # now) and every other op free; no f32 implementation of this step on this machine passes it
+    # (attention's products, run outside the GEMM instructions, are not even counted)
+    peak = fma_peak(args.fma_peak, args.threads) if MATMUL == "highest" else None
     ptc_tps = steps * B * T / statistics.median(ptc_s)
     torch_tps = steps * B * T / statistics.median(torch_s)
     base_tps = steps * B * T / statistics.median(base_s) if base_s else None
@@ -294,7 +312,11 @@ def bench_model(name, args, wd):
             "compile_s": comp_s, "compile_loss1": comp_loss[0] if comp_loss else None,
             "gemm_ms": gemm_ms, "profile_ms": total_ms,
             "ceiling_tok_s": B * T / (gemm_ms / 1e3) if gemm_ms else None,
-            "ceiling_ratio": B * T / (gemm_ms / 1e3) / torch_tps if gemm_ms else None}
+            "ceiling_ratio": B * T / (gemm_ms / 1e3) / torch_tps if gemm_ms else None,
+            "gemm_gflop": gemm_gflop, "fma_peak_gflops": peak,
+            "bound_tok_s": B * T * peak / gemm_gflop if peak and gemm_gflop else None,
+            "bound_ratio": B * T * peak / gemm_gflop / torch_tps if peak and gemm_gflop
+            else None}
 
 
 def table(rows):
@@ -305,6 +327,7 @@ def table(rows):
             (f" {'compile tok/s':>13} {'ptc/compile':>11}" if comp else "") +
             (f" {'base tok/s':>10} {'ptc/base':>8}" if base else "") +
             f" {'GEMM-only tok/s':>15} {'that/torch':>10}" +
+            f" {'FMA-peak tok/s':>14} {'that/torch':>10}" +
             f"  {'loss step 1 ptc / torch':<25}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -312,6 +335,8 @@ def table(rows):
             (f" {r['base_tok_s']:>10.0f} {r['base_ratio']:>8.2f}" if base else "")
         ceil = (f" {r['ceiling_tok_s']:>15.0f} {r['ceiling_ratio']:>10.2f}"
                 if r.get("ceiling_tok_s") else f" {'-':>15} {'-':>10}")
+        ceil += (f" {r['bound_tok_s']:>14.0f} {r['bound_ratio']:>10.2f}"
+                 if r.get("bound_tok_s") else f" {'-':>14} {'-':>10}")
         lines.append(f"{r['model']:<10} {r['params']:>11,} {r['batch']:>5} x {r['seq']:<5}"
                      f"{r['ptc_tok_s']:>10.0f} {r['torch_tok_s']:>11.0f} {r['ratio']:>9.2f}"
                      f"{extra}{ceil}  {r['loss1'][0]:.6f} / {r['loss1'][1]:.6f}")
@@ -331,7 +356,13 @@ def write_results(out_dir, rows, info, command, args):
                 f"- load average at the end (1, 5, 15 min): {info['load']}\n"
                 f"- float32 matmul precision: {args.matmul_precision} (both sides)\n"
                 f"- commit: {info['commit']}\n- PyTorch {info['torch']}, Python "
-                f"{info['python']}, OpenBLAS {info['openblas']}\n\n")
+                f"{info['python']}, OpenBLAS {info['openblas']}\n")
+        peaks = sorted({r["fma_peak_gflops"] for r in rows if r.get("fma_peak_gflops")})
+        f.write("- GEMM-only: ptc's GEMM instructions at the rate they ran (its --profile), every "
+                "other op free. FMA-peak: the same GEMM FLOPs at the rate of the FMA units "
+                "(bench/fma_peak at the same threads: " +
+                (", ".join(f"{x:.1f}" for x in peaks) + " GFLOP/s" if peaks else "not run") +
+                "), every other op free: no f32 step on this machine is faster\n\n")
         f.write("```\n" + table(rows) + "\n```\n\n")
         for r in rows:
             cmd = " ".join([r["file"]] + r["defines"])
@@ -366,6 +397,8 @@ def main():
                     help="also train the PyTorch model under torch.compile (PyTorch 2)")
     ap.add_argument("--baseline", help="another build's ptc, run side by side (e.g. an older "
                     "commit's build/tools/ptc)")
+    ap.add_argument("--fma-peak", default=os.path.join(ROOT, "build", "bench", "fma_peak"),
+                    help="bench/fma_peak, built with the project, for the FMA-peak bound")
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
                     help="both sides' float32 matmul precision (default highest: f32)")
     args = ap.parse_args()

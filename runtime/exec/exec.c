@@ -61,6 +61,7 @@ struct ptrt_exec {
     int ntrace, captrace, maxtrace;
     double prof_s[PTC_NOPS + 1]; /* by op; fused kernels last */
     int64_t prof_calls[PTC_NOPS + 1];
+    double prof_flops[PTC_NOPS + 1]; /* the GEMMs' FLOPs (2 m n k per product), by op */
     double *prof_kernel_s; /* by fused kernel of the plan's table */
     int64_t *prof_kernel_calls;
     /* collectives in the background (a communicator with wait, unless no_overlap) */
@@ -746,6 +747,9 @@ int ptrt_exec_run(ptrt_exec *x, ptrt_entry e, int64_t step, char *err, size_t er
             double dt = seconds() - t0;
             x->prof_s[slot] += dt;
             x->prof_calls[slot]++;
+            if (in->kind == PTC_INSTR_GEMM)
+                x->prof_flops[slot] += 2.0 * (double)in->gemm.m * (double)in->gemm.n *
+                                       (double)in->gemm.k * (double)in->gemm.batch;
             if (in->kind == PTC_INSTR_FUSED && in->kernel >= 0 && in->kernel < x->plan->nkernels) {
                 x->prof_kernel_s[in->kernel] += dt;
                 x->prof_kernel_calls[in->kernel]++;
@@ -835,6 +839,7 @@ void ptrt_exec_set_profile(ptrt_exec *x, bool on)
     x->profile = on;
     memset(x->prof_s, 0, sizeof x->prof_s);
     memset(x->prof_calls, 0, sizeof x->prof_calls);
+    memset(x->prof_flops, 0, sizeof x->prof_flops);
     int nk = x->plan->nkernels ? x->plan->nkernels : 1;
     if (!x->prof_kernel_s) {
         x->prof_kernel_s = ptc_xcalloc((size_t)nk, sizeof(double));
@@ -917,12 +922,18 @@ void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
             order[j - 1] = t;
         }
     double per = steps > 0 ? (double)steps : 1.0;
-    fprintf(f, "%-44s %8s %12s %7s\n", "op", "calls", "ms/step", "share");
+    fprintf(f, "%-44s %8s %12s %7s %10s %8s\n", "op", "calls", "ms/step", "share", "GFLOP/step",
+            "GFLOP/s");
     for (int i = 0; i < n; i++) {
         int op = order[i];
-        fprintf(f, "%-44s %8lld %12.3f %6.1f%%\n", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
+        fprintf(f, "%-44s %8lld %12.3f %6.1f%%", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
                 (long long)((double)x->prof_calls[op] / per + 0.5), 1e3 * x->prof_s[op] / per,
                 total > 0 ? 100.0 * x->prof_s[op] / total : 0.0);
+        /* the GEMMs' rate, against which bench/fma_peak's ceiling of the FMA units is read */
+        if (x->prof_flops[op] > 0 && x->prof_s[op] > 0)
+            fprintf(f, " %10.3f %8.1f", 1e-9 * x->prof_flops[op] / per,
+                    1e-9 * x->prof_flops[op] / x->prof_s[op]);
+        fputc('\n', f);
         if (op == PTC_NOPS && x->prof_kernel_calls)
             print_fused_kinds(x, f, per, total);
     }
