@@ -12,7 +12,6 @@
  *
  * bench/cpu_train.py runs it to bound a training step from below: the step's GEMM FLOPs (from the
  * executable's --profile) at this rate, with every other op free. */
-#include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,58 +27,27 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* n rounds of CHAINS FMAs of one vector each; returns a sum so that nothing is optimised away */
-__attribute__((target("avx512f"))) static float run_avx512(long n)
-{
-    __m512 a[CHAINS], b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; i++)
-        a[i] = _mm512_set1_ps((float)i);
-    for (long r = 0; r < n; r++)
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++)
-            a[i] = _mm512_fmadd_ps(a[i], b, c);
-    float s = 0;
-    for (int i = 0; i < CHAINS; i++)
-        s += _mm512_reduce_add_ps(a[i]);
-    return s;
-}
-
-__attribute__((target("avx2,fma"))) static float run_avx2(long n)
-{
-    __m256 a[CHAINS], b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; i++)
-        a[i] = _mm256_set1_ps((float)i);
-    for (long r = 0; r < n; r++)
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++)
-            a[i] = _mm256_fmadd_ps(a[i], b, c);
-    float s = 0, v[8];
-    for (int i = 0; i < CHAINS; i++) {
-        _mm256_storeu_ps(v, a[i]);
-        for (int l = 0; l < 8; l++)
-            s += v[l];
+/* run_<isa>(n): n rounds of CHAINS multiply-adds on vectors of `lanes` floats (GCC's vector
+ * extensions; a * b + c contracts to one FMA where the target has it); returns a sum of the
+ * chains so that nothing is optimised away */
+#define CHAINS_FN(isa, tgt, lanes)                                                                \
+    typedef float isa##_v __attribute__((vector_size(4 * (lanes))));                             \
+    __attribute__((target(tgt))) static float run_##isa(long n)                                   \
+    {                                                                                             \
+        isa##_v a[CHAINS], b = (isa##_v){0} + 0.999999f, c = (isa##_v){0} + 1e-7f;                \
+        for (int i = 0; i < CHAINS; i++)                                                          \
+            a[i] = (isa##_v){0} + (float)i;                                                       \
+        for (long r = 0; r < n; r++)                                                              \
+            _Pragma("GCC unroll 12") for (int i = 0; i < CHAINS; i++) a[i] = a[i] * b + c;        \
+        float s = 0;                                                                              \
+        for (int i = 0; i < CHAINS; i++)                                                          \
+            for (int l = 0; l < (lanes); l++)                                                     \
+                s += a[i][l];                                                                     \
+        return s;                                                                                 \
     }
-    return s;
-}
-
-/* no FMA: a multiply and an add, counted as the same 2 FLOPs per lane */
-static float run_sse(long n)
-{
-    __m128 a[CHAINS], b = _mm_set1_ps(0.999999f), c = _mm_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; i++)
-        a[i] = _mm_set1_ps((float)i);
-    for (long r = 0; r < n; r++)
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; i++)
-            a[i] = _mm_add_ps(_mm_mul_ps(a[i], b), c);
-    float s = 0, v[4];
-    for (int i = 0; i < CHAINS; i++) {
-        _mm_storeu_ps(v, a[i]);
-        for (int l = 0; l < 4; l++)
-            s += v[l];
-    }
-    return s;
-}
+CHAINS_FN(avx512, "avx512f", 16)
+CHAINS_FN(avx2, "avx2,fma", 8)
+CHAINS_FN(sse, "sse2", 4) /* no FMA: a multiply and an add, counted as the same 2 FLOPs a lane */
 
 typedef struct {
     float (*fn)(long);
