@@ -76,12 +76,14 @@ int main(void)
         int64_t nt = ptrt_cpu_threads();
         for (int rep = 0; rep < 5; rep++) {
             double t0 = now();
-            ptrt_cpu_attention(&tq, q, &tk, k, v, a->heads, a->kv_heads, a->causal, o);
+            ptrt_cpu_attention((ptc_type[]){tq, tk, tk}, (void *const[]){q, k, v}, &tq, o,
+                               a->heads, a->kv_heads, a->causal);
             double t1 = now();
             ptrt_jit_run(fn[PTC_KIR_ATTN_FWD], (void *const[]){q, k, v, o, NULL, NULL}, nt);
             double t2 = now();
-            ptrt_cpu_attention_grad(&tq, &tk, (void *const[]){q, k, v, dy}, a->heads, a->kv_heads,
-                                    a->causal, (void *const[]){dq, dk, dv});
+            ptrt_cpu_attention_grad((ptc_type[]){tq, tk, tk, tq}, (void *const[]){q, k, v, dy},
+                                    (ptc_type[]){tq, tk, tk}, (void *const[]){dq, dk, dv},
+                                    a->heads, a->kv_heads, a->causal);
             double t3 = now();
             ptrt_jit_run(fn[PTC_KIR_ATTN_STATS], (void *const[]){q, k, v, dy, lse, ds}, nt);
             ptrt_jit_run(fn[PTC_KIR_ATTN_DQ], (void *const[]){q, k, v, dy, lse, ds, dq, NULL}, nt);

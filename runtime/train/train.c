@@ -1252,7 +1252,7 @@ static int check_memory(shared *sh, char *err, size_t errn)
             }
         }
     }
-    /* the CPU's f32 copies of 16-bit operands for kernels that read f32 (bounded: a batch element
+    /* the CPU's f32 copies of 16-bit operands for kernels that read f32 (bounded: a few rows
      * of attention, a tile of a GEMM), which the plan does not hold */
     int64_t widened = ptrt_widened_high_water();
     if (widened && !sh->o->quiet)

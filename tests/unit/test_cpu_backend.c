@@ -1187,8 +1187,10 @@ static void storage16_case(const char *what, ptrt_kernel_fn run, ptc_dtype t, pt
 
 /* Every op of ptc_op_storage16, bf16 and f16, on the reference and the cpu backend: concat,
  * sum_to, sumsq (over two blocks of the pool) and the norms' gradients read and write 16 bits
- * themselves; attention (a batch element at a time) widens into per-thread scratch, and the
- * cases run large then small then large again through it. */
+ * themselves; so does the cpu backend's attention, widening a few rows at a time and summing
+ * dK, dV of a (batch, kv head) in f32 (cases of 3 query blocks, grouped heads, keys of another
+ * length); the reference's widens whole batch elements into per-thread scratch, and the cases
+ * run large then small then large again through it. */
 Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
 {
     float *x[4];
@@ -1197,6 +1199,11 @@ Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
     ptc_attrs att = DEF(ATTENTION), attg = DEF(ATTENTION_GRAD), cat = DEF(CONCAT);
     att.heads = attg.heads = 3;
     att.causal = attg.causal = true;
+    ptc_attrs gqa = att, gqag = attg, cross = att, crossg = attg; /* 3 heads on 1 kv head */
+    gqa.kv_heads = gqag.kv_heads = 1;
+    cross.causal = crossg.causal = false;
+    ptc_type tq3 = TY(PTC_F32, 2, 130, 12), tk3 = TY(PTC_F32, 2, 130, 4);
+    ptc_type tk2 = TY(PTC_F32, 2, 70, 12);
     cat.axis = 2;
     ptc_attrs st = DEF(SUM_TO);
     st.nshape = 1;
@@ -1211,6 +1218,10 @@ Test(cpu_storage16, ops_over_16_bit_storage_give_their_casts_bits)
     } cases[] = {
         {"attention", PTC_OP_ATTENTION, att, 3, {tq, tq, tq}},
         {"attention_grad", PTC_OP_ATTENTION_GRAD, attg, 4, {tq, tq, tq, tq}},
+        {"attention, grouped, 3 blocks", PTC_OP_ATTENTION, gqa, 3, {tq3, tk3, tk3}},
+        {"attention_grad, grouped, 3 blocks", PTC_OP_ATTENTION_GRAD, gqag, 4, {tq3, tk3, tk3, tq3}},
+        {"attention, 70 keys", PTC_OP_ATTENTION, cross, 3, {tq, tk2, tk2}},
+        {"attention_grad, 70 keys", PTC_OP_ATTENTION_GRAD, crossg, 4, {tq, tk2, tk2, tq}},
         {"concat", PTC_OP_CONCAT, cat, 3, {TY(PTC_F32, 3, 5, 4), TY(PTC_F32, 3, 5, 2), TY(PTC_F32, 3, 5, 4)}},
         {"sum_to", PTC_OP_SUM_TO, st, 1, {TY(PTC_F32, 4, 33, 70)}},
         {"sumsq", PTC_OP_SUMSQ, DEF(SUMSQ), 1, {TY(PTC_F32, 7, 300)}},

@@ -66,8 +66,7 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     case PTC_OP_TRANSPOSE: return ptrt_cpu_transpose(&it[0], in[0], out[0]);
     case PTC_OP_EMBEDDING: return ptrt_cpu_embedding(&it[0], in[0], &it[1], in[1], out[0]);
     case PTC_OP_ATTENTION:
-        return ptrt_cpu_attention(&it[0], in[0], &it[1], in[1], in[2], at->heads, kv, at->causal,
-                                  out[0]);
+        return ptrt_cpu_attention(it, in, ot, out[0], at->heads, kv, at->causal);
     case PTC_OP_ROPE: return ptrt_cpu_rope(&it[0], in[0], at->heads, at->base, false, out[0]);
     case PTC_OP_CROSS_ENTROPY: return ptrt_cpu_cross_entropy(&it[0], in[0], in[1], out[0]);
     case PTC_OP_SUM_TO: return ptrt_cpu_sum_to(&it[0], in[0], &ot[0], out[0]);
@@ -81,7 +80,7 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     case PTC_OP_EMBEDDING_GRAD:
         return ptrt_cpu_embedding_grad(&it[0], in[0], in[1], &ot[0], out[0]);
     case PTC_OP_ATTENTION_GRAD:
-        return ptrt_cpu_attention_grad(&it[0], &it[1], in, at->heads, kv, at->causal, out);
+        return ptrt_cpu_attention_grad(it, in, ot, out, at->heads, kv, at->causal);
     case PTC_OP_ROPE_GRAD: return ptrt_cpu_rope(&it[0], in[0], at->heads, at->base, true, out[0]);
     case PTC_OP_CROSS_ENTROPY_GRAD:
         return ptrt_cpu_cross_entropy_grad(&it[0], in[0], in[1], in[2], out[0]);
@@ -91,12 +90,16 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
 }
 
 /* Runs n over 16-bit operands on a kernel that reads and writes them itself, with no f32 copy of
- * them (attention widens them into per-thread scratch, a batch element at a time:
- * ptrt_run_storage16); 0 when there is none for this case. */
+ * them (attention: of a few rows at a time); 0 when there is none for this case. */
 static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                    void *const *out)
 {
+    const ptc_attrs *at = &n->attrs;
+    int64_t kv = at->kv_heads ? at->kv_heads : at->heads;
     switch (n->op) {
+    case PTC_OP_ATTENTION: return ptrt_cpu_attention(it, in, ot, out[0], at->heads, kv, at->causal);
+    case PTC_OP_ATTENTION_GRAD:
+        return ptrt_cpu_attention_grad(it, in, ot, out, at->heads, kv, at->causal);
     case PTC_OP_CONCAT: /* one 16-bit dtype: the bits moved as they are */
         return ot[0].dtype == it[0].dtype &&
                ptrt_cpu_concat(n->nin, it, (const void *const *)in, (int)n->attrs.axis, out[0]);

@@ -18,6 +18,13 @@
  * query heads that share a kv head (grouped-query attention) are visited in order by one thread,
  * so their dK, dV contributions add up in a fixed order without locks.
  *
+ * Any operand may be bf16 or f16 storage (the plan's --precision, its casts folded into the op):
+ * a thread widens what it reads as it goes (a (batch, kv head)'s keys and values, a block's query
+ * and output-gradient rows), and sums what it writes in f32 (a block's output or dQ rows, a (batch,
+ * kv head)'s dK and dV), each rounded into storage once, as the cast after an f32 kernel would
+ * round it: the same bits as the f32 kernel between casts, with f32 copies of a few rows in place
+ * of whole operands (gpt2 at s=1024: 1.3 MB a thread, counted in ptrt_widened_add).
+ *
  * rope is the reference's arithmetic (double) with its angles computed once per (position, pair)
  * instead of once per element.
  */
@@ -27,14 +34,18 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "ref.h"
 
 #define QB 64 /* query rows per block */
 #define MR 6  /* rows of a micro-tile */
 #define VL 16 /* the key count is padded to a multiple of this */
 
+/* the operands, each f32, bf16 or f16 */
+enum { Q, K, V, DY, O, DQ, DK, DV, NOPND };
+
 typedef struct attn_job {
-    const float *q, *k, *v, *dy;
-    float *o, *dq, *dk, *dv;
+    const void *x[NOPND];
+    ptc_dtype t[NOPND];
     int64_t nb, s, qf, s2, kf, dh, heads, kv_heads, group, np;
     bool causal;
     float scale;
@@ -139,10 +150,115 @@ bool ptrt_cpu_attention_isa(const char *name)
     return f != NULL;
 }
 
-/* o (dh x np) = the (batch b, kv head kh) columns of x ([B, s2, kf]) transposed, zero past s2 */
-static void pack_t(const attn_job *j, const float *x, int64_t b, int64_t kh, float *o)
+/* ---- operands in f32 or 16-bit storage ---- */
+
+/* A thread's rows of an operand as f32: the rows in place (f32 storage) or widened into its own
+ * copy, and rows the kernel writes summed in f32 and rounded into storage at the end. */
+typedef struct rows {
+    const float *p; /* the first row */
+    int64_t ld;     /* floats from one row to the next */
+} rows;
+
+/* rows [r0, r0 + n) of operand w at the (batch b, head column block hc of dh) of x's [B, rows,
+ * f]: in place if f32, else widened into buf (n x dh) */
+static rows rows_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, int64_t n,
+                    float *buf)
 {
-    ptrt_cpu_transpose_tiled(x + b * j->s2 * j->kf + kh * j->dh, j->kf, o, j->np, j->s2, j->dh);
+    int64_t nr = w == K || w == V || w == DK || w == DV ? j->s2 : j->s;
+    int64_t f = w == K || w == V || w == DK || w == DV ? j->kf : j->qf;
+    int64_t at = (b * nr + r0) * f + hc * j->dh;
+    if (j->t[w] == PTC_F32)
+        return (rows){(const float *)j->x[w] + at, f};
+    for (int64_t r = 0; r < n; r++)
+        ptrt_cpu_cast_serial(j->t[w], (const uint16_t *)j->x[w] + at + r * f, PTC_F32,
+                             buf + r * j->dh, j->dh);
+    return (rows){buf, j->dh};
+}
+
+/* where a result's rows [r0, r0 + n) of (batch b, head column block hc) are summed: the
+ * operand itself if f32, else buf (n x dh), rounded by store_rows */
+static float *sums_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, float *buf,
+                      int64_t *ld)
+{
+    int64_t nr = w == DK || w == DV ? j->s2 : j->s, f = w == DK || w == DV ? j->kf : j->qf;
+    if (j->t[w] != PTC_F32) {
+        *ld = j->dh;
+        return buf;
+    }
+    *ld = f;
+    return (float *)j->x[w] + (b * nr + r0) * f + hc * j->dh;
+}
+
+/* buf's n rows (from sums_of) rounded into the 16-bit operand w; nothing for f32 */
+static void store_rows(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, int64_t n,
+                       const float *buf)
+{
+    if (j->t[w] == PTC_F32)
+        return;
+    int64_t nr = w == DK || w == DV ? j->s2 : j->s, f = w == DK || w == DV ? j->kf : j->qf;
+    uint16_t *o = (uint16_t *)j->x[w] + (b * nr + r0) * f + hc * j->dh;
+    for (int64_t r = 0; r < n; r++)
+        ptrt_cpu_cast_serial(PTC_F32, buf + r * j->dh, j->t[w], o + r * f, j->dh);
+}
+
+/* A thread's scratch: f32 copies of 16-bit rows (counted as widened copies), and the blocks the
+ * kernel works in. */
+typedef struct scratch {
+    float *kt, *vt;        /* keys and values of a (batch, kv head), packed transposed */
+    float *p, *dp;         /* a block's weights and their gradient */
+    float *kr, *vr;        /* its keys and values as f32 rows (16-bit storage only) */
+    float *qr, *dyr, *out; /* a block's query, output-gradient and output (or dQ) rows */
+    float *dks, *dvs;      /* dK and dV of a (batch, kv head) summed in f32 (16-bit only) */
+    int64_t widened;       /* bytes of the f32 copies */
+} scratch;
+
+static float *take(int64_t n)
+{
+    return ptc_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+
+static void scratch_open(const attn_job *j, scratch *w, bool backward)
+{
+    memset(w, 0, sizeof *w);
+    int64_t kv = j->s2 * j->dh, blk = QB * j->dh;
+    w->kt = take(j->dh * j->np);
+    w->p = take(QB * j->np);
+    if (backward) {
+        w->vt = take(j->dh * j->np);
+        w->dp = take(QB * j->np);
+    }
+    /* (16-bit operands only: f32 ones are read and written in place) */
+    struct {
+        float **at;
+        int64_t n;
+        bool need;
+    } c[] = {{&w->kr, kv, j->t[K] != PTC_F32},
+             {&w->vr, kv, j->t[V] != PTC_F32},
+             {&w->qr, blk, j->t[Q] != PTC_F32},
+             {&w->dyr, blk, backward && j->t[DY] != PTC_F32},
+             {&w->out, blk, backward ? j->t[DQ] != PTC_F32 : j->t[O] != PTC_F32},
+             {&w->dks, kv, backward && j->t[DK] != PTC_F32},
+             {&w->dvs, kv, backward && j->t[DV] != PTC_F32}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (c[i].need) {
+            *c[i].at = take(c[i].n);
+            w->widened += c[i].n * (int64_t)sizeof(float);
+        }
+    ptrt_widened_add(w->widened);
+}
+
+static void scratch_close(scratch *w)
+{
+    float *all[] = {w->kt, w->vt, w->p, w->dp, w->kr, w->vr, w->qr, w->dyr, w->out, w->dks, w->dvs};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+    ptrt_widened_add(-w->widened);
+}
+
+/* o (dh x np) = the key (or value) rows x of a (batch, kv head) transposed, zero past s2 */
+static void pack_t(const attn_job *j, rows x, float *o)
+{
+    ptrt_cpu_transpose_tiled(x.p, x.ld, o, j->np, j->s2, j->dh);
     for (int64_t d = 0; d < j->dh; d++)
         memset(o + d * j->np + j->s2, 0, (size_t)(j->np - j->s2) * sizeof(float));
 }
@@ -176,15 +292,14 @@ static lim queries_lim(const attn_job *j, int64_t i0)
     return j->causal ? (lim){FAR, -i0, FAR} : NOLIM;
 }
 
-/* Softmax weights of query rows [i0, i1) of head h in batch b over the block's nk keys, into p
- * (rows of np, from the packed keys kt); a row's entries past its own last key are 0 up to nk
- * rounded up to a vector. */
-static void block_probs(const attn_job *j, const float *kt, int64_t b, int64_t h, int64_t i0,
-                        int64_t i1, int64_t nk, float *p)
+/* Softmax weights of query rows [i0, i1) (q: their rows) over the block's nk keys, into p (rows
+ * of np, from the packed keys kt); a row's entries past its own last key are 0 up to nk rounded
+ * up to a vector. */
+static void block_probs(const attn_job *j, const float *kt, rows q, int64_t i0, int64_t i1,
+                        int64_t nk, float *p)
 {
-    const float *q = j->q + (b * j->s + i0) * j->qf + h * j->dh;
     int64_t nkv = (nk + VL - 1) / VL * VL;
-    mk_gemm(i1 - i0, nkv, j->dh, false, q, j->qf, kt, j->np, j->scale, false, p, j->np,
+    mk_gemm(i1 - i0, nkv, j->dh, false, q.p, q.ld, kt, j->np, j->scale, false, p, j->np,
             score_lim(j, i0));
     for (int64_t i = i0; i < i1; i++) {
         float *row = p + (i - i0) * j->np;
@@ -201,32 +316,36 @@ static void block_probs(const attn_job *j, const float *kt, int64_t b, int64_t h
 static void attn_fwd(void *ctx, int64_t begin, int64_t end)
 {
     const attn_job *j = ctx;
-    float *kt = ptc_xmalloc((size_t)(j->dh * j->np) * sizeof(float));
-    float *p = ptc_xmalloc((size_t)(QB * j->np) * sizeof(float));
+    scratch w;
+    scratch_open(j, &w, false);
     int64_t packed = -1;
+    rows v = {0};
     for (int64_t t = begin; t < end; t++) {
         int64_t b = t / j->heads, h = t % j->heads, kh = h / j->group;
         if (packed != b * j->kv_heads + kh) {
-            pack_t(j, j->k, b, kh, kt);
+            pack_t(j, rows_of(j, K, b, kh, 0, j->s2, w.kr), w.kt);
+            v = rows_of(j, V, b, kh, 0, j->s2, w.vr);
             packed = b * j->kv_heads + kh;
         }
-        const float *v = j->v + b * j->s2 * j->kf + kh * j->dh;
         for (int64_t i0 = 0; i0 < j->s; i0 += QB) {
-            int64_t i1 = i0 + QB < j->s ? i0 + QB : j->s, nk = block_keys(j, i1);
-            block_probs(j, kt, b, h, i0, i1, nk, p);
-            mk_gemm(i1 - i0, j->dh, nk, false, p, j->np, v, j->kf, 1.0f, false,
-                    j->o + (b * j->s + i0) * j->qf + h * j->dh, j->qf, keys_lim(j, i0));
+            int64_t i1 = i0 + QB < j->s ? i0 + QB : j->s, nk = block_keys(j, i1), ldo;
+            block_probs(j, w.kt, rows_of(j, Q, b, h, i0, i1 - i0, w.qr), i0, i1, nk, w.p);
+            float *o = sums_of(j, O, b, h, i0, w.out, &ldo);
+            mk_gemm(i1 - i0, j->dh, nk, false, w.p, j->np, v.p, v.ld, 1.0f, false, o, ldo,
+                    keys_lim(j, i0));
+            store_rows(j, O, b, h, i0, i1 - i0, o);
         }
     }
-    free(kt);
-    free(p);
+    scratch_close(&w);
 }
 
-int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, const float *k,
-                       const float *v, int64_t heads, int64_t kv_heads, bool causal, float *o)
+/* it: q, k, v (k and v of one shape), ot: o; each f32, bf16 or f16 */
+int ptrt_cpu_attention(const ptc_type *it, void *const *in, const ptc_type *ot, void *o,
+                       int64_t heads, int64_t kv_heads, bool causal)
 {
-    attn_job j = {.q = q, .k = k, .v = v, .o = o};
-    attn_setup(&j, tq, tk, heads, kv_heads, causal);
+    attn_job j = {.x = {in[0], in[1], in[2], NULL, o},
+                  .t = {it[0].dtype, it[1].dtype, it[2].dtype, PTC_F32, ot[0].dtype}};
+    attn_setup(&j, &it[0], &it[1], heads, kv_heads, causal);
     if (j.s2 == 0 || j.dh == 0)
         return 0;
     pthread_once(&mk_once, mk_pick);
@@ -251,61 +370,64 @@ PTRT_CLONES static void softmax_grad_row(const float *p, float *dp, int64_t n, f
 
 /* One block of the backward: o_i = sum_j p_ij v_j, so dV += P^T dO and dP = dO V^T; through the
  * softmax dS = P (dP - rowsum(P dP)) scale; the scores are scale Q K^T, so dQ = dS K and
- * dK += dS^T Q. kt and vt: the (batch, kv head)'s keys and values, packed transposed. */
-static void block_grad(const attn_job *j, const float *kt, const float *vt, int64_t b, int64_t h,
-                       int64_t i0, int64_t i1, float *p, float *dp)
+ * dK += dS^T Q. w: the (batch, kv head)'s keys and values packed transposed (kt, vt), k its key
+ * rows, dk and dv where its dK and dV are summed (rows ldk and ldv apart). */
+static void block_grad(const attn_job *j, scratch *w, rows k, float *dk, int64_t ldk, float *dv,
+                       int64_t ldv, int64_t b, int64_t h, int64_t i0, int64_t i1)
 {
-    int64_t rows = i1 - i0, nk = block_keys(j, i1), kh = h / j->group;
+    int64_t n = i1 - i0, nk = block_keys(j, i1), ldq;
     int64_t nkv = (nk + VL - 1) / VL * VL;
-    int64_t qo = (b * j->s + i0) * j->qf + h * j->dh, ko = b * j->s2 * j->kf + kh * j->dh;
-    block_probs(j, kt, b, h, i0, i1, nk, p);
-    mk_gemm(rows, nkv, j->dh, false, j->dy + qo, j->qf, vt, j->np, 1.0f, false, dp, j->np,
+    float *p = w->p, *dp = w->dp;
+    rows q = rows_of(j, Q, b, h, i0, n, w->qr), dy = rows_of(j, DY, b, h, i0, n, w->dyr);
+    block_probs(j, w->kt, q, i0, i1, nk, p);
+    mk_gemm(n, nkv, j->dh, false, dy.p, dy.ld, w->vt, j->np, 1.0f, false, dp, j->np,
             score_lim(j, i0));
-    mk_gemm(nk, j->dh, rows, true, p, j->np, j->dy + qo, j->qf, 1.0f, true, j->dv + ko, j->kf,
-            queries_lim(j, i0));
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t n = row_keys(j, i0 + r);
-        softmax_grad_row(p + r * j->np, dp + r * j->np, n, j->scale);
-        memset(dp + r * j->np + n, 0, (size_t)(nkv - n) * sizeof(float)); /* (p is 0 there) */
+    mk_gemm(nk, j->dh, n, true, p, j->np, dy.p, dy.ld, 1.0f, true, dv, ldv, queries_lim(j, i0));
+    for (int64_t r = 0; r < n; r++) {
+        int64_t nr = row_keys(j, i0 + r);
+        softmax_grad_row(p + r * j->np, dp + r * j->np, nr, j->scale);
+        memset(dp + r * j->np + nr, 0, (size_t)(nkv - nr) * sizeof(float)); /* (p is 0 there) */
     }
-    mk_gemm(rows, j->dh, nk, false, dp, j->np, j->k + ko, j->kf, 1.0f, false, j->dq + qo, j->qf,
-            keys_lim(j, i0));
-    mk_gemm(nk, j->dh, rows, true, dp, j->np, j->q + qo, j->qf, 1.0f, true, j->dk + ko, j->kf,
-            queries_lim(j, i0));
+    float *dq = sums_of(j, DQ, b, h, i0, w->out, &ldq);
+    mk_gemm(n, j->dh, nk, false, dp, j->np, k.p, k.ld, 1.0f, false, dq, ldq, keys_lim(j, i0));
+    store_rows(j, DQ, b, h, i0, n, dq);
+    mk_gemm(nk, j->dh, n, true, dp, j->np, q.p, q.ld, 1.0f, true, dk, ldk, queries_lim(j, i0));
 }
 
 /* Backward for (batch, kv head) pairs [begin, end), each with all its query heads in order. */
 static void attn_bwd(void *ctx, int64_t begin, int64_t end)
 {
     const attn_job *j = ctx;
-    size_t block = (size_t)(QB * j->np) * sizeof(float), packed = (size_t)(j->dh * j->np) * sizeof(float);
-    float *p = ptc_xmalloc(block), *dp = ptc_xmalloc(block);
-    float *kt = ptc_xmalloc(packed), *vt = ptc_xmalloc(packed);
+    scratch w;
+    scratch_open(j, &w, true);
     for (int64_t t = begin; t < end; t++) {
-        int64_t b = t / j->kv_heads, kh = t % j->kv_heads;
+        int64_t b = t / j->kv_heads, kh = t % j->kv_heads, ldk, ldv;
+        float *dk = sums_of(j, DK, b, kh, 0, w.dks, &ldk);
+        float *dv = sums_of(j, DV, b, kh, 0, w.dvs, &ldv);
         for (int64_t r = 0; r < j->s2; r++) {
-            int64_t at = (b * j->s2 + r) * j->kf + kh * j->dh;
-            memset(j->dk + at, 0, (size_t)j->dh * sizeof(float));
-            memset(j->dv + at, 0, (size_t)j->dh * sizeof(float));
+            memset(dk + r * ldk, 0, (size_t)j->dh * sizeof(float));
+            memset(dv + r * ldv, 0, (size_t)j->dh * sizeof(float));
         }
-        pack_t(j, j->k, b, kh, kt);
-        pack_t(j, j->v, b, kh, vt);
+        rows k = rows_of(j, K, b, kh, 0, j->s2, w.kr);
+        pack_t(j, k, w.kt);
+        pack_t(j, rows_of(j, V, b, kh, 0, j->s2, w.vr), w.vt);
         for (int64_t h = kh * j->group; h < (kh + 1) * j->group; h++)
             for (int64_t i0 = 0; i0 < j->s; i0 += QB)
-                block_grad(j, kt, vt, b, h, i0, i0 + QB < j->s ? i0 + QB : j->s, p, dp);
+                block_grad(j, &w, k, dk, ldk, dv, ldv, b, h, i0, i0 + QB < j->s ? i0 + QB : j->s);
+        store_rows(j, DK, b, kh, 0, j->s2, dk);
+        store_rows(j, DV, b, kh, 0, j->s2, dv);
     }
-    free(p);
-    free(dp);
-    free(kt);
-    free(vt);
+    scratch_close(&w);
 }
 
-int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
-                            int64_t kv_heads, bool causal, void *const *out)
+/* it: q, k, v, dy; ot: dq, dk, dv; each f32, bf16 or f16 */
+int ptrt_cpu_attention_grad(const ptc_type *it, void *const *in, const ptc_type *ot,
+                            void *const *out, int64_t heads, int64_t kv_heads, bool causal)
 {
-    attn_job j = {
-        .q = in[0], .k = in[1], .v = in[2], .dy = in[3], .dq = out[0], .dk = out[1], .dv = out[2]};
-    attn_setup(&j, tq, tk, heads, kv_heads, causal);
+    attn_job j = {.x = {in[0], in[1], in[2], in[3], NULL, out[0], out[1], out[2]},
+                  .t = {it[0].dtype, it[1].dtype, it[2].dtype, it[3].dtype, PTC_F32, ot[0].dtype,
+                        ot[1].dtype, ot[2].dtype}};
+    attn_setup(&j, &it[0], &it[1], heads, kv_heads, causal);
     if (j.s2 == 0 || j.dh == 0)
         return 0;
     pthread_once(&mk_once, mk_pick);

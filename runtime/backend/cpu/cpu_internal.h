@@ -212,10 +212,12 @@ int ptrt_cpu_embedding_grad(const ptc_type *ti, const int32_t *ids, const float 
 
 /* ---- cpu_attention.c ---- */
 
-int ptrt_cpu_attention(const ptc_type *tq, const float *q, const ptc_type *tk, const float *k,
-                       const float *v, int64_t heads, int64_t kv_heads, bool causal, float *o);
-int ptrt_cpu_attention_grad(const ptc_type *tq, const ptc_type *tk, void *const *in, int64_t heads,
-                            int64_t kv_heads, bool causal, void *const *out);
+/* attention (it: q, k, v; ot: o) and its gradient (it: q, k, v, dy; ot: dq, dk, dv), each operand
+ * f32, bf16 or f16 storage (16-bit ones widened and rounded a few rows at a time) */
+int ptrt_cpu_attention(const ptc_type *it, void *const *in, const ptc_type *ot, void *o,
+                       int64_t heads, int64_t kv_heads, bool causal);
+int ptrt_cpu_attention_grad(const ptc_type *it, void *const *in, const ptc_type *ot,
+                            void *const *out, int64_t heads, int64_t kv_heads, bool causal);
 /* Which copy of the attention's block-product kernel runs: "avx512", "avx2" or "base"; NULL:
  * the widest this CPU has (the default). False, and nothing changed, when the CPU lacks it. For
  * tests, which run every copy the CPU has. */
