@@ -23,7 +23,8 @@
  * and output-gradient rows), and sums what it writes in f32 (a block's output or dQ rows, a (batch,
  * kv head)'s dK and dV), each rounded into storage once, as the cast after an f32 kernel would
  * round it: the same bits as the f32 kernel between casts, with f32 copies of a few rows in place
- * of whole operands (gpt2 at s=1024: 1.3 MB a thread, counted in ptrt_widened_add).
+ * of whole operands (gpt2 at s=1024: 1.1 MB a thread in the backward, counted in
+ * ptrt_widened_add).
  *
  * rope is the reference's arithmetic (double) with its angles computed once per (position, pair)
  * instead of once per element.
