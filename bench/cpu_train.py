@@ -135,10 +135,17 @@ class TorchGPT2:
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False):
+# PyTorch's GEMMs on the CPU: the linear layers forward (addmm; the tied head mm) and every
+# product of their backward (mm). scaled_dot_product_attention's products run inside its own op,
+# as ptc's run inside its attention kernels, so neither side counts them.
+TORCH_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False, profile=False):
     """Returns (timed seconds, losses of every step). compiled: the loss (forward, and through
     AOTAutograd its backward) under torch.compile (Inductor's C++/OpenMP kernels on the CPU),
-    compiled in the warm-up steps."""
+    compiled in the warm-up steps. profile: the timed steps under torch.profiler, and instead of
+    the seconds, PyTorch's GEMM milliseconds per step (the self time of TORCH_GEMMS)."""
     net = TorchGPT2(model, init, eps)
     loss_fn = torch.compile(net.loss) if compiled else net.loss
     decay = [p for n, p in net.P.items() if p.dim() >= 2]
@@ -148,10 +155,9 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False):
                               lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"],
                               **({"fused": True} if TORCH2 else {"foreach": True}))
     params = list(net.P.values())
-    losses, t0 = [], None
-    for k in range(warmup + steps):
-        if k == warmup:
-            t0 = time.perf_counter()
+    losses = []
+
+    def step(k):
         x, y = batch_at(tokens, k, model.batch, model.seq)
         optim.zero_grad(set_to_none=True)
         loss = loss_fn(x, y)
@@ -159,6 +165,18 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optim.step()
         losses.append(loss.item())
+
+    for k in range(warmup):
+        step(k)
+    if profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for k in range(warmup, warmup + steps):
+                step(k)
+        us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in TORCH_GEMMS)
+        return us / 1e3 / steps, losses
+    t0 = time.perf_counter()
+    for k in range(warmup, warmup + steps):
+        step(k)
     return time.perf_counter() - t0, losses
 
 
@@ -293,6 +311,10 @@ def bench_model(name, args, wd):
     # runs the same GEMMs on MKL, as fast as ptc's oneDNN (bench/results/gemm_libraries_*.md), so
     # no system on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
     gemm_ms, total_ms, gemm_gflop = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
+    # PyTorch's own GEMM time, under its profiler (a separate run; the timed runs are unprofiled)
+    torch_gemm_ms = None
+    if hasattr(torch, "profiler"):
+        torch_gemm_ms, _ = train_torch(model, init, eps, opt, tokens, steps, warmup, profile=True)
     # the hardware's bound: the same GEMM FLOPs at the FMA units' peak (bench/fma_peak, measured
     # now) and every other op free; no f32 implementation of this step on this machine passes it
     # (attention's products, run outside the GEMM instructions, are not even counted)
@@ -313,7 +335,7 @@ def bench_model(name, args, wd):
             "gemm_ms": gemm_ms, "profile_ms": total_ms,
             "ceiling_tok_s": B * T / (gemm_ms / 1e3) if gemm_ms else None,
             "ceiling_ratio": B * T / (gemm_ms / 1e3) / torch_tps if gemm_ms else None,
-            "gemm_gflop": gemm_gflop, "fma_peak_gflops": peak,
+            "gemm_gflop": gemm_gflop, "fma_peak_gflops": peak, "torch_gemm_ms": torch_gemm_ms,
             "bound_tok_s": B * T * peak / gemm_gflop if peak and gemm_gflop else None,
             "bound_ratio": B * T * peak / gemm_gflop / torch_tps if peak and gemm_gflop
             else None}
@@ -343,6 +365,24 @@ def table(rows):
     return "\n".join(lines)
 
 
+def gemm_lines(rows):
+    """Per model: the GEMMs of a step on each side, where measured."""
+    out = []
+    for r in rows:
+        if not r.get("gemm_ms"):
+            continue
+        line = (f"{r['model']}: GEMMs a step, ptc {r['gemm_ms']:.1f} ms (--profile; "
+                f"{r['profile_ms']:.1f} ms of instructions in all)")
+        if r.get("gemm_gflop"):
+            line += f", {r['gemm_gflop']:.2f} GFLOP"
+        if r.get("torch_gemm_ms"):
+            tstep = r["batch"] * r["seq"] / r["torch_tok_s"] * 1e3
+            line += (f"; PyTorch {r['torch_gemm_ms']:.1f} ms of a {tstep:.1f} ms step "
+                     f"(torch.profiler, self time of {', '.join(TORCH_GEMMS)})")
+        out.append(line)
+    return out
+
+
 def write_results(out_dir, rows, info, command, args):
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
@@ -364,6 +404,9 @@ def write_results(out_dir, rows, info, command, args):
                 (", ".join(f"{x:.1f}" for x in peaks) + " GFLOP/s" if peaks else "not run") +
                 "), every other op free: no f32 step on this machine is faster\n\n")
         f.write("```\n" + table(rows) + "\n```\n\n")
+        for line in gemm_lines(rows):
+            f.write(f"- {line}\n")
+        f.write("\n")
         for r in rows:
             cmd = " ".join([r["file"]] + r["defines"])
             f.write(f"- {r['model']}: `{cmd}`, {r['steps']} timed "
@@ -427,6 +470,8 @@ def main():
                   f"{rows[-1]['torch_tok_s']:.0f} tok/s", flush=True)
     print()
     print(table(rows))
+    for line in gemm_lines(rows):
+        print(line)
     path = write_results(args.out, rows, machine(), command, args)
     print(f"\nresults: {os.path.relpath(path, ROOT)}")
     return 0
