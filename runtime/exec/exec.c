@@ -926,7 +926,8 @@ void ptrt_exec_print_profile(const ptrt_exec *x, FILE *f, int64_t steps)
             "GFLOP/s");
     for (int i = 0; i < n; i++) {
         int op = order[i];
-        fprintf(f, "%-44s %8lld %12.3f %6.1f%%", op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
+        fprintf(f, "%-44s %8lld %12.3f %6.1f%%",
+                op == PTC_NOPS ? "(fused kernels)" : ptc_ops[op].name,
                 (long long)((double)x->prof_calls[op] / per + 0.5), 1e3 * x->prof_s[op] / per,
                 total > 0 ? 100.0 * x->prof_s[op] / total : 0.0);
         /* the GEMMs' rate, against which bench/fma_peak's ceiling of the FMA units is read */

@@ -153,21 +153,27 @@ bool ptrt_cpu_attention_isa(const char *name)
 
 /* ---- operands in f32 or 16-bit storage ---- */
 
-/* A thread's rows of an operand as f32: the rows in place (f32 storage) or widened into its own
- * copy, and rows the kernel writes summed in f32 and rounded into storage at the end. */
+/* Rows of an operand read as f32: in place (f32 storage) or a thread's widened copy. */
 typedef struct rows {
     const float *p; /* the first row */
     int64_t ld;     /* floats from one row to the next */
 } rows;
 
-/* rows [r0, r0 + n) of operand w at the (batch b, head column block hc of dh) of x's [B, rows,
- * f]: in place if f32, else widened into buf (n x dh) */
+/* The element of operand w ([B, s or s2, f]) at row r0 of batch b, column block hc of dh (a head
+ * of q, o, dy, dq; a kv head of k, v, dk, dv); f: its row length */
+static int64_t at_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, int64_t *f)
+{
+    bool kv = w == K || w == V || w == DK || w == DV;
+    *f = kv ? j->kf : j->qf;
+    return (b * (kv ? j->s2 : j->s) + r0) * *f + hc * j->dh;
+}
+
+/* rows [r0, r0 + n) of operand w at (batch b, column block hc): in place if f32, else widened
+ * into buf (n x dh) */
 static rows rows_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, int64_t n,
                     float *buf)
 {
-    int64_t nr = w == K || w == V || w == DK || w == DV ? j->s2 : j->s;
-    int64_t f = w == K || w == V || w == DK || w == DV ? j->kf : j->qf;
-    int64_t at = (b * nr + r0) * f + hc * j->dh;
+    int64_t f, at = at_of(j, w, b, hc, r0, &f);
     if (j->t[w] == PTC_F32)
         return (rows){(const float *)j->x[w] + at, f};
     for (int64_t r = 0; r < n; r++)
@@ -181,13 +187,12 @@ static rows rows_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0,
 static float *sums_of(const attn_job *j, int w, int64_t b, int64_t hc, int64_t r0, float *buf,
                       int64_t *ld)
 {
-    int64_t nr = w == DK || w == DV ? j->s2 : j->s, f = w == DK || w == DV ? j->kf : j->qf;
+    int64_t at = at_of(j, w, b, hc, r0, ld);
     if (j->t[w] != PTC_F32) {
         *ld = j->dh;
         return buf;
     }
-    *ld = f;
-    return (float *)j->x[w] + (b * nr + r0) * f + hc * j->dh;
+    return (float *)j->x[w] + at;
 }
 
 /* buf's n rows (from sums_of) rounded into the 16-bit operand w; nothing for f32 */
@@ -196,8 +201,8 @@ static void store_rows(const attn_job *j, int w, int64_t b, int64_t hc, int64_t 
 {
     if (j->t[w] == PTC_F32)
         return;
-    int64_t nr = w == DK || w == DV ? j->s2 : j->s, f = w == DK || w == DV ? j->kf : j->qf;
-    uint16_t *o = (uint16_t *)j->x[w] + (b * nr + r0) * f + hc * j->dh;
+    int64_t f;
+    uint16_t *o = (uint16_t *)j->x[w] + at_of(j, w, b, hc, r0, &f);
     for (int64_t r = 0; r < n; r++)
         ptrt_cpu_cast_serial(PTC_F32, buf + r * j->dh, j->t[w], o + r * f, j->dh);
 }
