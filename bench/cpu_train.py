@@ -308,8 +308,8 @@ def bench_model(name, args, wd):
             s, comp_loss = train_torch(model, init, eps, opt, tokens, steps, warmup, True)
             comp_s.append(s)
     # the GEMM ceiling: tokens per second if everything but ptc's GEMMs took no time. PyTorch
-    # runs the same GEMMs on MKL, as fast as ptc's oneDNN (bench/results/gemm_libraries_*.md), so
-    # no system on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
+    # runs the same GEMMs on MKL (its own GEMM time is measured below, beside ptc's), so no system
+    # on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
     gemm_ms, total_ms, gemm_gflop = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
     # PyTorch's own GEMM time, under its profiler (a separate run; the timed runs are unprofiled)
     torch_gemm_ms = None

@@ -94,12 +94,9 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
 static int sixteen(const ptrt_kcall *n, const ptc_type *it, void *const *in, const ptc_type *ot,
                    void *const *out)
 {
-    const ptc_attrs *at = &n->attrs;
-    int64_t kv = at->kv_heads ? at->kv_heads : at->heads;
     switch (n->op) {
-    case PTC_OP_ATTENTION: return ptrt_cpu_attention(it, in, ot, out[0], at->heads, kv, at->causal);
-    case PTC_OP_ATTENTION_GRAD:
-        return ptrt_cpu_attention_grad(it, in, ot, out, at->heads, kv, at->causal);
+    case PTC_OP_ATTENTION:
+    case PTC_OP_ATTENTION_GRAD: return fast(n, it, in, ot, out); /* (any dtype of each operand) */
     case PTC_OP_CONCAT: /* one 16-bit dtype: the bits moved as they are */
         return ot[0].dtype == it[0].dtype &&
                ptrt_cpu_concat(n->nin, it, (const void *const *)in, (int)n->attrs.axis, out[0]);
