@@ -547,6 +547,15 @@ static ptc_gemm gemm_of(int mode, int64_t m, int64_t n, int64_t k, int64_t nb, b
                       .beta = mode == 3 ? 1.0 : 0.0};
 }
 
+/* gemm_of for shape {m, n, k, batch} with f16 (else bf16) operands, alpha 0.75 */
+static ptc_gemm gemm16_of(int mode, const int64_t shape[4], bool f16)
+{
+    ptc_gemm g = gemm_of(mode, shape[0], shape[1], shape[2], shape[3], false);
+    g.ab = (uint8_t)(f16 ? PTC_F16 : PTC_BF16);
+    g.alpha = 0.75;
+    return g;
+}
+
 /* A plan's gemm instruction with bf16 and f16 operands (--precision) against the reference's: both
  * transposes, beta, a batch of strided matrices and one split across the pool; with oneDNN's bf16
  * GEMM where the library has it (f32 accumulation: DOT), else the operands widened to f32 (the
@@ -646,12 +655,9 @@ Test(cpu_gemm, sixteen_bit_tiles)
         for (int sh = 0; sh < 4; sh++)
             for (int mode = 0; mode < 4; mode++)
                 for (int c16 = 0; c16 < 2; c16++) {
-                    int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
-                    int64_t nb = shapes[sh][3];
-                    ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
-                    ptc_gemm g = gemm_of(mode, m, n, k, nb, false);
-                    g.ab = (uint8_t)dt;
-                    g.alpha = 0.75;
+                    ptc_gemm g = gemm16_of(mode, shapes[sh], f16);
+                    int64_t m = g.m, n = g.n, k = g.k, nb = g.batch;
+                    ptc_dtype dt = (ptc_dtype)g.ab;
                     if (c16)
                         g.beta = 0;
                     uint16_t *a = halves(nb * m * k, 111 + sh, f16);
@@ -708,13 +714,10 @@ Test(cpu_gemm, sixteen_bit_results)
     for (int f16 = 0; f16 < 2; f16++)
         for (int sh = 0; sh < 4; sh++)
             for (int mode = 0; mode < 4; mode++) {
-                int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
-                int64_t nb = shapes[sh][3];
-                ptc_dtype dt = f16 ? PTC_F16 : PTC_BF16;
-                ptc_gemm g = gemm_of(mode, m, n, k, nb, false);
-                g.alpha = 0.75;
+                ptc_gemm g = gemm16_of(mode, shapes[sh], f16);
+                int64_t m = g.m, n = g.n, k = g.k, nb = g.batch;
+                ptc_dtype dt = (ptc_dtype)g.ab;
                 g.beta = 0;
-                g.ab = (uint8_t)dt;
                 uint16_t *a = halves(nb * m * k, 51 + sh, f16);
                 uint16_t *b = halves(nb * k * n, 61 + sh, f16);
                 size_t nc = (size_t)(nb * m * n);
