@@ -11,14 +11,15 @@
  *              sum_to adds the same terms in the same order into double; moves copy bits.
  *   1e-6       float exp/tanh (a polynomial within 2 ulp) and short float sums (softmax rows,
  *              cross-entropy): a few float roundings, ~6e-8 each, relative to the largest value.
- *   2e-5       float dot products over k <= ~300 terms (GEMM, attention, norm statistics): the
- *              rounding error of a float sum grows like sqrt(k) u on random data (u = 6e-8), with
- *              u k = 2e-5 as the worst case for k = 300; the reference sums in double.
+ *   2e-5       float dot products over k <= ~300 terms (GEMM, attention, norm statistics, the
+ *              experts of moe): the rounding error of a float sum grows like sqrt(k) u on random
+ *              data (u = 6e-8), with u k = 2e-5 as the worst case for k = 300; the reference
+ *              sums in double.
  *
  * Every case runs twice at each of 1, 2 and 3 threads and must give the same bits both times; and,
- * except for matmul, the same bits at every thread count (kernels split work so that no result
- * depends on where the pieces are cut; OpenBLAS's edge tiles do not promise that). The vector math
- * runs both its AVX2 and its portable path.
+ * except for matmul and moe's experts (GEMMs both), the same bits at every thread count (kernels
+ * split work so that no result depends on where the pieces are cut; OpenBLAS's edge tiles do not
+ * promise that). The vector math runs both its AVX2 and its portable path.
  *
  * The ops of ptc_op_storage16 over bf16/f16 storage, on both backends, give exactly the bits of
  * the casts the fusion pass folded into them (cpu_storage16).
@@ -48,6 +49,9 @@ static void *alloc_poison(size_t bytes)
     return p;
 }
 
+/* the rank's coordinate on the op's mesh axis that run_both gives the kernels (moe_ep_ffn) */
+static int run_coord;
+
 /* Runs op on both backends (shape inference first, as the executor does). */
 static both run_both(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, void *const *in)
 {
@@ -62,6 +66,7 @@ static both run_both(ptc_op op, ptc_attrs at, int nin, const ptc_type *it, void 
     node.nin = nin;
     node.nout = r.nout;
     node.attrs = at;
+    node.coord = run_coord;
     for (int j = 0; j < r.nout; j++) {
         size_t bytes = (size_t)ptc_type_numel(&r.ot[j]) * 4;
         r.ref[j] = alloc_poison(bytes);
@@ -957,6 +962,94 @@ Test(cpu_attention, rope_is_the_reference_arithmetic)
     ag.heads = 4;
     check("rope_grad", PTC_OP_ROPE_GRAD, ag, 1, &t, (void *[]){x}, EXACT);
     free(x);
+}
+
+/* ---- mixture of experts ---- */
+
+/* route i32[B,S,K] of distinct experts below E - 1 (expert E - 1 gets no rows), about one choice
+ * in 8 dropped (-1); gate f32[B,S,K] */
+static int32_t *moe_route(int64_t T, int64_t K, int64_t E, uint32_t seed)
+{
+    int32_t *r = ids(T * (K + 1), seed, 1 << 20);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++)
+            r[t * K + j] = r[T * K + t] % 8 == j + 1 ? -1 : (int32_t)((r[t] + j) % (E - 1));
+    return r;
+}
+
+static void moe_case(ptc_act act, int64_t K, int64_t scratch)
+{
+    const char *names[] = {"gelu", "relu", "silu", "swiglu"};
+    int64_t B = 4, S = 16, d = 13, f = 9, E = 5, F = act == PTC_ACT_SWIGLU ? 2 * f : f;
+    ptc_type it[6] = {{.dtype = PTC_F32, .rank = 3, .dims = {B, S, d}},
+                      {.dtype = PTC_I32, .rank = 3, .dims = {B, S, K}},
+                      {.dtype = PTC_F32, .rank = 3, .dims = {B, S, K}},
+                      {.dtype = PTC_F32, .rank = 3, .dims = {E, d, F}},
+                      {.dtype = PTC_F32, .rank = 3, .dims = {E, f, d}},
+                      {.dtype = PTC_F32, .rank = 3, .dims = {B, S, d}}};
+    float *x = rnd(B * S * d, 1, -1, 1), *gate = rnd(B * S * K, 2, 0, 1),
+          *up = rnd(E * d * F, 3, -0.5f, 0.5f), *down = rnd(E * f * d, 4, -0.5f, 0.5f),
+          *dy = rnd(B * S * d, 5, -1, 1);
+    int32_t *route = moe_route(B * S, K, E, (uint32_t)(K * 10 + act));
+    ptc_attrs at = DEF(MOE_FFN), ag = DEF(MOE_FFN_GRAD);
+    at.act = ag.act = act;
+    at.n = ag.n = E;
+    char what[96];
+    ptrt_cpu_moe_scratch = scratch;
+    snprintf(what, sizeof what, "moe_ffn %s top %lld, scratch %lld", names[act], (long long)K,
+             (long long)scratch);
+    check_threads(what, PTC_OP_MOE_FFN, at, 5, it, (void *[]){x, route, gate, up, down}, DOT,
+                  true);
+    snprintf(what, sizeof what, "moe_ffn_grad %s top %lld, scratch %lld", names[act],
+             (long long)K, (long long)scratch);
+    check_threads(what, PTC_OP_MOE_FFN_GRAD, ag, 6, it,
+                  (void *[]){x, route, gate, up, down, dy}, DOT, true);
+    ptrt_cpu_moe_scratch = (int64_t)1 << 22;
+    free(x), free(gate), free(up), free(down), free(dy), free(route);
+}
+
+Test(cpu_moe, experts_of_every_activation)
+{
+    for (int act = 0; act < PTC_NACTS; act++) {
+        moe_case((ptc_act)act, 2, (int64_t)1 << 22);
+        moe_case((ptc_act)act, 3, 1); /* blocks of 16 rows: each expert takes several */
+    }
+}
+
+/* moe_ep_ffn on the rows member q sends to this rank (coord 1 of 2: experts 3, 4, 5 of 6), more
+ * rows planned than received; and rows past the plan, which the reference names. */
+Test(cpu_moe, expert_parallel_rows)
+{
+    int64_t d = 11, f = 7, el = 3, m = 50;
+    int32_t counts[12] = {9, 9, 9, 5, 0, 20, 9, 9, 9, 17, 3, 0}; /* 45 rows */
+    for (int act = 0; act < PTC_NACTS; act++) {
+        int64_t F = act == PTC_ACT_SWIGLU ? 2 * f : f;
+        ptc_type it[5] = {{.dtype = PTC_F32, .rank = 2, .dims = {m, d}},
+                          {.dtype = PTC_I32, .rank = 1, .dims = {12}},
+                          {.dtype = PTC_F32, .rank = 3, .dims = {el, d, F}},
+                          {.dtype = PTC_F32, .rank = 3, .dims = {el, f, d}},
+                          {.dtype = PTC_F32, .rank = 2, .dims = {m, d}}};
+        float *rows = rnd(m * d, 6, -1, 1), *up = rnd(el * d * F, 7, -0.5f, 0.5f),
+              *down = rnd(el * f * d, 8, -0.5f, 0.5f), *dy = rnd(m * d, 9, -1, 1);
+        ptc_attrs at = DEF(MOE_EP_FFN), ag = DEF(MOE_EP_FFN_GRAD);
+        at.act = ag.act = (ptc_act)act;
+        at.n = ag.n = 6;
+        at.group = ag.group = 2;
+        run_coord = 1;
+        ptrt_cpu_moe_scratch = act % 2 ? 1 : (int64_t)1 << 22;
+        check_threads("moe_ep_ffn", PTC_OP_MOE_EP_FFN, at, 4, it,
+                      (void *[]){rows, counts, up, down}, DOT, true);
+        check_threads("moe_ep_ffn_grad", PTC_OP_MOE_EP_FFN_GRAD, ag, 5, it,
+                      (void *[]){rows, counts, up, down, dy}, DOT, true);
+        int32_t over[12] = {0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 11, 0}; /* 51 rows of 50 */
+        both r = run_both(PTC_OP_MOE_EP_FFN, at, 4, it, (void *[]){rows, over, up, down});
+        cr_expect(r.rc_ref != 0 && strstr(r.err_ref, "exceed") != NULL, "%s", r.err_ref);
+        expect_close(&r, "moe_ep_ffn, rows past the plan", DOT);
+        free_both(&r);
+        run_coord = 0;
+        ptrt_cpu_moe_scratch = (int64_t)1 << 22;
+        free(rows), free(up), free(down), free(dy);
+    }
 }
 
 /* ---- the thread pool ---- */

@@ -85,6 +85,10 @@ static int fast(const ptrt_kcall *n, const ptc_type *it, void *const *in, const 
     case PTC_OP_CROSS_ENTROPY_GRAD:
         return ptrt_cpu_cross_entropy_grad(&it[0], in[0], in[1], in[2], out[0]);
     case PTC_OP_ADAMW_UPDATE: return ptrt_cpu_adamw(n, it, in, out);
+    case PTC_OP_MOE_FFN:
+    case PTC_OP_MOE_FFN_GRAD:
+    case PTC_OP_MOE_EP_FFN:
+    case PTC_OP_MOE_EP_FFN_GRAD: return ptrt_cpu_moe(n, it, in, ot, out);
     default: return 0;
     }
 }

@@ -4,7 +4,7 @@
  * cpu.c dispatches; cpu_pool.c runs loops on every core; cpu_gemm.c holds the GEMM (OpenBLAS, or a
  * plain loop without it) and matmul; cpu_vec.c the inner loops that want vector instructions (exp
  * and softmax sums, GELU, SiLU, 8x8 transposes, AdamW) with an AVX2 path chosen at run time;
- * cpu_elementwise.c, cpu_norm.c and cpu_attention.c the kernels.
+ * cpu_elementwise.c, cpu_norm.c, cpu_attention.c and cpu_moe.c the kernels.
  *
  * Determinism: every kernel splits its work into pieces whose results do not depend on how many
  * threads run them or which thread runs which (a row, a column block, a fixed-size block of a
@@ -224,5 +224,15 @@ int ptrt_cpu_attention_grad(const ptc_type *it, void *const *in, const ptc_type 
 bool ptrt_cpu_attention_isa(const char *name);
 int ptrt_cpu_rope(const ptc_type *tx, const float *x, int64_t heads, double base, bool inverse,
                   float *o);
+
+/* ---- cpu_moe.c ---- */
+
+/* moe_ffn, moe_ffn_grad, moe_ep_ffn, moe_ep_ffn_grad in f32: an expert's rows a block at a time,
+ * each product one GEMM */
+int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const ptc_type *ot,
+                 void *const *out);
+/* Floats of scratch the experts' blocks of rows take at most (default 4M: 16 MiB; a block has at
+ * least 16 rows): tests lower it so that an expert's rows take several blocks. */
+extern int64_t ptrt_cpu_moe_scratch;
 
 #endif
