@@ -59,6 +59,12 @@ int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t 
 {
     return 0;
 }
+double *ptrt_mpi_gather(ptrt_mpi *m, const double *v, int n, int root, int *total, char *err,
+                        size_t errn)
+{
+    ptc_fmt(err, errn, "this executable was built without MPI");
+    return NULL;
+}
 void ptrt_mpi_finish(int rc)
 {
 }
@@ -706,6 +712,36 @@ int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t 
         i += k;
     }
     return 0;
+}
+
+double *ptrt_mpi_gather(ptrt_mpi *m, const double *v, int n, int root, int *total, char *err,
+                        size_t errn)
+{
+    /* every process learns the counts, so all give up together on too many */
+    int *count = ptc_xcalloc((size_t)(2 * m->nprocs), sizeof(int)), *at = count + m->nprocs;
+    double *all = NULL;
+    int rc = MPI_Allgather(&n, 1, MPI_INT, count, 1, MPI_INT, MPI_COMM_WORLD);
+    int64_t sum = 0;
+    for (int q = 0; q < m->nprocs; q++)
+        at[q] = (int)(sum < INT32_MAX ? sum : 0), sum += count[q];
+    if (rc == MPI_SUCCESS && sum > INT32_MAX) {
+        ptc_fmt(err, errn, "process %d: %lld values to gather at one process, more than %d",
+                m->proc, (long long)sum, INT32_MAX);
+        free(count);
+        return NULL;
+    }
+    if (rc == MPI_SUCCESS) {
+        all = ptc_xmalloc(sizeof(double) * (size_t)(m->proc == root && sum ? sum : 1));
+        rc = MPI_Gatherv(v, n, MPI_DOUBLE, all, count, at, MPI_DOUBLE, root, MPI_COMM_WORLD);
+    }
+    free(count);
+    if (rc != MPI_SUCCESS) {
+        ptc_fmt(err, errn, "process %d: gathering values at process %d failed", m->proc, root);
+        free(all);
+        return NULL;
+    }
+    *total = (int)sum;
+    return all;
 }
 
 void ptrt_mpi_finish(int rc)

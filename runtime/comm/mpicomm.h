@@ -45,6 +45,11 @@ int ptrt_mpi_first_rank(const ptrt_mpi *m); /* the first plan rank this process 
  * training loop merges), at process `root`, or at every process when root < 0; called by one
  * thread of every process at the same point. 0, or -1 with a message. */
 int ptrt_mpi_sum(ptrt_mpi *m, double *v, int64_t n, int root, char *err, size_t errn);
+/* Every process's n doubles, in process order, at process root: a malloc'd array of *total (the
+ * others get one to free, with nothing in it); called by one thread of every process at the same
+ * point. NULL with a message on failure. */
+double *ptrt_mpi_gather(ptrt_mpi *m, const double *v, int n, int root, int *total, char *err,
+                        size_t errn);
 /* Ends MPI for the process: MPI_Finalize after success, MPI_Abort(rc) after a failure (so the
  * other processes end at once, rather than at their timeout). Does nothing without MPI. */
 void ptrt_mpi_finish(int rc);

@@ -1089,28 +1089,61 @@ static int save_weights(shared *sh, char *err, size_t errn)
     return rc;
 }
 
-/* --trace: every rank's recorded instructions, as trace events beside the planned ones. */
+/* This process's ranks' recorded instructions (*n of them); under a launcher every process's, at
+ * process 0 (NULL elsewhere; *rc -1 with sh->err after a failed exchange), as 5 doubles an event
+ * (exact: small integers and times). */
+static ptc_trace_event *gather_trace(shared *sh, int *n, int *rc)
+{
+    int mine = 0, m;
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++)
+        mine += (ptrt_exec_trace(sh->runs[k].x, &m), m);
+    ptc_trace_event *ev = ptc_xmalloc(sizeof *ev * (size_t)(mine ? mine : 1));
+    *n = 0, *rc = 0;
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++, *n += m)
+        memcpy(ev + *n, ptrt_exec_trace(sh->runs[k].x, &m), sizeof *ev * (size_t)m);
+    if (!sh->mpi || ptrt_mpi_nprocesses(sh->mpi) == 1)
+        return ev;
+    double *v = ptc_xmalloc(sizeof(double) * (size_t)(5 * mine + 1)), *all;
+    for (int i = 0; i < mine; i++) {
+        double *o = v + 5 * i;
+        o[0] = ev[i].rank, o[1] = ev[i].instr, o[2] = ev[i].start, o[3] = ev[i].dur;
+        o[4] = (double)ev[i].step;
+    }
+    free(ev);
+    ev = NULL;
+    char err[512];
+    if (!(all = ptrt_mpi_gather(sh->mpi, v, 5 * mine, 0, n, err, sizeof err))) {
+        fail(sh, sh->first_local, 1, err);
+        *rc = -1;
+    } else if (ptrt_mpi_process(sh->mpi) == 0) {
+        *n /= 5;
+        ev = ptc_xmalloc(sizeof *ev * (size_t)(*n ? *n : 1));
+        for (int i = 0; i < *n; i++)
+            ev[i] = (ptc_trace_event){.rank = (int)all[5 * i], .instr = (int)all[5 * i + 1],
+                                      .start = all[5 * i + 2], .dur = all[5 * i + 3],
+                                      .step = (long long)all[5 * i + 4]};
+    }
+    free(all);
+    free(v);
+    return ev;
+}
+
+/* --trace: every rank's recorded instructions, as trace events beside the planned ones, written
+ * by process 0 under a launcher. */
 static int write_trace(shared *sh, char *err, size_t errn)
 {
-    int total = 0;
-    for (int k = 0; k < sh->nranks; k++) {
-        int n;
-        ptrt_exec_trace(sh->runs[k].x, &n);
-        total += n;
+    int n, rc;
+    ptc_trace_event *ev = gather_trace(sh, &n, &rc);
+    if (rc < 0) {
+        ptc_fmt(err, errn, "%s", sh->err);
+        return 1;
     }
-    ptc_trace_event *ev = ptc_xmalloc(sizeof *ev * (size_t)(total ? total : 1));
-    int n = 0;
-    for (int k = 0; k < sh->nranks; k++) {
-        int m;
-        const ptc_trace_event *e = ptrt_exec_trace(sh->runs[k].x, &m);
-        memcpy(ev + n, e, sizeof *ev * (size_t)m);
-        n += m;
-    }
+    if (!ev)
+        return 0;
     char title[256];
     ptc_fmt(title, sizeof title, "measured steps of '%s' (%d ranks, backend %s)", sh->plan->model,
             sh->nranks, ptrt_train_backend(sh->o)->name);
     FILE *f = fopen(sh->o->trace, "w");
-    int rc = 0;
     if (!f) {
         ptc_fmt(err, errn, "--trace: cannot write '%s': %s", sh->o->trace, strerror(errno));
         rc = 2;
@@ -1142,11 +1175,15 @@ static int setup(shared *sh, char *err, size_t errn)
     sh->first_local = 0;
     sh->nlocal = sh->nranks;
     if (sh->mpi) {
-        if (o->trace || o->dump_grads) {
-            ptc_fmt(err, errn, "%s works on ranks that are threads of one process, not under an "
-                               "MPI launcher yet", o->trace ? "--trace" : "--dump-grads");
-            return 2;
-        }
+        /* --trace: every process's times on process 0's start, through the wall clock (exact on
+         * one machine; across machines as close as NTP or PTP keeps their clocks) */
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        double mono = now(), real = (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec;
+        double real0 = ptrt_mpi_process(sh->mpi) == 0 ? real : 0;
+        if (o->trace && ptrt_mpi_sum(sh->mpi, &real0, 1, -1, err, errn) < 0)
+            return 1;
+        sh->t_base = mono - (real - real0);
         sh->comm = ptrt_mpi_comm(sh->mpi);
         sh->first_local = ptrt_mpi_first_rank(sh->mpi);
         sh->nlocal = sh->nranks / ptrt_mpi_nprocesses(sh->mpi);

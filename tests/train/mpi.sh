@@ -7,7 +7,8 @@
 # losses and weights those of the 1-rank program within 1e-5. A checkpoint written by 4 processes resumes on
 # 2 processes, on threads and on 1 rank with equal losses afterwards. A process killed with
 # SIGKILL, and one stopped (a hang), end the job non-zero within the collective timeout with a
-# message naming the rank; a process count that does not fit the mesh is refused.
+# message naming the rank; a process count that does not fit the mesh is refused. --trace of
+# processes gives the thread run's events on one clock; --dump-grads under mpirun its bytes.
 # Exit 77 (skipped) without mpirun or in a build without MPI.
 set -u -o pipefail
 ptc=${1:?usage: mpi.sh PTC PTC_TOKENIZE SOURCE_DIR}
@@ -132,6 +133,44 @@ mpirun_ 120 -np 4 ./g --data train.bin --steps 4 --threads 1 --quiet --checkpoin
   bad "--keep with parts" "$(tail -3 kp.out)"
 [ "$(ls kp | grep -c '^step_')" -eq 8 ] && ok "--keep with parts" "2 steps x (step file + 3 parts) kept" ||
   bad "--keep with parts" "files: $(ls kp | tr '\n' ' ')"
+
+# ---- --trace and --dump-grads under the launcher ----
+# --trace of 2 processes is process 0's one file with the thread run's events, every rank's; and
+# its clocks agree: on dp=2 every allreduce is both ranks', so neither rank's can end before the
+# other's starts (a process's clock off by a millisecond fails)
+"$ptc" --mesh dp=2 "$src/examples/gpt2_tiny.ptm" -o d2 > /dev/null || exit 1
+./d2 "${common[@]}" --trace t_threads.json > tt.out 2>&1 || bad "--trace (threads)" "$(tail -3 tt.out)"
+mpirun_ 120 -np 2 ./d2 "${common[@]}" --trace t_procs.json > tp.out 2>&1 ||
+  bad "--trace under mpirun" "exit $?: $(tail -5 tp.out)"
+python3 - t_threads.json t_procs.json << 'EOF' && ok "--trace under mpirun" "the thread run's events, clocks on one origin" || bad "--trace under mpirun" "see above"
+import collections, json, sys
+def load(path):
+    ev = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    return ev, collections.Counter((e["tid"], e["name"], e["args"].get("instr")) for e in ev)
+(_, want), (ev, got) = load(sys.argv[1]), load(sys.argv[2])
+if want != got or {t for t, _, _ in got} != {0, 1}:
+    sys.exit(f"  events differ: {len(got)} kinds against {len(want)}")
+ars = collections.defaultdict(list)
+for e in ev:
+    if e["name"] == "allreduce":
+        ars[(e["tid"], e["args"]["instr"])].append((e["ts"], e["ts"] + e["dur"]))
+worst = 0.0
+for (tid, instr), spans in ars.items():
+    if tid == 0:
+        for (s0, e0), (s1, e1) in zip(spans, ars[(1, instr)]):
+            worst = max(worst, s1 - e0, s0 - e1)
+print(f"  {len(ev)} events; {sum(map(len, ars.values()))} allreduces; worst gap {worst:.1f} us")
+sys.exit(0 if worst <= 50 else 1)
+EOF
+# --dump-grads of a single-device plan under the launcher: the thread run's bytes
+./one "${common[@]}" --steps 2 --dump-grads dg_threads > dg1.out 2>&1 || bad "--dump-grads" "$(tail -3 dg1.out)"
+mpirun_ 60 -np 1 ./one "${common[@]}" --steps 2 --dump-grads dg_procs > dg2.out 2>&1 ||
+  bad "--dump-grads under mpirun" "exit $?: $(tail -3 dg2.out)"
+if [ "$(ls dg_procs 2> /dev/null | wc -l)" -eq 2 ] && diff -r dg_threads dg_procs > /dev/null; then
+  ok "--dump-grads under mpirun" "the 2 steps' gradients are the thread run's bytes"
+else
+  bad "--dump-grads under mpirun" "files: $(ls dg_procs 2> /dev/null | tr '\n' ' ')"
+fi
 
 # ---- faults ----
 mpirun_ 60 -np 3 ./g --steps 1 --quiet > n3.out 2>&1
