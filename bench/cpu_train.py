@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """ptc against PyTorch: training throughput of the same GPT on the same CPU, in one run.
 
-For each model (gpt2_tiny, and a ~20M-parameter GPT-2 made from examples/gpt2.ptm with -D
-overrides) it writes one set of initial weights and one token file, then trains
+For each model (gpt2_tiny, GPT-2s made from examples/gpt2.ptm with -D overrides, and moe_small,
+a small Mixtral from examples/moe.ptm) it writes one set of initial weights and one token file,
+then trains
   - ptc: the executable `ptc MODEL.ptm -o EXE` writes, on the fast CPU backend, and
   - PyTorch: the same model written with torch.nn.functional (fused layer_norm, tanh GELU,
     cross_entropy; attention as matmul, causal mask, softmax, matmul, as torch 1.13 has no fused
     CPU attention; under PyTorch 2, run from a venv's python, scaled_dot_product_attention and
-    AdamW(fused=True), its fastest eager CPU setting), weights in nn.Linear's [out, in] layout,
+    AdamW(fused=True), its fastest eager CPU setting), weights in nn.Linear's [out, in] layout
+    (moe_small: TorchMoE below, whose experts are Hugging Face's Mixtral block),
 from those weights on those batches with the same AdamW (the model's optimizer line, weight decay
 on matrices only), a constant learning rate and gradient clipping at 1.0. The first --warmup steps
 are not timed. It prints one table (tokens/s of each and the ratio ptc/torch), the loss of the
@@ -56,7 +58,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from compare import (GPT2, batch_at, op_attr, parse_consts, parse_optimizer, run,
+    from compare import (GPT2, MoE, batch_at, op_attr, parse_consts, parse_optimizer, run,
                          save_safetensors, write_tokens)
 except ImportError as e:
     sys.exit(f"cpu_train.py: cannot import torch/numpy ({e}); run it with /usr/bin/python3")
@@ -73,6 +75,10 @@ MODELS = {
                                         "layers": 4, "batch": 8, "seq": 128}, 20, 3),
     "issue16_b": ("examples/gpt2.ptm", {"vocab": 8192, "ctx": 256, "d": 768, "heads": 12,
                                         "layers": 2, "batch": 4, "seq": 256}, 8, 2),
+    # a small Mixtral (examples/moe.ptm): 2 layers of 8 SwiGLU experts, top 2, dropless
+    "moe_small": ("examples/moe.ptm", {"vocab": 4096, "d": 256, "heads": 4, "kv_heads": 2,
+                                       "n_layers": 2, "experts": 8, "top_k": 2, "ffn": 512,
+                                       "batch": 8, "seq": 128}, 8, 2),
 }
 # PyTorch 2 (run this script with a venv's python that has it): its fastest eager CPU setting,
 # scaled_dot_product_attention and AdamW(fused=True); torch 1.13 has neither
@@ -135,6 +141,91 @@ class TorchGPT2:
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class TorchMoE:
+    """examples/moe*.ptm (dropless) written the usual PyTorch way: Llama blocks with F.rms_norm
+    and scaled_dot_product_attention over grouped heads (enable_gqa), rope with Meta's pairing
+    of adjacent elements as the language has it, and the experts as Hugging Face's Mixtral
+    writes them (MixtralSparseMoeBlock: softmax router, top-k, weights renormalised, a loop over
+    the experts, each gathering its tokens, two products and index_add_ into the output), plus
+    Switch Transformer's load-balancing loss, as the .ptm adds it."""
+
+    def __init__(self, model, init, eps):
+        if model.capacity:
+            raise ValueError("TorchMoE is dropless: the model's capacity_factor must be 0")
+        self.m, self.eps = model, eps
+        self.P = {name: torch.nn.Parameter(torch.tensor(init[name]).contiguous())
+                  for name, _, _ in model.params()}
+        dh = model.head_dim
+        j = torch.arange(dh // 2, dtype=torch.float64)
+        angle = torch.arange(model.seq, dtype=torch.float64)[:, None] * \
+            model.base ** (-2.0 * j / dh)[None, :]
+        self.cos = torch.cos(angle).float()[None, :, None, :]
+        self.sin = torch.sin(angle).float()[None, :, None, :]
+        self.act = {"swiglu": None, "silu": F.silu, "relu": F.relu,
+                    "gelu": lambda h: F.gelu(h, approximate="tanh")}[model.act]
+
+    def norm(self, x, g):
+        if hasattr(F, "rms_norm"):
+            return F.rms_norm(x, (x.shape[-1],), g, self.eps)
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * g
+
+    def rope(self, x, heads):
+        B, S, D = x.shape
+        x0, x1 = x.view(B, S, heads, D // heads // 2, 2).unbind(-1)
+        c, s = self.cos[:, :S], self.sin[:, :S]
+        return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).reshape(B, S, D)
+
+    def experts(self, x, h):
+        m, P = self.m, self.P
+        B, S, d = x.shape
+        xf = x.reshape(-1, d)
+        p = torch.softmax(xf @ P[h + "router"], dim=-1)
+        weight, chosen = torch.topk(p, m.top_k, dim=-1)
+        if m.normalize:
+            weight = weight / weight.sum(dim=-1, keepdim=True)
+        y = torch.zeros_like(xf)
+        mask = F.one_hot(chosen, m.experts).permute(2, 1, 0)  # [E, top_k, tokens]
+        for e in range(m.experts):
+            j, t = torch.where(mask[e])
+            if t.numel() == 0:
+                continue
+            hid = xf[t] @ P[h + "w_up"][e]
+            if self.act is None:
+                f = hid.shape[-1] // 2
+                a = F.silu(hid[:, :f]) * hid[:, f:]
+            else:
+                a = self.act(hid)
+            y.index_add_(0, t, (a @ P[h + "w_down"][e]) * weight[t, j, None])
+        frac = torch.bincount(chosen.reshape(-1), minlength=m.experts).float() / chosen.numel()
+        return y.view(B, S, d), m.experts * (frac * p.mean(0)).sum()
+
+    def loss(self, tokens, targets):
+        m, P = self.m, self.P
+        B, S = tokens.shape
+        H, G, dh = m.heads, m.kv_heads, m.head_dim
+        x = F.embedding(tokens, P["tok_embeddings"])
+        aux = 0
+        for i in range(m.layers):
+            h = f"layers.{i}."
+            a = self.norm(x, P[h + "attention_norm.g"])
+            q = self.rope(a @ P[h + "attention.wq"], H).view(B, S, H, dh).transpose(1, 2)
+            k = self.rope(a @ P[h + "attention.wk"], G).view(B, S, G, dh).transpose(1, 2)
+            v = (a @ P[h + "attention.wv"]).view(B, S, G, dh).transpose(1, 2)
+            if TORCH2:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=G != H)
+            else:
+                k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
+                att = (q @ k.transpose(-2, -1)) * dh ** -0.5
+                future = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+                o = F.softmax(att.masked_fill(future, float("-inf")), dim=-1) @ v
+            x = x + o.transpose(1, 2).reshape(B, S, H * dh) @ P[h + "attention.wo"]
+            y, aux_i = self.experts(self.norm(x, P[h + "ffn_norm.g"]), h)
+            x, aux = x + y, aux + aux_i
+        logits = self.norm(x, P["norm.g"]) @ P["lm_head"]
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1)) + \
+            m.aux_weight * aux
+
+
 # PyTorch's GEMMs on the CPU: the linear layers forward (addmm; the tied head mm) and every
 # product of their backward (mm). scaled_dot_product_attention's products run inside its own op,
 # as ptc's run inside its attention kernels, so neither side counts them.
@@ -146,7 +237,7 @@ def train_torch(model, init, eps, opt, tokens, steps, warmup, compiled=False, pr
     AOTAutograd its backward) under torch.compile (Inductor's C++/OpenMP kernels on the CPU),
     compiled in the warm-up steps. profile: the timed steps under torch.profiler, and instead of
     the seconds, PyTorch's GEMM milliseconds per step (the self time of TORCH_GEMMS)."""
-    net = TorchGPT2(model, init, eps)
+    net = (TorchMoE if isinstance(model, MoE) else TorchGPT2)(model, init, eps)
     loss_fn = torch.compile(net.loss) if compiled else net.loss
     decay = [p for n, p in net.P.items() if p.dim() >= 2]
     no_decay = [p for n, p in net.P.items() if p.dim() < 2]
@@ -276,7 +367,8 @@ def bench_model(name, args, wd):
     text = open(path).read()
     consts = parse_consts(text, defines)
     opt = parse_optimizer(text)
-    model = GPT2(text, consts)
+    moe = "moe" in os.path.basename(path)
+    model = (MoE if moe else GPT2)(text, consts)
     params = model.params()
     nparams = sum(int(np.prod(s)) for _, s, _ in params)
     B, T = model.batch, model.seq
@@ -293,7 +385,7 @@ def bench_model(name, args, wd):
     if args.baseline:
         run([args.baseline] + dflags + [path, "-o", base_exe], "the baseline ptc")
 
-    eps = op_attr(text, "layernorm", "eps", 1e-5)
+    eps = model.eps if moe else op_attr(text, "layernorm", "eps", 1e-5)
     ptc_s, torch_s, base_s, ptc_loss, torch_loss, base_loss = [], [], [], None, None, None
     comp_s, comp_loss = [], None
     for _ in range(args.repeat):  # alternate, so a change in the machine's load hits all
@@ -311,6 +403,8 @@ def bench_model(name, args, wd):
     # runs the same GEMMs on MKL (its own GEMM time is measured below, beside ptc's), so no system
     # on these GEMM libraries passes it; ceiling / torch bounds ptc / torch
     gemm_ms, total_ms, gemm_gflop = profile_ptc(exe, wd, steps, warmup, args.threads, opt["lr"])
+    if moe:  # (the experts' GEMMs run inside ptc's moe kernels, which the matmul row leaves out)
+        gemm_ms = gemm_gflop = None
     # PyTorch's own GEMM time, under its profiler (a separate run; the timed runs are unprofiled)
     torch_gemm_ms = None
     if hasattr(torch, "profiler"):
