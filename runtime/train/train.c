@@ -1095,12 +1095,17 @@ static int save_weights(shared *sh, char *err, size_t errn)
 static ptc_trace_event *gather_trace(shared *sh, int *n, int *rc)
 {
     int mine = 0, m;
-    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++)
-        mine += (ptrt_exec_trace(sh->runs[k].x, &m), m);
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++) {
+        ptrt_exec_trace(sh->runs[k].x, &m);
+        mine += m;
+    }
     ptc_trace_event *ev = ptc_xmalloc(sizeof *ev * (size_t)(mine ? mine : 1));
     *n = 0, *rc = 0;
-    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++, *n += m)
-        memcpy(ev + *n, ptrt_exec_trace(sh->runs[k].x, &m), sizeof *ev * (size_t)m);
+    for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++) {
+        const ptc_trace_event *e = ptrt_exec_trace(sh->runs[k].x, &m);
+        memcpy(ev + *n, e, sizeof *ev * (size_t)m);
+        *n += m;
+    }
     if (!sh->mpi || ptrt_mpi_nprocesses(sh->mpi) == 1)
         return ev;
     double *v = ptc_xmalloc(sizeof(double) * (size_t)(5 * mine + 1)), *all;
