@@ -141,7 +141,7 @@ static void experts(moe_job *j, int64_t E, const float *up, const float *down, f
                     float *gdown)
 {
     int64_t d = j->d, f = j->f, F = j->F;
-    int64_t per_row = 4 * d + 2 * F + 3 * f, most = 0;
+    int64_t per_row = 4 * d + 2 * F + 3 * f + 1, most = 0; /* (+1: never 0) */
     for (int64_t e = 0; e < E; e++)
         most = j->first[e + 1] - j->first[e] > most ? j->first[e + 1] - j->first[e] : most;
     int64_t block = ptrt_cpu_moe_scratch / per_row;
