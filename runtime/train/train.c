@@ -1180,15 +1180,17 @@ static int setup(shared *sh, char *err, size_t errn)
     sh->first_local = 0;
     sh->nlocal = sh->nranks;
     if (sh->mpi) {
-        /* --trace: every process's times on process 0's start, through the wall clock (exact on
-         * one machine; across machines as close as NTP or PTP keeps their clocks) */
-        struct timespec wall;
-        clock_gettime(CLOCK_REALTIME, &wall);
-        double mono = now(), real = (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec;
-        double real0 = ptrt_mpi_process(sh->mpi) == 0 ? real : 0;
-        if (o->trace && ptrt_mpi_sum(sh->mpi, &real0, 1, -1, err, errn) < 0)
-            return 1;
-        sh->t_base = mono - (real - real0);
+        if (o->trace) { /* every process's times on process 0's start, through the wall clock
+                         * (exact on one machine; across machines as close as NTP or PTP keeps
+                         * their clocks) */
+            struct timespec wall;
+            clock_gettime(CLOCK_REALTIME, &wall);
+            double mono = now(), real = (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec;
+            double real0 = ptrt_mpi_process(sh->mpi) == 0 ? real : 0;
+            if (ptrt_mpi_sum(sh->mpi, &real0, 1, -1, err, errn) < 0)
+                return 1;
+            sh->t_base = mono - (real - real0);
+        }
         sh->comm = ptrt_mpi_comm(sh->mpi);
         sh->first_local = ptrt_mpi_first_rank(sh->mpi);
         sh->nlocal = sh->nranks / ptrt_mpi_nprocesses(sh->mpi);

@@ -966,8 +966,8 @@ Test(cpu_attention, rope_is_the_reference_arithmetic)
 
 /* ---- mixture of experts ---- */
 
-/* route i32[B,S,K] of distinct experts below E - 1 (expert E - 1 gets no rows), about one choice
- * in 8 dropped (-1); gate f32[B,S,K] */
+/* moe_route's result for T tokens: each token's K choices distinct experts below E - 1 (expert
+ * E - 1 gets no rows), about one choice in 8 dropped (-1) */
 static int32_t *moe_route(int64_t T, int64_t K, int64_t E, uint32_t seed)
 {
     int32_t *r = ids(T * (K + 1), seed, 1 << 20);
