@@ -240,6 +240,11 @@ static bool is_param(const part *p, int v)
     return p->g->nodes[p->g->values[v].def].op == PTC_OP_PARAM;
 }
 
+static bool moe_experts(ptc_op op)
+{
+    return op == PTC_OP_MOE_FFN || op == PTC_OP_MOE_FFN_GRAD;
+}
+
 /* ZeRO-3 releases gathered parameters after use: each use gathers its own copy. */
 static bool cacheable(const part *p, int v)
 {
@@ -427,11 +432,14 @@ static ptc_placement storage(part *p, int v, ptc_placement want)
     ptc_placement pin;
     if (part_pinned(p, v, &pin))
         return pin;
-    if (p->kind == PART_DATA) {
-        ptc_op op = p->g->nodes[p->g->values[v].def].op;
-        int level = op == PTC_OP_PARAM ? 3 : 1; /* ZeRO stage that shards it */
+    ptc_op op = p->g->nodes[p->g->values[v].def].op;
+    int level = op == PTC_OP_PARAM ? 3 : 1; /* ZeRO stage that shards it */
+    if (p->kind == PART_DATA)
         return p->zero >= level ? part_zero_placement(p, &p->g->values[v].type) : pl_r();
-    }
+    /* ep is data parallel but for the experts, whose split on dim 0 (E, which ep divides) is
+     * what ZeRO's placement gives them too */
+    if (p->kind == PART_EXPERT && p->zero >= level)
+        return part_zero_placement(p, &p->g->values[v].type);
     return want.kind == PLACE_UNDECIDED || want.kind == PTC_PLACE_PARTIAL ? pl_r() : want;
 }
 
@@ -654,8 +662,10 @@ static int rule_of(part *p, int ni, ptc_placement *in, rule_out *ro)
     bool update = n->op == PTC_OP_ADAMW_UPDATE || n->op == PTC_OP_SGD_UPDATE;
     for (int k = 0; k < n->nin; k++) {
         in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
-        /* ZeRO-3: a parameter is gathered before every use but its update */
-        if (p->kind == PART_DATA && !update && is_param(p, n->in[k]))
+        /* ZeRO-3: a parameter is gathered before every use but its update (and, over ep, but
+         * the experts' use of their split weights) */
+        if (p->zero >= 3 && !update && is_param(p, n->in[k]) &&
+            (p->kind == PART_DATA || (p->kind == PART_EXPERT && !moe_experts(n->op))))
             in[k] = pl_r();
         /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
          * of elementwise ops and sumsq; any other op sees it as what it gathers to */
@@ -786,7 +796,10 @@ static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
               .axis = axis,
               .T = g->mesh.sizes[axis],
               .kind = kind,
-              .zero = kind == PART_DATA && strcmp(g->mesh.names[axis], "dp") == 0 ? o->zero : 0,
+              .zero = (kind == PART_DATA && strcmp(g->mesh.names[axis], "dp") == 0) ||
+                              kind == PART_EXPERT
+                          ? o->zero
+                          : 0,
               .o = o,
               .err = err,
               .errn = errn,

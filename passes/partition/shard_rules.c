@@ -157,6 +157,8 @@ static int rule_elementwise(part *p, int ni, const ptc_placement *in, rule_out *
         target = part_zero(p) >= 1 ? part_zero_placement(p, to) : pl_r();
     } else if (is_update(n->op)) {
         target = undecided(in[0]) ? pl_r() : in[0];
+        if (part_axis_kind(p) == PART_EXPERT && part_zero(p) >= 1 && !sharded(target))
+            target = part_zero_placement(p, to);
     }
     for (int k = 0; k < nin && undecided(target); k++) {
         const ptc_type *t = gty(p, n->in[k]);

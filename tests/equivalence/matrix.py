@@ -148,8 +148,10 @@ def ep_configs():
             for tp in (1, 2):
                 if dp * ep * tp > 8:
                     continue
+                # ZeRO shards over dp and ep (the experts over dp alone): every stage
+                # without tp, 0 and 1 with it
                 for sp in ([False, True] if tp > 1 else [False]):
-                    for zero in ([0, 1] if dp > 1 else [0]):
+                    for zero in ([0, 1] if tp > 1 else [0, 1, 2, 3]):
                         yield 1, dp, ep, tp, sp, zero
 
 

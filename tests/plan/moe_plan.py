@@ -12,6 +12,9 @@ prints and what `--emit program` runs:
   - the count exchange: all-gathers of the per-row counts i32[rows, K, E] over dp (rows of one ep
     block) and ep (all rows), and of the kept counts i32[E] over ep;
   - expert gradients are reduced over dp only, every other gradient over dp and ep in one group;
+  - ZeRO shards the experts' state over dp and everything else's over dp and ep (ep is data
+    parallel for it): per rank, stage z >= 1 the optimizer state, z >= 2 the gradients, z = 3
+    the parameters, of X expert and P - X other elements, (X / (ep dp) and (P - X) / (ep dp));
   - invariants: more ep never gives a rank more expert memory; a capacity never reserves more
     dispatch rows than dropless.
 
@@ -155,6 +158,22 @@ def main():
     check('ep' not in groups or all(c == 1 for c in groups['ep']),
           'dp=2,ep=2: nothing but the gradient norm of the expert shards is reduced over ep '
           'alone (%s)' % groups.get('ep'))
+
+    # ZeRO over dp and ep: 4 bytes an element, AdamW's two moments
+    total = int(number(ptc('--emit', 'plan', '--summary', tiny), r'([\d,]+) parameters')[0]
+                .replace(',', ''))
+    experts = TINY['layers'] * TINY['E'] * 3 * TINY['d'] * TINY['f']
+    for dp, ep in ((1, 2), (2, 2), (1, 4), (2, 4)):
+        for zero in (1, 2, 3):
+            text = ptc('--mesh', 'dp=%d,ep=%d' % (dp, ep), '--zero', str(zero), '--emit', 'plan',
+                       '--summary', tiny)
+            got = [int(number(text, r'\n\s+%s\s+([\d,]+)' % k)[0].replace(',', ''))
+                   for k in ('parameters', 'gradients', 'optimizer state')]
+            want = [4 * (experts / (ep * (dp if zero >= z else 1)) +
+                         (total - experts) / (dp * ep if zero >= z else 1)) * (2 if z == 1 else 1)
+                    for z in (3, 2, 1)]
+            check(got == want, 'moe_tiny dp=%d,ep=%d zero=%d: parameters, gradients, optimizer '
+                  'state %s a rank, closed form %s' % (dp, ep, zero, got, want))
 
     # Mixtral on dp=2,ep=4: the Done-when plan shows the all-to-alls and the expert shards
     text = ptc('--mesh', 'dp=2,ep=4', '--emit', 'plan', src + '/examples/moe.ptm')
