@@ -138,10 +138,10 @@ static void largest_tensors(FILE *f, const ptc_plan *p, const ptc_program *pg, i
     free(ids);
 }
 
-static int dp_axis(const ptc_plan *p)
+static int mesh_axis(const ptc_plan *p, const char *name)
 {
     for (int a = 0; a < p->mesh.naxes; a++)
-        if (strcmp(p->mesh.names[a], "dp") == 0 && p->mesh.sizes[a] > 1)
+        if (strcmp(p->mesh.names[a], name) == 0 && p->mesh.sizes[a] > 1)
             return a;
     return -1;
 }
@@ -149,18 +149,20 @@ static int dp_axis(const ptc_plan *p)
 /* Plans that are right but wasteful: say so. */
 static int warnings(FILE *f, const ptc_plan *p, const ptc_program *pg, const ptc_plan_stats *s)
 {
-    int n = 0, dp = dp_axis(p);
-    for (int b = 0; b < pg->nbufs && dp >= 0; b++) {
+    int n = 0, axes[2] = {mesh_axis(p, "dp"), mesh_axis(p, "ep")}; /* the axes ZeRO shards over */
+    for (int b = 0; b < pg->nbufs; b++) {
         const ptc_buffer *bf = &pg->bufs[b];
-        bool replicated = bf->view < 0 && bf->place[dp].kind == PTC_PLACE_REPLICATE;
-        if (replicated && ((bf->kind == PTC_BUF_PARAM && p->zero >= 3) ||
-                           (bf->kind == PTC_BUF_STATE && p->zero >= 1))) {
-            fprintf(f, "    - %s '%s' (", bf->kind == PTC_BUF_PARAM ? "parameter" : "state",
-                    bf->name);
-            put_bytes(f, bf->bytes);
-            fprintf(f, ") is replicated over dp under ZeRO %d\n", p->zero);
-            n++;
-        }
+        if (bf->view >= 0 || !((bf->kind == PTC_BUF_PARAM && p->zero >= 3) ||
+                               (bf->kind == PTC_BUF_STATE && p->zero >= 1)))
+            continue;
+        for (int k = 0; k < 2; k++)
+            if (axes[k] >= 0 && bf->place[axes[k]].kind == PTC_PLACE_REPLICATE) {
+                fprintf(f, "    - %s '%s' (", bf->kind == PTC_BUF_PARAM ? "parameter" : "state",
+                        bf->name);
+                put_bytes(f, bf->bytes);
+                fprintf(f, ") is replicated over %s under ZeRO %d\n", k ? "ep" : "dp", p->zero);
+                n++;
+            }
     }
     for (int i = 0; i < pg->ninstrs; i++) {
         const ptc_instr *in = &pg->instrs[i];
@@ -173,7 +175,9 @@ static int warnings(FILE *f, const ptc_plan *p, const ptc_program *pg, const ptc
             fputc('\n', f);
             n++;
         }
-        bool zero_slice = dp >= 0 && in->attrs.mesh_axis == dp;
+        /* (ZeRO keeps its part of a reduced gradient: over dp, and over ep with ZeRO) */
+        bool zero_slice = (axes[0] >= 0 && in->attrs.mesh_axis == axes[0]) ||
+                          (axes[1] >= 0 && in->attrs.mesh_axis == axes[1] && p->zero >= 1);
         if (in->kind == PTC_INSTR_KERNEL && in->op == PTC_OP_SHARD_SLICE &&
             in->phase != PTC_PHASE_FORWARD && !zero_slice) {
             fputs("    - a full-size gradient of ", f);
