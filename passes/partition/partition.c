@@ -792,14 +792,14 @@ static void walk(part *p)
 static ptc_graph *partition_axis(const ptc_graph *g, int axis, part_kind kind,
                                  const ptc_compile_opts *o, bool regather, char *err, size_t errn)
 {
+    /* ZeRO shards over dp, and over ep (data parallel for all but the experts) */
+    bool zero =
+        kind == PART_EXPERT || (kind == PART_DATA && strcmp(g->mesh.names[axis], "dp") == 0);
     part p = {.g = g,
               .axis = axis,
               .T = g->mesh.sizes[axis],
               .kind = kind,
-              .zero = (kind == PART_DATA && strcmp(g->mesh.names[axis], "dp") == 0) ||
-                              kind == PART_EXPERT
-                          ? o->zero
-                          : 0,
+              .zero = zero ? o->zero : 0,
               .o = o,
               .err = err,
               .errn = errn,

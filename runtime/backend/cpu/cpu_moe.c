@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "ref.h"
 
 #define MIN_ROWS 16 /* (a GEMM of fewer rows runs well below the library's rate) */
 
@@ -141,7 +142,7 @@ static void experts(moe_job *j, int64_t E, const float *up, const float *down, f
                     float *gdown)
 {
     int64_t d = j->d, f = j->f, F = j->F;
-    int64_t per_row = 4 * d + 2 * F + 3 * f + 1, most = 0; /* (+1: never 0) */
+    int64_t per_row = 4 * d + 2 * F + 3 * f, most = 0;
     for (int64_t e = 0; e < E; e++)
         most = j->first[e + 1] - j->first[e] > most ? j->first[e + 1] - j->first[e] : most;
     int64_t block = ptrt_cpu_moe_scratch / per_row;
@@ -218,22 +219,16 @@ int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const
                  .dx = grad ? out[0] : NULL};
     int64_t E = tu->dims[0], n = ep ? it[0].dims[0] : ptc_type_numel(&it[1]);
     if (tu->rank != 3 || td->rank != 3 || td->dims[0] != E || td->dims[2] != j.d ||
-        j.F != (j.act == PTC_ACT_SWIGLU ? 2 : 1) * j.f)
-        return 0;
+        j.F != (j.act == PTC_ACT_SWIGLU ? 2 : 1) * j.f || j.d <= 0 || j.f <= 0)
+        return 0; /* (experts of no width: the reference's, trivially) */
     int64_t *eo = ptc_xmalloc(sizeof(int64_t) * (size_t)(3 * n + E + 1));
     int64_t *first = eo + n, *src = first + E + 1, *choice = src + n;
-    if (ep) { /* the rows come by member, then by this rank's experts (ref_moe.c's ep_rows) */
-        const int32_t *counts = in[1];
-        int64_t r = 0, group = k->attrs.group, el = k->attrs.n / (group ? group : 1);
-        for (int64_t q = 0; q < group; q++)
-            for (int64_t e = 0; e < el; e++)
-                for (int32_t c = 0; c < counts[q * k->attrs.n + k->coord * el + e]; c++) {
-                    if (r >= n || e >= E) { /* more than planned: the reference says so */
-                        free(eo);
-                        return 0;
-                    }
-                    eo[r++] = e;
-                }
+    if (ep) { /* (shape inference holds w_up to the n / group experts the counts give a rank) */
+        int64_t r = ptrt_ref_moe_ep_rows(in[1], k->attrs.n, k->attrs.group, k->coord, n, eo);
+        if (r < 0) { /* more rows than planned: the reference says so */
+            free(eo);
+            return 0;
+        }
         for (int64_t i = r; i < n; i++)
             eo[i] = -1;
         j.dy = grad ? in[4] : NULL;

@@ -53,4 +53,11 @@ static inline float ptrt_round_f16(float x)
  * the f32 result would). */
 void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c);
 
+/* moe_ep_ffn's rows, received from the group's members in order of member, then of this rank's
+ * experts (counts[q * n + e]: member q's kept choices for expert e of n; this rank, at coord,
+ * holds n / group of them): expert_of[r] the local expert of row r. Returns the rows in all, or
+ * -1 when they do not fit in m. */
+int64_t ptrt_ref_moe_ep_rows(const int32_t *counts, int64_t n, int group, int coord, int64_t m,
+                             int64_t *expert_of);
+
 #endif

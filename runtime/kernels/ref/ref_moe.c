@@ -478,11 +478,8 @@ static void ffn_grad(const ptc_type *it, void *const *in, ptc_act act, void *con
     expert_free(&ex);
 }
 
-/* The rows received from the group's members are ordered by member, then by this rank's experts
- * (counts[q * n + e]: member q's kept choices for expert e). Calls fn on every row with its local
- * expert; returns the rows in all, or -1 when they do not fit in m. */
-static int64_t ep_rows(const int32_t *counts, int64_t n, int group, int coord, int64_t m,
-                       int64_t *expert_of)
+int64_t ptrt_ref_moe_ep_rows(const int32_t *counts, int64_t n, int group, int coord, int64_t m,
+                             int64_t *expert_of)
 {
     int64_t el = n / group, r = 0;
     for (int q = 0; q < group; q++)
@@ -501,7 +498,7 @@ static int ep_ffn(const ptrt_kcall *k, const ptc_type *it, void *const *in, cons
     const float *rows = in[0], *up = in[2], *down = in[3];
     int64_t m = it[0].dims[0];
     int64_t *eo = ptc_xmalloc(sizeof(int64_t) * (size_t)(m ? m : 1));
-    int64_t total = ep_rows(in[1], k->attrs.n, k->attrs.group, k->coord, m, eo);
+    int64_t total = ptrt_ref_moe_ep_rows(in[1], k->attrs.n, k->attrs.group, k->coord, m, eo);
     if (total < 0) {
         free(eo);
         ptc_fmt(err, errn, "the rows received exceed the %lld planned for them", (long long)m);
