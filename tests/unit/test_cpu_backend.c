@@ -977,6 +977,23 @@ static int32_t *moe_route(int64_t T, int64_t K, int64_t E, uint32_t seed)
     return r;
 }
 
+/* with lanes forced (ptrt_cpu_moe_lanes 1), the same bits at 2 threads as at 3: every expert runs
+ * on one thread, whichever lane takes it */
+static void same_bits_on_lanes(const char *what, ptc_op op, ptc_attrs at, int nin,
+                               const ptc_type *it, void *const *in)
+{
+    if (ptrt_cpu_moe_lanes != 1)
+        return;
+    ptrt_cpu_set_threads(2);
+    both two = run_both(op, at, nin, it, in);
+    ptrt_cpu_set_threads(3);
+    both three = run_both(op, at, nin, it, in);
+    expect_same_bits(&three, &two, what, 3);
+    free_both(&two);
+    free_both(&three);
+    ptrt_cpu_set_threads(0);
+}
+
 static void moe_case(ptc_act act, int64_t K, int64_t scratch)
 {
     const char *names[] = {"gelu", "relu", "silu", "swiglu"};
@@ -1000,20 +1017,28 @@ static void moe_case(ptc_act act, int64_t K, int64_t scratch)
              (long long)scratch);
     check_threads(what, PTC_OP_MOE_FFN, at, 5, it, (void *[]){x, route, gate, up, down}, DOT,
                   true);
+    same_bits_on_lanes(what, PTC_OP_MOE_FFN, at, 5, it, (void *[]){x, route, gate, up, down});
     snprintf(what, sizeof what, "moe_ffn_grad %s top %lld, scratch %lld", names[act],
              (long long)K, (long long)scratch);
     check_threads(what, PTC_OP_MOE_FFN_GRAD, ag, 6, it,
                   (void *[]){x, route, gate, up, down, dy}, DOT, true);
+    same_bits_on_lanes(what, PTC_OP_MOE_FFN_GRAD, ag, 6, it,
+                       (void *[]){x, route, gate, up, down, dy});
     ptrt_cpu_moe_scratch = (int64_t)1 << 22;
     free(x), free(gate), free(up), free(down), free(dy), free(route);
 }
 
+/* split (one expert at a time, its GEMMs across the threads) and lanes (experts side by side) */
 Test(cpu_moe, experts_of_every_activation)
 {
-    for (int act = 0; act < PTC_NACTS; act++) {
-        moe_case((ptc_act)act, 2, (int64_t)1 << 22);
-        moe_case((ptc_act)act, 3, 1); /* blocks of 16 rows: each expert takes several */
+    for (int lanes = 0; lanes <= 1; lanes++) {
+        ptrt_cpu_moe_lanes = lanes;
+        for (int act = 0; act < PTC_NACTS; act++) {
+            moe_case((ptc_act)act, 2, (int64_t)1 << 22);
+            moe_case((ptc_act)act, 3, 1); /* blocks of 16 rows: each expert takes several */
+        }
     }
+    ptrt_cpu_moe_lanes = -1;
 }
 
 /* moe_ep_ffn on the rows member q sends to this rank (coord 1 of 2: experts 3, 4, 5 of 6), more
@@ -1022,7 +1047,9 @@ Test(cpu_moe, expert_parallel_rows)
 {
     int64_t d = 11, f = 7, el = 3, m = 50;
     int32_t counts[12] = {9, 9, 9, 5, 0, 20, 9, 9, 9, 17, 3, 0}; /* 45 rows */
-    for (int act = 0; act < PTC_NACTS; act++) {
+    for (int c = 0; c < 2 * PTC_NACTS; c++) {
+        int act = c % PTC_NACTS;
+        ptrt_cpu_moe_lanes = c / PTC_NACTS; /* split, then lanes */
         int64_t F = act == PTC_ACT_SWIGLU ? 2 * f : f;
         ptc_type it[5] = {{.dtype = PTC_F32, .rank = 2, .dims = {m, d}},
                           {.dtype = PTC_I32, .rank = 1, .dims = {12}},
@@ -1041,6 +1068,8 @@ Test(cpu_moe, expert_parallel_rows)
                       (void *[]){rows, counts, up, down}, DOT, true);
         check_threads("moe_ep_ffn_grad", PTC_OP_MOE_EP_FFN_GRAD, ag, 5, it,
                       (void *[]){rows, counts, up, down, dy}, DOT, true);
+        same_bits_on_lanes("moe_ep_ffn_grad", PTC_OP_MOE_EP_FFN_GRAD, ag, 5, it,
+                           (void *[]){rows, counts, up, down, dy});
         int32_t over[12] = {0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 11, 0}; /* 51 rows of 50 */
         both r = run_both(PTC_OP_MOE_EP_FFN, at, 4, it, (void *[]){rows, over, up, down});
         cr_expect(r.rc_ref != 0 && strstr(r.err_ref, "exceed") != NULL, "%s", r.err_ref);
@@ -1050,6 +1079,7 @@ Test(cpu_moe, expert_parallel_rows)
         ptrt_cpu_moe_scratch = (int64_t)1 << 22;
         free(rows), free(up), free(down), free(dy);
     }
+    ptrt_cpu_moe_lanes = -1;
 }
 
 /* ---- the thread pool ---- */

@@ -234,5 +234,8 @@ int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const
 /* Floats of scratch the experts' blocks of rows take at most (default 4M: 16 MiB; a block has at
  * least 16 rows): tests lower it so that an expert's rows take several blocks. */
 extern int64_t ptrt_cpu_moe_scratch;
+/* Experts side by side on the threads (cpu_moe.c's lanes): -1 (default) when it pays, 0 never,
+ * 1 whenever two threads and two experts with rows are there (tests). */
+extern int ptrt_cpu_moe_lanes;
 
 #endif
