@@ -115,13 +115,50 @@ bool ptc_cuda_attn_mma_fits(int64_t head_dim);
 void ptc_cuda_emit_attn_mma_defs(const ptc_cuda_attn *a, const char *name, FILE *f);
 void ptc_cuda_emit_attn_mma_body(ptc_cuda_attn_kernel w, const char *name, FILE *f);
 
+/* ---- mixture of experts (cuda_moe.c: the row kernels around the experts' GEMMs) ---- */
+
+/* one expert shape of moe_ffn(_grad) (K its top_k) or moe_ep_ffn(_grad) (ep, K 1), f32: w_up
+ * [E, d, F], w_down [E, f, d], F = 2 f for swiglu */
+typedef struct ptc_cuda_moe {
+    int64_t d, f, F, K;
+    int act; /* ptc_act */
+    bool ep;
+} ptc_cuda_moe;
+
+/* The shape of a moe_ffn(_grad) or moe_ep_ffn(_grad) instruction whose operands are f32 (and
+ * whose experts are not split: moe_ffn's group 1), or false. */
+bool ptc_cuda_moe_of(const struct ptc_program *pg, const struct ptc_instr *in, ptc_cuda_moe *m);
+
+/* Whether a and b are one shape. */
+bool ptc_cuda_moe_same(const ptc_cuda_moe *a, const ptc_cuda_moe *b);
+
+typedef enum {
+    PTC_CUDA_MOE_GATHER,   /* (x, src, at) -> X */
+    PTC_CUDA_MOE_ACT,      /* (H, at) -> A */
+    PTC_CUDA_MOE_OUT,      /* (O, idx, gate, at) -> y */
+    PTC_CUDA_MOE_OUT_GRAD, /* (O, dy, idx, gate, at) -> dO, dgate */
+    PTC_CUDA_MOE_ACT_GRAD, /* (H, dA, at) -> dH */
+    PTC_CUDA_MOE_SCATTER,  /* (dX, idx, at) -> dx */
+    PTC_CUDA_MOE_NKERNELS
+} ptc_cuda_moe_kernel;
+
+extern const char *const ptc_cuda_moe_names[PTC_CUDA_MOE_NKERNELS]; /* "gather", ... */
+
+/* The kernels of shape m: k_<name>_gather, ... (and their __emu entries). */
+void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f);
+/* The launch of a moe kernel over work elements (rows, for out_grad of moe_ffn). */
+void ptc_cuda_moe_launch(const ptc_cuda_arch *arch, int64_t work, int *grid, int *block);
+
 struct ptc_plan;
+/* The distinct expert shapes of a plan; returns their number, filling at most cap. */
+int ptc_cuda_plan_moes(const struct ptc_plan *p, ptc_cuda_moe *out, int cap);
 /* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its
  * attention_shard(_grad) instructions at every coordinate of their axis; returns their number,
  * filling at most cap. */
 int ptc_cuda_plan_attentions(const struct ptc_plan *p, ptc_cuda_attn *out, int cap);
 /* ptc --emit cuda: the plan's generated kernels, then the attention kernels of each shape
- * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions). */
+ * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions), then the experts' kernels
+ * of each shape (moe0, moe1, ... in the order of ptc_cuda_plan_moes). */
 void ptc_cuda_emit_plan(const struct ptc_plan *p, FILE *f);
 
 #endif

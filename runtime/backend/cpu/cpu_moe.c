@@ -382,30 +382,6 @@ static void experts(moe_job *j, int64_t E, const weights *w, int64_t n)
     free(s);
 }
 
-/* first[E + 1] from the expert of each of n rows (-1: none); src and choice (may be NULL) in
- * expert order, each expert's rows in their order. */
-static void sort_rows(const int64_t *expert_of, int64_t n, int64_t E, int64_t K, int64_t *first,
-                      int64_t *src, int64_t *choice)
-{
-    memset(first, 0, sizeof(int64_t) * (size_t)(E + 1));
-    for (int64_t i = 0; i < n; i++)
-        if (expert_of[i] >= 0)
-            first[expert_of[i] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        first[e + 1] += first[e];
-    int64_t *at = ptc_xmalloc(sizeof(int64_t) * (size_t)(E + 1));
-    memcpy(at, first, sizeof(int64_t) * (size_t)(E + 1));
-    for (int64_t i = 0; i < n; i++) {
-        if (expert_of[i] < 0)
-            continue;
-        int64_t r = at[expert_of[i]]++;
-        src[r] = choice ? i / K : i;
-        if (choice)
-            choice[r] = i;
-    }
-    free(at);
-}
-
 int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const ptc_type *ot,
                  void *const *out)
 {
@@ -425,33 +401,22 @@ int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const
     if (tu->rank != 3 || td->rank != 3 || td->dims[0] != E || td->dims[2] != j.d ||
         j.F != (j.act == PTC_ACT_SWIGLU ? 2 : 1) * j.f || j.d <= 0 || j.f <= 0)
         return 0; /* (experts of no width: the reference's, trivially) */
-    int64_t *eo = ptc_xmalloc(sizeof(int64_t) * (size_t)(3 * n + E + 1));
-    int64_t *first = eo + n, *src = first + E + 1, *choice = src + n;
-    if (ep) { /* (shape inference holds w_up to the n / group experts the counts give a rank) */
-        int64_t r = ptrt_ref_moe_ep_rows(in[1], k->attrs.n, k->attrs.group, k->coord, n, eo);
-        if (r < 0) { /* more rows than planned: the reference says so */
-            free(eo);
-            return 0;
-        }
-        for (int64_t i = r; i < n; i++)
-            eo[i] = -1;
+    int64_t *first = ptc_xmalloc(sizeof(int64_t) * (size_t)(2 * n + E + 1));
+    int64_t *src = first + E + 1, *choice = ep ? NULL : src + n;
+    char why[160];
+    if (ptrt_moe_rows(k, it, in[1], first, src, choice, why, sizeof why) < 0) {
+        free(first); /* (the reference says why) */
+        return 0;
+    }
+    if (ep) {
         j.dy = grad ? in[4] : NULL;
     } else {
-        const int32_t *route = in[1];
-        for (int64_t i = 0; i < n; i++) {
-            if (route[i] >= E) { /* an id out of range: the reference's case */
-                free(eo);
-                return 0;
-            }
-            eo[i] = route[i] < 0 ? -1 : route[i];
-        }
         j.K = it[1].dims[it[1].rank - 1];
         j.gate = in[2];
         j.dy = grad ? in[5] : NULL;
         j.dgate = grad ? out[1] : NULL;
     }
-    sort_rows(eo, n, E, j.K, first, src, ep ? NULL : choice);
-    j.first = first, j.src = src, j.choice = ep ? NULL : choice;
+    j.first = first, j.src = src, j.choice = choice;
     for (int o = 0; o < k->nout; o++) /* rows past those received, dropped choices: zero */
         memset(out[o], 0, sizeof(float) * (size_t)ptc_type_numel(&ot[o]));
     weights w = {.up = in[ep ? 2 : 3],
@@ -459,6 +424,6 @@ int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const
                  .gup = grad ? out[ep ? 1 : 2] : NULL,
                  .gdown = grad ? out[ep ? 2 : 3] : NULL};
     experts(&j, E, &w, n);
-    free(eo);
+    free(first);
     return 1;
 }

@@ -10,6 +10,7 @@
 #include "cuda_internal.h"
 #include "cudalib.h"
 #include "kir_ops.h"
+#include "ref.h"
 #include "util.h"
 
 /* ---- the process's devices ----
@@ -521,6 +522,7 @@ typedef struct ikern { /* a kernel instruction */
     opk *ops;  /* its kernels by the rank's coordinate on the op's mesh axis (one where the op
                 * does not depend on it) */
     int nops;
+    int moe;   /* its expert shape + 1 (moe_ffn(_grad), moe_ep_ffn(_grad) in f32), or 0 */
     bool host; /* no kernel for its op yet: the executor runs it on the host */
 } ikern;
 
@@ -533,6 +535,10 @@ typedef struct cstate {
         attn_block[16][PTC_CUDA_ATTN_NKERNELS];
     ptc_cuda_attn at[16];
     int nat;
+    int moe_fn[16][PTC_CUDA_MOE_NKERNELS];
+    ptc_cuda_moe moe[16];
+    int nmoe;
+    const ptc_cuda_arch *arch;
     ikern **prog; /* [program][instruction] */
     int nprog, *ninstrs;
     ptrt_cudev scratch;
@@ -606,6 +612,160 @@ static bool same_bytes(const ptc_program *pg, int a, int b)
     return a == b || (x->region == y->region && x->offset == y->offset && (x->view >= 0) == (y->view >= 0) &&
                       x->view_axis == y->view_axis && x->view_step == y->view_step &&
                       x->view_offset == y->view_offset);
+}
+
+/* ---- the experts of a mixture of experts (cuda_moe.c's kernels, cuBLASLt's GEMMs) ---- */
+
+#define MOE_BLOCK_FLOATS ((int64_t)1 << 26) /* an expert block's matrices: 256 MiB at most */
+
+typedef struct moe_layout {
+    int64_t E, n, block, nblocks; /* experts, rows (choices), rows of a block, blocks at most */
+    int64_t floats;               /* byte offset of the block's matrices */
+    int64_t X, H, A, O, dO, dA, dH, dX; /* their float offsets there */
+} moe_layout;
+
+/* The scratch of moe instruction in: its rows by expert (int64: first, src, choice, and each
+ * block's rows), then a block's matrices, 256-byte aligned; its bytes. */
+static int64_t moe_scratch(const ptc_program *pg, const ptc_instr *in, moe_layout *out)
+{
+    ptc_cuda_moe m;
+    moe_layout l = {0};
+    if (!ptc_cuda_moe_of(pg, in, &m))
+        return 0;
+    const ptc_type *tx = &pg->bufs[in->in[0]].type, *tr = &pg->bufs[in->in[1]].type;
+    l.E = pg->bufs[in->in[m.ep ? 2 : 3]].type.dims[0];
+    l.n = m.ep ? tx->dims[0] : ptc_type_numel(tr);
+    /* an expert's rows: at most every token (it takes one at most once), or every row */
+    int64_t most = m.ep ? l.n : ptc_type_numel(tx) / m.d, per_row = 4 * m.d + 2 * m.F + 2 * m.f;
+    l.block = (MOE_BLOCK_FLOATS - 8 * 64) / per_row; /* (8 matrices, each padded to 64) */
+    const char *cap = getenv("PTC_CUDA_MOE_BLOCK"); /* (for tests: several blocks an expert) */
+    if (cap && atoll(cap) > 0 && atoll(cap) < l.block)
+        l.block = atoll(cap);
+    l.block = l.block < most ? l.block : most;
+    l.block = l.block > 1 ? l.block : 1;
+    l.nblocks = l.E + l.n / l.block + 1;
+    l.floats = ((l.E + 1 + 2 * l.n + 2 * l.nblocks) * 8 + 255) / 256 * 256;
+    int64_t at = 0, w[8] = {m.d, m.F, m.f, m.d, m.d, m.f, m.F, m.d};
+    int64_t *o[8] = {&l.X, &l.H, &l.A, &l.O, &l.dO, &l.dA, &l.dH, &l.dX};
+    for (int k = 0; k < 8; k++) {
+        *o[k] = at;
+        at += (l.block * w[k] + 63) / 64 * 64;
+    }
+    if (out)
+        *out = l;
+    return l.floats + 4 * at;
+}
+
+static int launch(void *fn, int grid, int block, void *const *ptrs, int n, char *err, size_t errn);
+
+/* one moe kernel over work elements */
+static int moe_launch(cstate *s, int id, ptc_cuda_moe_kernel w, int64_t work, void *const *args,
+                      int n, char *err, size_t errn)
+{
+    int grid, block;
+    ptc_cuda_moe_launch(s->arch, work, &grid, &block);
+    return launch(s->fns[s->moe_fn[id][w]], grid, block, args, n, err, errn);
+}
+
+static void gemm(const ptc_gemm *g, const void *a, const void *b, void *c);
+
+/* C = op(A) op(B) + beta C, f32, row-major with lda, ldb, ldc = their rows' lengths */
+static void moe_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+                     const void *b, double beta, void *c)
+{
+    ptc_gemm g = {.ta = ta, .tb = tb, .ab = PTC_F32, .cd = PTC_F32, .m = m, .n = n, .k = k,
+                  .batch = 1, .lda = ta ? m : k, .ldb = tb ? k : n, .ldc = n, .alpha = 1.0,
+                  .beta = beta};
+    gemm(&g, a, b, c);
+}
+
+static void download(void *host, const void *dev, size_t n);
+static void upload(void *dev, const void *host, size_t n);
+static void zero(void *dst, size_t n);
+
+/* moe_ffn(_grad) or moe_ep_ffn(_grad) of expert shape id, instruction ins of program pg, on the
+ * GPU: its rows by expert on the host (ptrt_moe_rows over a download of the route or counts: a
+ * sync), then, per expert and block of its rows, cuda_moe.c's kernels and the GEMMs on the
+ * stream, as cpu_moe.c runs them (see there): forward H = X W_up, A = act(H), O = A W_down;
+ * backward dA = dO W_down^T, dW_down += A^T dO, dH = act'(H) dA, dX = dH W_up^T, dW_up += X^T dH.
+ * A token's rows add into it in expert order (the experts run in order on the stream). */
+static int moe_run(cstate *s, int id, const ptc_program *pg, const ptc_instr *ins, int coord,
+                   void *const *in, void *const *out, char *err, size_t errn)
+{
+    const ptc_cuda_moe *m = &s->moe[id];
+    moe_layout l;
+    moe_scratch(pg, ins, &l);
+    bool grad = ins->op == PTC_OP_MOE_FFN_GRAD || ins->op == PTC_OP_MOE_EP_FFN_GRAD, ep = m->ep;
+    ptc_type it[PTC_MAX_RESULTS * 2];
+    for (int k = 0; k < ins->nin && k < PTC_MAX_RESULTS * 2; k++)
+        it[k] = pg->bufs[ins->in[k]].type;
+    int64_t nr = ptc_type_numel(&it[1]);
+    int32_t *route = ptc_xmalloc(sizeof(int32_t) * (size_t)(nr + 1));
+    download(route, in[1], sizeof(int32_t) * (size_t)nr);
+    int64_t *first = ptc_xcalloc((size_t)l.floats / 8, 8), *src = first + l.E + 1;
+    int64_t *choice = src + l.n;
+    int64_t *blocks = choice + l.n, *expert = ptc_xmalloc(sizeof(int64_t) * (size_t)l.nblocks);
+    ptrt_kcall kc = {.op = ins->op, .nin = ins->nin, .nout = ins->nout, .attrs = ins->attrs,
+                     .coord = coord};
+    int64_t rows = ptrt_moe_rows(&kc, it, route, first, src, ep ? NULL : choice, err, errn);
+    free(route);
+    int64_t nb = 0;
+    for (int64_t e = 0; rows >= 0 && e < l.E; e++)
+        for (int64_t r0 = first[e]; r0 < first[e + 1]; r0 += l.block, nb++) {
+            blocks[2 * nb] = r0;
+            blocks[2 * nb + 1] = first[e + 1] - r0 < l.block ? first[e + 1] : r0 + l.block;
+            expert[nb] = e;
+        }
+    char *sc = (char *)(uintptr_t)s->scratch;
+    if (rows >= 0)
+        upload(sc, first, (size_t)l.floats);
+    for (int o = 0; rows >= 0 && o < ins->nout; o++) /* dropped choices, rows not received */
+        zero(out[o], (size_t)pg->bufs[ins->out[o]].bytes);
+    float *f = (float *)(sc + l.floats);
+    void *X = f + l.X, *H = f + l.H, *A = f + l.A, *O = f + l.O, *dO = f + l.dO, *dA = f + l.dA,
+         *dH = f + l.dH, *dX = f + l.dX;
+    void *srcd = sc + 8 * (l.E + 1), *idx = ep ? srcd : sc + 8 * (l.E + 1 + l.n);
+    void *gate = ep ? in[0] : in[2], *dy = grad ? in[ep ? 4 : 5] : NULL;
+    int rc = rows < 0 ? -1 : 0;
+    for (int64_t b = 0; b < nb && rc == 0; b++) {
+        int64_t e = expert[b], c = blocks[2 * b + 1] - blocks[2 * b], d = m->d, F = m->F,
+                f1 = m->f;
+        void *at = sc + 8 * (l.E + 1 + 2 * l.n + 2 * b);
+        const char *up = (const char *)in[ep ? 2 : 3] + 4 * e * d * F,
+                   *down = (const char *)in[ep ? 3 : 4] + 4 * e * f1 * d;
+        rc = moe_launch(s, id, PTC_CUDA_MOE_GATHER, c * d, (void *[]){in[0], srcd, at, X}, 4, err,
+                        errn);
+        moe_gemm(false, false, c, F, d, X, up, 0.0, H);
+        if (rc == 0)
+            rc = moe_launch(s, id, PTC_CUDA_MOE_ACT, c * f1, (void *[]){H, at, A}, 3, err, errn);
+        if (!grad || !ep) /* (the gradient of moe_ffn needs O for dgate) */
+            moe_gemm(false, false, c, d, f1, A, down, 0.0, O);
+        if (!grad) {
+            if (rc == 0)
+                rc = moe_launch(s, id, PTC_CUDA_MOE_OUT, c * d,
+                                (void *[]){O, idx, gate, at, out[0]}, 5, err, errn);
+            continue;
+        }
+        void *dgate = ep ? dO : out[1];
+        char *gup = (char *)out[ep ? 1 : 2] + 4 * e * d * F,
+             *gdown = (char *)out[ep ? 2 : 3] + 4 * e * f1 * d;
+        if (rc == 0)
+            rc = moe_launch(s, id, PTC_CUDA_MOE_OUT_GRAD, ep ? c * d : c,
+                            (void *[]){O, dy, idx, gate, at, dO, dgate}, 7, err, errn);
+        moe_gemm(false, true, c, f1, d, dO, down, 0.0, dA);
+        moe_gemm(true, false, f1, d, c, A, dO, 1.0, gdown);
+        if (rc == 0)
+            rc = moe_launch(s, id, PTC_CUDA_MOE_ACT_GRAD, c * f1, (void *[]){H, dA, at, dH}, 4,
+                            err, errn);
+        moe_gemm(false, true, c, d, F, dH, up, 0.0, dX);
+        moe_gemm(true, false, d, F, c, X, dH, 1.0, gup);
+        if (rc == 0)
+            rc = moe_launch(s, id, PTC_CUDA_MOE_SCATTER, c * d, (void *[]){dX, idx, at, out[0]},
+                            4, err, errn);
+    }
+    free(first); /* (and blocks) */
+    free(expert);
+    return rc;
 }
 
 /* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
@@ -710,6 +870,18 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
         ptc_fmt(err, errn, "the plan has %d attention shapes; the CUDA backend takes 16", s->nat);
     if (attn_scratch > s->scratch_bytes)
         s->scratch_bytes = attn_scratch;
+    s->nmoe = ptc_cuda_plan_moes(p, s->moe, 16);
+    for (int m = 0; m < s->nmoe && m < 16; m++) {
+        char id[16];
+        ptc_fmt(id, sizeof id, "%d", m);
+        for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++)
+            s->moe_fn[m][w] = add_name(nm, "k_moe%s_%s", id, ptc_cuda_moe_names[w]);
+    }
+    if (rc == 0 && s->nmoe > 16) {
+        ptc_fmt(err, errn, "the plan has %d expert shapes; the CUDA backend takes 16", s->nmoe);
+        rc = -1;
+    }
+    s->arch = arch;
     /* every other kernel instruction of every program */
     uint64_t *hashes = NULL;
     int nh = 0, caph = 0;
@@ -738,6 +910,18 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
                         ptc_fmt(err, errn, "internal error: an attention with no CUDA kernels");
                         rc = -1;
                     }
+                continue;
+            }
+            ptc_cuda_moe moe;
+            if (ptc_cuda_moe_of(pg, in, &moe)) {
+                for (int m = 0; m < s->nmoe && !ik->moe; m++)
+                    ik->moe = ptc_cuda_moe_same(&s->moe[m], &moe) ? m + 1 : 0;
+                if (!ik->moe) {
+                    ptc_fmt(err, errn, "internal error: experts with no CUDA kernels");
+                    rc = -1;
+                }
+                int64_t need = moe_scratch(pg, in, NULL);
+                s->scratch_bytes = need > s->scratch_bytes ? need : s->scratch_bytes;
                 continue;
             }
             ik->nops = per_rank ? p->mesh.sizes[in->attrs.mesh_axis] : 1;
@@ -919,6 +1103,8 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, voi
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
         return rc;
     }
+    if (ik->moe)
+        return moe_run(s, ik->moe - 1, &p->programs[prog], ins, coord, in, out, err, errn);
     if (ik->host)
         return PTRT_ON_HOST;
     const opk *ko = &ik->ops[ik->nops > 1 ? coord : 0];

@@ -60,4 +60,14 @@ void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c);
 int64_t ptrt_ref_moe_ep_rows(const int32_t *counts, int64_t n, int group, int coord, int64_t m,
                              int64_t *expert_of);
 
+/* The rows of a moe_ffn(_grad) or moe_ep_ffn(_grad) call in expert order, for kernels that run an
+ * expert's rows together (cpu_moe.c, the CUDA backend): expert e's rows are first[e] ..
+ * first[e + 1] (E + 1 entries), each expert's in the order of its choices (tokens) or rows; row
+ * r reads row src[r] of x (moe_ffn: its token; moe_ep_ffn: the row received), and moe_ffn's
+ * choice[r] is its choice, t top_k + j (choice NULL for moe_ep_ffn). route: moe_ffn's expert ids
+ * (-1: dropped), or moe_ep_ffn's counts; src and choice take a row per choice (moe_ffn) or per
+ * row planned (moe_ep_ffn). Returns the rows, or -1 with the reference's message. */
+int64_t ptrt_moe_rows(const ptrt_kcall *k, const ptc_type *it, const int32_t *route,
+                      int64_t *first, int64_t *src, int64_t *choice, char *err, size_t errn);
+
 #endif

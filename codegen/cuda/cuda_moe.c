@@ -1,0 +1,217 @@
+/* cuda_moe.c - the row kernels of a mixture of experts on the GPU, one set per expert shape of a
+ * plan (see cuda_emit.h). The CUDA backend runs moe_ffn(_grad) and moe_ep_ffn(_grad) in f32 as
+ * cpu_moe.c does on the CPU: an expert's rows a block at a time, each product one cuBLASLt GEMM,
+ * and around the GEMMs these kernels:
+ *
+ *   gather    X[i] = x[src[r]]                         the block's rows of x
+ *   act       A = act(H)                               (swiglu: silu(H[:, :f]) * H[:, f:])
+ *   out       y[token] += gate O (moe_ffn), y[r] = O (moe_ep_ffn)
+ *   out_grad  dgate = O . dy[token], dO = gate dy[token] (moe_ffn); dO = dy[r] (moe_ep_ffn)
+ *   act_grad  dH = act'(H) dA
+ *   scatter   dx[token] += dX (moe_ffn), dx[r] = dX (moe_ep_ffn)
+ *
+ * The block is rows at[0] .. at[1] of the call's rows in expert order (at: two int64 in device
+ * memory, so that one compiled kernel takes every block), row r reading src[r] and, for moe_ffn,
+ * being choice[r] = t K + j. Every loop strides over the grid, one element (out_grad of moe_ffn:
+ * one row) a thread. An expert takes a token at most once, so a block's rows write distinct
+ * tokens: no two threads store one element, and the experts run one after another on the
+ * stream, so sums over a token's experts are in expert order, as on the CPU. The activations are
+ * the kernel IR's formulas (GPT-2's tanh GELU, x sigmoid(x)); dgate sums in double, as the CPU's.
+ */
+#include <string.h>
+
+#include "cuda_emit.h"
+#include "plan.h"
+
+const char *const ptc_cuda_moe_names[PTC_CUDA_MOE_NKERNELS] = {"gather",   "act",      "out",
+                                                               "out_grad", "act_grad", "scatter"};
+
+bool ptc_cuda_moe_of(const ptc_program *pg, const ptc_instr *in, ptc_cuda_moe *m)
+{
+    bool ep = in->op == PTC_OP_MOE_EP_FFN || in->op == PTC_OP_MOE_EP_FFN_GRAD;
+    if (in->kind != PTC_INSTR_KERNEL ||
+        (!ep && in->op != PTC_OP_MOE_FFN && in->op != PTC_OP_MOE_FFN_GRAD) ||
+        (!ep && in->attrs.group > 1))
+        return false;
+    for (int k = 0; k < in->nin; k++) /* (the route and counts are i32) */
+        if (k != 1 && pg->bufs[in->in[k]].type.dtype != PTC_F32)
+            return false;
+    const ptc_type *tu = &pg->bufs[in->in[ep ? 2 : 3]].type;
+    const ptc_type *td = &pg->bufs[in->in[ep ? 3 : 4]].type, *tr = &pg->bufs[in->in[1]].type;
+    if (tu->rank != 3 || td->rank != 3 || tu->dims[1] <= 0 || td->dims[1] <= 0)
+        return false;
+    *m = (ptc_cuda_moe){.d = tu->dims[1],
+                        .f = td->dims[1],
+                        .F = tu->dims[2],
+                        .K = ep ? 1 : tr->dims[tr->rank - 1],
+                        .act = in->attrs.act,
+                        .ep = ep};
+    return m->F == (m->act == PTC_ACT_SWIGLU ? 2 : 1) * m->f && td->dims[2] == m->d;
+}
+
+bool ptc_cuda_moe_same(const ptc_cuda_moe *a, const ptc_cuda_moe *b)
+{
+    return a->d == b->d && a->f == b->f && a->F == b->F && a->K == b->K && a->act == b->act &&
+           a->ep == b->ep;
+}
+
+int ptc_cuda_plan_moes(const ptc_plan *p, ptc_cuda_moe *out, int cap)
+{
+    int n = 0;
+    for (int g = 0; g < p->nprograms; g++)
+        for (int i = 0; i < p->programs[g].ninstrs; i++) {
+            ptc_cuda_moe m;
+            if (!ptc_cuda_moe_of(&p->programs[g], &p->programs[g].instrs[i], &m))
+                continue;
+            bool seen = false;
+            for (int j = 0; j < n && j < cap && !seen; j++)
+                seen = ptc_cuda_moe_same(&out[j], &m);
+            if (!seen && n < cap)
+                out[n] = m;
+            n += !seen;
+        }
+    return n;
+}
+
+void ptc_cuda_moe_launch(const ptc_cuda_arch *arch, int64_t work, int *grid, int *block)
+{
+    int64_t b = 256, g = (work + b - 1) / b, wave = (int64_t)arch->sms * (2048 / b);
+    *block = (int)b;
+    *grid = (int)(g < 1 ? 1 : g > wave ? wave : g);
+}
+
+/* the kernels' parameters (@: the shape's name), and their types for the emulation's entries: f
+ * float, L an index array (src, or choice), l the block's rows (at); the results come last (one;
+ * out_grad's two) */
+static const char *const params[PTC_CUDA_MOE_NKERNELS] = {
+    "const float *PTC_RESTRICT x, const long long *PTC_RESTRICT src, const long long *at, "
+    "float *PTC_RESTRICT X",
+    "const float *PTC_RESTRICT H, const long long *at, float *PTC_RESTRICT A",
+    "const float *PTC_RESTRICT O, const long long *PTC_RESTRICT idx, "
+    "const float *PTC_RESTRICT gate, const long long *at, float *PTC_RESTRICT y",
+    "const float *PTC_RESTRICT O, const float *PTC_RESTRICT dy, "
+    "const long long *PTC_RESTRICT idx, const float *PTC_RESTRICT gate, const long long *at, "
+    "float *PTC_RESTRICT dO, float *PTC_RESTRICT dgate",
+    "const float *PTC_RESTRICT H, const float *PTC_RESTRICT dA, const long long *at, "
+    "float *PTC_RESTRICT dH",
+    "const float *PTC_RESTRICT dX, const long long *PTC_RESTRICT idx, const long long *at, "
+    "float *PTC_RESTRICT dx",
+};
+static const char *const types[PTC_CUDA_MOE_NKERNELS] = {"fLlf",    "flf",  "fLflf",
+                                                         "ffLflff", "fflf", "fLlf"};
+
+#define LOOP(n)                                                                                    \
+    "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " n              \
+    ";\n         i += (long long)gridDim.x * blockDim.x) {\n"
+#define ROWS "    long long r0 = PTC_LD(at, 0), c = PTC_LD(at, 1) - r0;\n"
+
+/* clang-format off */
+static const char *const bodies[PTC_CUDA_MOE_NKERNELS] = {
+    /* gather */
+    ROWS LOOP("c * @_D") "        long long r = i / @_D, k = i % @_D;\n"
+                         "        PTC_ST(X, i, PTC_LD(x, PTC_LD(src, r0 + r) * @_D + k));\n"
+                         "    }\n",
+    /* act */
+    ROWS LOOP("c * @_f") "        long long r = i / @_f, j = i % @_f;\n"
+                         "        float h = PTC_LD(H, r * @_F + j);\n"
+                         "#if @_ACT == 3\n"
+                         "        PTC_ST(A, i, @_act(h) * PTC_LD(H, r * @_F + @_f + j));\n"
+                         "#else\n"
+                         "        PTC_ST(A, i, @_act(h));\n"
+                         "#endif\n"
+                         "    }\n",
+    /* out */
+    ROWS LOOP("c * @_D") "        long long r = i / @_D, k = i % @_D, q = PTC_LD(idx, r0 + r);\n"
+                         "#if @_EP\n"
+                         "        PTC_ST(y, q * @_D + k, PTC_LD(O, i));\n"
+                         "#else\n"
+                         "        long long t = q / @_K;\n"
+                         "        PTC_ST(y, t * @_D + k, PTC_LD(y, t * @_D + k) + "
+                         "PTC_LD(gate, q) * PTC_LD(O, i));\n"
+                         "#endif\n"
+                         "    }\n",
+    /* out_grad */
+    ROWS "#if @_EP\n"
+    LOOP("c * @_D") "        long long r = i / @_D, k = i % @_D;\n"
+                    "        PTC_ST(dO, i, PTC_LD(dy, PTC_LD(idx, r0 + r) * @_D + k));\n"
+                    "    }\n"
+    "#else\n"
+    LOOP("c") "        long long q = PTC_LD(idx, r0 + i), t = q / @_K;\n"
+              "        float g = PTC_LD(gate, q);\n"
+              "        double s = 0;\n"
+              "        for (long long k = 0; k < @_D; k++) {\n"
+              "            float e = PTC_LD(dy, t * @_D + k);\n"
+              "            s += (double)PTC_LD(O, i * @_D + k) * e;\n"
+              "            PTC_ST(dO, i * @_D + k, g * e);\n"
+              "        }\n"
+              "        PTC_ST(dgate, q, (float)s);\n"
+              "    }\n"
+    "#endif\n",
+    /* act_grad */
+    ROWS LOOP("c * @_f") "        long long r = i / @_f, j = i % @_f;\n"
+                         "        float h = PTC_LD(H, r * @_F + j), da = PTC_LD(dA, i);\n"
+                         "#if @_ACT == 3\n"
+                         "        float h2 = PTC_LD(H, r * @_F + @_f + j);\n"
+                         "        PTC_ST(dH, r * @_F + @_f + j, da * @_act(h));\n"
+                         "        PTC_ST(dH, r * @_F + j, @_grad(h, da * h2));\n"
+                         "#else\n"
+                         "        PTC_ST(dH, r * @_F + j, @_grad(h, da));\n"
+                         "#endif\n"
+                         "    }\n",
+    /* scatter */
+    ROWS LOOP("c * @_D") "        long long r = i / @_D, k = i % @_D, q = PTC_LD(idx, r0 + r);\n"
+                         "#if @_EP\n"
+                         "        PTC_ST(dx, q * @_D + k, PTC_LD(dX, i));\n"
+                         "#else\n"
+                         "        long long t = q / @_K;\n"
+                         "        PTC_ST(dx, t * @_D + k, PTC_LD(dx, t * @_D + k) + "
+                         "PTC_LD(dX, i));\n"
+                         "#endif\n"
+                         "    }\n",
+};
+/* clang-format on */
+
+/* the activation and its gradient (act'(h) dy) of the shape, as the kernel IR computes them */
+static const char *const acts =
+    "PTC_DEVICE float @_sig(float x)\n{\n    return 1.0f / (1.0f + expf(-x));\n}\n"
+    "PTC_DEVICE float @_gelu_t(float x)\n{\n"
+    "    return tanhf(0.7978845608028654f * (x + 0.044715f * (x * x * x)));\n}\n"
+    "PTC_DEVICE float @_act(float x)\n{\n"
+    "#if @_ACT == 0\n    return 0.5f * x * (1.0f + @_gelu_t(x));\n"
+    "#elif @_ACT == 1\n    return x < 0.0f ? 0.0f : x;\n"
+    "#else\n    return x * @_sig(x);\n#endif\n}\n"
+    "PTC_DEVICE float @_grad(float x, float dy)\n{\n"
+    "#if @_ACT == 0\n"
+    "    float t = @_gelu_t(x), a = 0.5f * (1.0f + t);\n"
+    "    float d = 0.5f * x * (1.0f - t * t) * (0.7978845608028654f * (1.0f + 0.134145f * (x * "
+    "x)));\n"
+    "    return (a + d) * dy;\n"
+    "#elif @_ACT == 1\n    return 0.0f < x ? dy : 0.0f;\n"
+    "#else\n    float s = @_sig(x);\n    return s * (1.0f + x * (1.0f - s)) * dy;\n#endif\n}\n";
+
+void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f)
+{
+    static const char *const act_names[] = {"gelu", "relu", "silu", "swiglu"};
+    fprintf(f,
+            "/* experts %s: %s, d %lld, %s %lld%s (the rows around the GEMMs; cuda_moe.c) */\n"
+            "#define %s_D %lldLL\n#define %s_f %lldLL\n#define %s_F %lldLL\n#define %s_K %lldLL\n"
+            "#define %s_ACT %d\n#define %s_EP %d\n",
+            name, m->ep ? "moe_ep_ffn" : "moe_ffn", (long long)m->d,
+            m->act >= 0 && m->act < 4 ? act_names[m->act] : "?", (long long)m->f,
+            m->ep ? "" : ", top_k rows a token", name, (long long)m->d, name, (long long)m->f, name,
+            (long long)m->F, name, (long long)m->K, name, m->act, name, m->ep ? 1 : 0);
+    ptc_cuda_put_named(f, acts, name);
+    for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++) {
+        fprintf(f, "PTC_KERNEL __launch_bounds__(256) k_%s_%s(", name, ptc_cuda_moe_names[w]);
+        ptc_cuda_put_named(f, params[w], name);
+        fputs(")\n{\n", f);
+        ptc_cuda_put_named(f, bodies[w], name);
+        fprintf(f, "}\n#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
+                name, ptc_cuda_moe_names[w], name, ptc_cuda_moe_names[w]);
+        int n = (int)strlen(types[w]), nout = w == PTC_CUDA_MOE_OUT_GRAD ? 2 : 1;
+        for (int i = 0; i < n; i++)
+            fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", i < n - nout ? "const " : "",
+                    types[w][i] == 'f' ? "float" : "long long", i);
+        fputs(");\n}\n#endif\n", f);
+    }
+}
