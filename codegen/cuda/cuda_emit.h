@@ -149,7 +149,33 @@ void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f);
 /* The launch of a moe kernel over work elements (rows, for out_grad of moe_ffn). */
 void ptc_cuda_moe_launch(const ptc_cuda_arch *arch, int64_t work, int *grid, int *block);
 
+/* Expert parallelism's row ops on rows of d (moe_pack, moe_unpack, moe_combine,
+ * moe_combine_grad), n choices, K a token: each choice's row pos[c] (-1: dropped) comes from the
+ * host; one thread an element (combine_grad: a choice), a token's choices summed in order. */
+typedef struct ptc_cuda_moe_rows {
+    int64_t d, K, n;
+} ptc_cuda_moe_rows;
+
+typedef enum {
+    PTC_CUDA_MOE_PACK,         /* (x, pos) -> rows (zeroed first) */
+    PTC_CUDA_MOE_UNPACK,       /* (rows, pos) -> y */
+    PTC_CUDA_MOE_COMBINE,      /* (rows, pos, gate) -> y */
+    PTC_CUDA_MOE_COMBINE_GRAD, /* (rows, pos, gate, dy) -> drows (zeroed first), dgate */
+    PTC_CUDA_MOE_ROWS_NKERNELS
+} ptc_cuda_moe_rows_kernel;
+
+extern const char *const ptc_cuda_moe_rows_names[PTC_CUDA_MOE_ROWS_NKERNELS]; /* "pack", ... */
+
+/* The shape of a moe_pack, moe_unpack, moe_combine or moe_combine_grad instruction of f32 rows,
+ * or false. */
+bool ptc_cuda_moe_rows_of(const struct ptc_program *pg, const struct ptc_instr *in,
+                          ptc_cuda_moe_rows *m);
+/* The kernels of shape m: k_<name>_pack, ... (and their __emu entries). */
+void ptc_cuda_emit_moe_rows(const ptc_cuda_moe_rows *m, const char *name, FILE *f);
+
 struct ptc_plan;
+/* The distinct row shapes of a plan's expert-parallel row ops. */
+int ptc_cuda_plan_moe_rows(const struct ptc_plan *p, ptc_cuda_moe_rows *out, int cap);
 /* The distinct expert shapes of a plan; returns their number, filling at most cap. */
 int ptc_cuda_plan_moes(const struct ptc_plan *p, ptc_cuda_moe *out, int cap);
 /* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its
@@ -158,7 +184,8 @@ int ptc_cuda_plan_moes(const struct ptc_plan *p, ptc_cuda_moe *out, int cap);
 int ptc_cuda_plan_attentions(const struct ptc_plan *p, ptc_cuda_attn *out, int cap);
 /* ptc --emit cuda: the plan's generated kernels, then the attention kernels of each shape
  * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions), then the experts' kernels
- * of each shape (moe0, moe1, ... in the order of ptc_cuda_plan_moes). */
+ * of each shape (moe0, moe1, ... in the order of ptc_cuda_plan_moes), then expert parallelism's
+ * row kernels of each row shape (moerows0, ...: ptc_cuda_plan_moe_rows). */
 void ptc_cuda_emit_plan(const struct ptc_plan *p, FILE *f);
 
 #endif

@@ -215,3 +215,117 @@ void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f)
         fputs(");\n}\n#endif\n", f);
     }
 }
+
+/* ---- expert parallelism's row ops ---- */
+
+const char *const ptc_cuda_moe_rows_names[PTC_CUDA_MOE_ROWS_NKERNELS] = {"pack", "unpack",
+                                                                         "combine", "combine_grad"};
+
+bool ptc_cuda_moe_rows_of(const ptc_program *pg, const ptc_instr *in, ptc_cuda_moe_rows *m)
+{
+    if (in->kind != PTC_INSTR_KERNEL ||
+        (in->op != PTC_OP_MOE_PACK && in->op != PTC_OP_MOE_UNPACK && in->op != PTC_OP_MOE_COMBINE &&
+         in->op != PTC_OP_MOE_COMBINE_GRAD))
+        return false;
+    for (int k = 0; k < in->nin; k++) /* (the route is i32) */
+        if (k != 1 && pg->bufs[in->in[k]].type.dtype != PTC_F32)
+            return false;
+    const ptc_type *tx = &pg->bufs[in->in[0]].type, *tr = &pg->bufs[in->in[1]].type;
+    if (tr->rank < 1 || tx->rank < 1)
+        return false;
+    *m = (ptc_cuda_moe_rows){
+        .d = tx->dims[tx->rank - 1], .K = tr->dims[tr->rank - 1], .n = ptc_type_numel(tr)};
+    return m->d > 0 && m->K > 0 && m->n > 0;
+}
+
+int ptc_cuda_plan_moe_rows(const ptc_plan *p, ptc_cuda_moe_rows *out, int cap)
+{
+    int n = 0;
+    for (int g = 0; g < p->nprograms; g++)
+        for (int i = 0; i < p->programs[g].ninstrs; i++) {
+            ptc_cuda_moe_rows m;
+            if (!ptc_cuda_moe_rows_of(&p->programs[g], &p->programs[g].instrs[i], &m))
+                continue;
+            bool seen = false;
+            for (int j = 0; j < n && j < cap && !seen; j++)
+                seen = out[j].d == m.d && out[j].K == m.K && out[j].n == m.n;
+            if (!seen && n < cap)
+                out[n] = m;
+            n += !seen;
+        }
+    return n;
+}
+
+static const char *const row_params[PTC_CUDA_MOE_ROWS_NKERNELS] = {
+    "const float *PTC_RESTRICT x, const long long *PTC_RESTRICT pos, float *PTC_RESTRICT rows",
+    "const float *PTC_RESTRICT rows, const long long *PTC_RESTRICT pos, float *PTC_RESTRICT y",
+    "const float *PTC_RESTRICT rows, const long long *PTC_RESTRICT pos, "
+    "const float *PTC_RESTRICT gate, float *PTC_RESTRICT y",
+    "const float *PTC_RESTRICT rows, const long long *PTC_RESTRICT pos, "
+    "const float *PTC_RESTRICT gate, const float *PTC_RESTRICT dy, float *PTC_RESTRICT drows, "
+    "float *PTC_RESTRICT dgate",
+};
+static const char *const row_types[PTC_CUDA_MOE_ROWS_NKERNELS] = {"fLf", "fLf", "fLff", "fLffff"};
+
+/* clang-format off */
+static const char *const row_bodies[PTC_CUDA_MOE_ROWS_NKERNELS] = {
+    /* pack: rows[pos[c]] = x[token of c] */
+    LOOP("@_N * @_D") "        long long c = i / @_D, k = i % @_D, p = PTC_LD(pos, c);\n"
+                      "        if (p >= 0)\n"
+                      "            PTC_ST(rows, p * @_D + k, PTC_LD(x, (c / @_K) * @_D + k));\n"
+                      "    }\n",
+    /* unpack: y[t] = the sum of t's rows, its choices in order */
+    LOOP("@_N / @_K * @_D") "        long long t = i / @_D, k = i % @_D;\n"
+                            "        double s = 0;\n"
+                            "        for (long long j = 0; j < @_K; j++) {\n"
+                            "            long long p = PTC_LD(pos, t * @_K + j);\n"
+                            "            if (p >= 0)\n"
+                            "                s += PTC_LD(rows, p * @_D + k);\n"
+                            "        }\n"
+                            "        PTC_ST(y, i, (float)s);\n"
+                            "    }\n",
+    /* combine: y[t] = the sum of gate * row over t's choices */
+    LOOP("@_N / @_K * @_D") "        long long t = i / @_D, k = i % @_D;\n"
+                            "        double s = 0;\n"
+                            "        for (long long j = 0; j < @_K; j++) {\n"
+                            "            long long p = PTC_LD(pos, t * @_K + j);\n"
+                            "            if (p >= 0)\n"
+                            "                s += (double)PTC_LD(gate, t * @_K + j) * "
+                            "PTC_LD(rows, p * @_D + k);\n"
+                            "        }\n"
+                            "        PTC_ST(y, i, (float)s);\n"
+                            "    }\n",
+    /* combine_grad: drows[pos[c]] = gate dy[t], dgate[c] = row . dy[t] (0 where dropped) */
+    LOOP("@_N") "        long long p = PTC_LD(pos, i), t = i / @_K;\n"
+                "        double s = 0, g = PTC_LD(gate, i);\n"
+                "        for (long long k = 0; k < @_D && p >= 0; k++) {\n"
+                "            float e = PTC_LD(dy, t * @_D + k);\n"
+                "            s += (double)PTC_LD(rows, p * @_D + k) * e;\n"
+                "            PTC_ST(drows, p * @_D + k, (float)(g * e));\n"
+                "        }\n"
+                "        PTC_ST(dgate, i, (float)s);\n"
+                "    }\n",
+};
+/* clang-format on */
+
+void ptc_cuda_emit_moe_rows(const ptc_cuda_moe_rows *m, const char *name, FILE *f)
+{
+    fprintf(f,
+            "/* expert parallelism's rows %s: %lld choices, %lld a token, rows of %lld "
+            "(cuda_moe.c) */\n#define %s_D %lldLL\n#define %s_K %lldLL\n#define %s_N %lldLL\n",
+            name, (long long)m->n, (long long)m->K, (long long)m->d, name, (long long)m->d, name,
+            (long long)m->K, name, (long long)m->n);
+    for (int w = 0; w < PTC_CUDA_MOE_ROWS_NKERNELS; w++) {
+        fprintf(f, "PTC_KERNEL __launch_bounds__(256) k_%s_%s(", name, ptc_cuda_moe_rows_names[w]);
+        ptc_cuda_put_named(f, row_params[w], name);
+        fputs(")\n{\n", f);
+        ptc_cuda_put_named(f, row_bodies[w], name);
+        fprintf(f, "}\n#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
+                name, ptc_cuda_moe_rows_names[w], name, ptc_cuda_moe_rows_names[w]);
+        int n = (int)strlen(row_types[w]), nout = w == PTC_CUDA_MOE_COMBINE_GRAD ? 2 : 1;
+        for (int i = 0; i < n; i++)
+            fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", i < n - nout ? "const " : "",
+                    row_types[w][i] == 'f' ? "float" : "long long", i);
+        fputs(");\n}\n#endif\n", f);
+    }
+}

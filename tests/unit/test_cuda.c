@@ -822,6 +822,23 @@ static void nvrtc_check_with(const char *rel, const char *name, const par_opts *
                 snprintf(entry, sizeof entry, ".entry k_attn%d_%s(", i, ptc_cuda_attn_names[w]);
                 cr_expect_not_null(strstr(ptx, entry), "%s: no %s in the PTX", rel, entry);
             }
+        ptc_cuda_moe moe[16]; /* the experts' and expert parallelism's row kernels */
+        ptc_cuda_moe_rows rows[16];
+        int nmoe = ptc_cuda_plan_moes(p, moe, 16), nrows = ptc_cuda_plan_moe_rows(p, rows, 16);
+        cr_expect_eq(nmoe > 0, strstr(rel, "moe") != NULL, "%s: %d expert shapes", rel, nmoe);
+        for (int i = 0; i < nmoe; i++)
+            for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++) {
+                char entry[256];
+                snprintf(entry, sizeof entry, ".entry k_moe%d_%s(", i, ptc_cuda_moe_names[w]);
+                cr_expect_not_null(strstr(ptx, entry), "%s: no %s in the PTX", rel, entry);
+            }
+        for (int i = 0; i < nrows; i++)
+            for (int w = 0; w < PTC_CUDA_MOE_ROWS_NKERNELS; w++) {
+                char entry[256];
+                snprintf(entry, sizeof entry, ".entry k_moerows%d_%s(", i,
+                         ptc_cuda_moe_rows_names[w]);
+                cr_expect_not_null(strstr(ptx, entry), "%s: no %s in the PTX", rel, entry);
+            }
         int got = 0;
         for (const char *u = ptx; (u = strstr(u, ".entry k_")); u++)
             got++;
@@ -859,6 +876,8 @@ Test(cuda, nvrtc_and_ptxas_every_example)
         snprintf(rel, sizeof rel, "examples/%s.ptm", models[i]);
         nvrtc_check(rel, models[i], NULL, 0);
     }
+    par_opts ep2 = {.axes = {"ep"}, .sizes = {2}}; /* expert parallelism's row kernels (moe_pack, ...) */
+    nvrtc_check("examples/moe_tiny.ptm", "moe_tiny_ep2", &ep2, 0);
 }
 
 /* 16-bit plans: their attention on tensor cores (mma.sync and the packing conversions are PTX

@@ -523,6 +523,7 @@ typedef struct ikern { /* a kernel instruction */
                 * does not depend on it) */
     int nops;
     int moe;   /* its expert shape + 1 (moe_ffn(_grad), moe_ep_ffn(_grad) in f32), or 0 */
+    int rows;  /* its row shape + 1 (moe_pack, moe_unpack, moe_combine(_grad) in f32), or 0 */
     bool host; /* no kernel for its op yet: the executor runs it on the host */
 } ikern;
 
@@ -538,6 +539,9 @@ typedef struct cstate {
     int moe_fn[16][PTC_CUDA_MOE_NKERNELS];
     ptc_cuda_moe moe[16];
     int nmoe;
+    int rows_fn[16][PTC_CUDA_MOE_ROWS_NKERNELS];
+    ptc_cuda_moe_rows rows[16];
+    int nrows;
     const ptc_cuda_arch *arch;
     ikern **prog; /* [program][instruction] */
     int nprog, *ninstrs;
@@ -768,6 +772,47 @@ static int moe_run(cstate *s, int id, const ptc_program *pg, const ptc_instr *in
     return rc;
 }
 
+/* moe_pack, moe_unpack, moe_combine or moe_combine_grad of row shape id on the GPU: each choice's
+ * row on the host (ptrt_ref_moe_row_of over a download of the route: a sync), then one kernel */
+static int moe_rows_run(cstate *s, int id, const ptc_program *pg, const ptc_instr *ins,
+                        void *const *in, void *const *out, char *err, size_t errn)
+{
+    const ptc_cuda_moe_rows *m = &s->rows[id];
+    bool pack = ins->op == PTC_OP_MOE_PACK;
+    int64_t planned = pg->bufs[pack ? ins->out[0] : ins->in[0]].type.dims[0];
+    int32_t *route = ptc_xmalloc(sizeof(int32_t) * (size_t)m->n);
+    int64_t *pos = ptc_xmalloc(sizeof(int64_t) * (size_t)m->n);
+    download(route, in[1], sizeof(int32_t) * (size_t)m->n);
+    int64_t rows = ptrt_ref_moe_row_of(route, m->n, planned, pos, err, errn);
+    void *sc = (void *)(uintptr_t)s->scratch;
+    if (rows >= 0)
+        upload(sc, pos, sizeof(int64_t) * (size_t)m->n);
+    free(route);
+    free(pos);
+    if (rows < 0)
+        return -1;
+    if (pack || ins->op == PTC_OP_MOE_COMBINE_GRAD) /* (rows past the last kept) */
+        zero(out[0], (size_t)pg->bufs[ins->out[0]].bytes);
+    int w = pack                           ? PTC_CUDA_MOE_PACK
+            : ins->op == PTC_OP_MOE_UNPACK  ? PTC_CUDA_MOE_UNPACK
+            : ins->op == PTC_OP_MOE_COMBINE ? PTC_CUDA_MOE_COMBINE
+                                            : PTC_CUDA_MOE_COMBINE_GRAD;
+    void *args[6] = {in[0], sc};
+    int n = 2;
+    if (w == PTC_CUDA_MOE_COMBINE || w == PTC_CUDA_MOE_COMBINE_GRAD)
+        args[n++] = in[2];
+    if (w == PTC_CUDA_MOE_COMBINE_GRAD)
+        args[n++] = in[3];
+    for (int o = 0; o < ins->nout; o++)
+        args[n++] = out[o];
+    int64_t work = w == PTC_CUDA_MOE_COMBINE_GRAD ? m->n
+                   : w == PTC_CUDA_MOE_PACK       ? m->n * m->d
+                                                  : m->n / m->K * m->d;
+    int grid, block;
+    ptc_cuda_moe_launch(s->arch, work, &grid, &block);
+    return launch(s->fns[s->rows_fn[id][w]], grid, block, args, n, err, errn);
+}
+
 /* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
  * their text's hash); 1 where the op has none (the instruction runs on the host) */
 static int prepare_ops(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch,
@@ -877,8 +922,18 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
         for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++)
             s->moe_fn[m][w] = add_name(nm, "k_moe%s_%s", id, ptc_cuda_moe_names[w]);
     }
-    if (rc == 0 && s->nmoe > 16) {
-        ptc_fmt(err, errn, "the plan has %d expert shapes; the CUDA backend takes 16", s->nmoe);
+    s->nrows = ptc_cuda_plan_moe_rows(p, s->rows, 16);
+    for (int m = 0; m < s->nrows && m < 16; m++) {
+        char id[16];
+        ptc_fmt(id, sizeof id, "%d", m);
+        for (int w = 0; w < PTC_CUDA_MOE_ROWS_NKERNELS; w++)
+            s->rows_fn[m][w] = add_name(nm, "k_moerows%s_%s", id, ptc_cuda_moe_rows_names[w]);
+        int64_t need = 8 * s->rows[m].n; /* (each choice's row) */
+        s->scratch_bytes = need > s->scratch_bytes ? need : s->scratch_bytes;
+    }
+    if (rc == 0 && (s->nmoe > 16 || s->nrows > 16)) {
+        ptc_fmt(err, errn, "the plan has %d expert and %d row shapes; the CUDA backend takes 16",
+                s->nmoe, s->nrows);
         rc = -1;
     }
     s->arch = arch;
@@ -910,6 +965,19 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
                         ptc_fmt(err, errn, "internal error: an attention with no CUDA kernels");
                         rc = -1;
                     }
+                continue;
+            }
+            ptc_cuda_moe_rows rows;
+            if (ptc_cuda_moe_rows_of(pg, in, &rows)) {
+                for (int m = 0; m < s->nrows && !ik->rows; m++)
+                    ik->rows = s->rows[m].d == rows.d && s->rows[m].K == rows.K &&
+                                       s->rows[m].n == rows.n
+                                   ? m + 1
+                                   : 0;
+                if (!ik->rows) {
+                    ptc_fmt(err, errn, "internal error: moe rows with no CUDA kernels");
+                    rc = -1;
+                }
                 continue;
             }
             ptc_cuda_moe moe;
@@ -1103,6 +1171,8 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, voi
                       (void *[]){in[0], in[1], in[2], in[3], lse, ds, out[0]}, 7, err, errn);
         return rc;
     }
+    if (ik->rows)
+        return moe_rows_run(s, ik->rows - 1, &p->programs[prog], ins, in, out, err, errn);
     if (ik->moe)
         return moe_run(s, ik->moe - 1, &p->programs[prog], ins, coord, in, out, err, errn);
     if (ik->host)

@@ -60,6 +60,11 @@ void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c);
 int64_t ptrt_ref_moe_ep_rows(const int32_t *counts, int64_t n, int group, int coord, int64_t m,
                              int64_t *expert_of);
 
+/* The row of each of n choices in moe_pack's order (by expert, then token; -1 where dropped),
+ * for m rows planned: the rows in all, or -1 with the reference's message. */
+int64_t ptrt_ref_moe_row_of(const int32_t *route, int64_t n, int64_t m, int64_t *row, char *err,
+                            size_t errn);
+
 /* The rows of a moe_ffn(_grad) or moe_ep_ffn(_grad) call in expert order, for kernels that run an
  * expert's rows together (cpu_moe.c, the CUDA backend): expert e's rows are first[e] ..
  * first[e + 1] (E + 1 entries), each expert's in the order of its choices (tokens) or rows; row

@@ -328,6 +328,13 @@ static int64_t experts_in(const int32_t *route, int64_t n)
     return E;
 }
 
+int64_t ptrt_ref_moe_row_of(const int32_t *route, int64_t n, int64_t m, int64_t *row, char *err,
+                            size_t errn)
+{
+    ptc_type t = {.dtype = PTC_I32, .rank = 1, .dims = {n}};
+    return rows_of(&t, route, experts_in(route, n), m, row, err, errn);
+}
+
 static int pack(const ptc_type *tx, const float *x, const ptc_type *tr, const int32_t *route,
                 const ptc_type *to, float *rows, char *err, size_t errn)
 {
