@@ -477,20 +477,5 @@ void ptc_cuda_emit_plan(const ptc_plan *p, FILE *f)
         fputc('\n', f);
         ptc_cuda_emit_attention(&at[i], name, f);
     }
-    ptc_cuda_moe moe[64];
-    n = ptc_cuda_plan_moes(p, moe, 64);
-    for (int i = 0; i < n && i < 64; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "moe%d", i);
-        fputc('\n', f);
-        ptc_cuda_emit_moe(&moe[i], name, f);
-    }
-    ptc_cuda_moe_rows rows[64];
-    n = ptc_cuda_plan_moe_rows(p, rows, 64);
-    for (int i = 0; i < n && i < 64; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "moerows%d", i);
-        fputc('\n', f);
-        ptc_cuda_emit_moe_rows(&rows[i], name, f);
-    }
+    ptc_cuda_emit_plan_moes(p, f);
 }

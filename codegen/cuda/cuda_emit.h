@@ -170,6 +170,8 @@ extern const char *const ptc_cuda_moe_rows_names[PTC_CUDA_MOE_ROWS_NKERNELS]; /*
  * or false. */
 bool ptc_cuda_moe_rows_of(const struct ptc_program *pg, const struct ptc_instr *in,
                           ptc_cuda_moe_rows *m);
+/* Whether a and b are one shape. */
+bool ptc_cuda_moe_rows_same(const ptc_cuda_moe_rows *a, const ptc_cuda_moe_rows *b);
 /* The kernels of shape m: k_<name>_pack, ... (and their __emu entries). */
 void ptc_cuda_emit_moe_rows(const ptc_cuda_moe_rows *m, const char *name, FILE *f);
 
@@ -178,6 +180,8 @@ struct ptc_plan;
 int ptc_cuda_plan_moe_rows(const struct ptc_plan *p, ptc_cuda_moe_rows *out, int cap);
 /* The distinct expert shapes of a plan; returns their number, filling at most cap. */
 int ptc_cuda_plan_moes(const struct ptc_plan *p, ptc_cuda_moe *out, int cap);
+/* The experts' kernels of each shape of the plan (moe0, ...), then the rows' (moerows0, ...). */
+void ptc_cuda_emit_plan_moes(const struct ptc_plan *p, FILE *f);
 /* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its
  * attention_shard(_grad) instructions at every coordinate of their axis; returns their number,
  * filling at most cap. */

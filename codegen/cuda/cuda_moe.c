@@ -22,6 +22,7 @@
 
 #include "cuda_emit.h"
 #include "plan.h"
+#include "util.h"
 
 const char *const ptc_cuda_moe_names[PTC_CUDA_MOE_NKERNELS] = {"gather",   "act",      "out",
                                                                "out_grad", "act_grad", "scatter"};
@@ -55,22 +56,41 @@ bool ptc_cuda_moe_same(const ptc_cuda_moe *a, const ptc_cuda_moe *b)
            a->ep == b->ep;
 }
 
-int ptc_cuda_plan_moes(const ptc_plan *p, ptc_cuda_moe *out, int cap)
+/* an expert shape (rows false) or a row shape of instruction in */
+static bool shape_of(bool rows, const ptc_program *pg, const ptc_instr *in, void *m)
+{
+    return rows ? ptc_cuda_moe_rows_of(pg, in, m) : ptc_cuda_moe_of(pg, in, m);
+}
+
+static bool shape_same(bool rows, const void *a, const void *b)
+{
+    return rows ? ptc_cuda_moe_rows_same(a, b) : ptc_cuda_moe_same(a, b);
+}
+
+/* The distinct expert (or row) shapes of the plan's instructions, of size bytes each; returns
+ * their number, filling at most cap of out. */
+static int plan_shapes(const ptc_plan *p, bool rows, void *out, size_t size, int cap)
 {
     int n = 0;
+    int64_t m[8]; /* (one shape, aligned as its int64 fields) */
+    PTC_ASSERT(size <= sizeof m);
     for (int g = 0; g < p->nprograms; g++)
         for (int i = 0; i < p->programs[g].ninstrs; i++) {
-            ptc_cuda_moe m;
-            if (!ptc_cuda_moe_of(&p->programs[g], &p->programs[g].instrs[i], &m))
+            if (!shape_of(rows, &p->programs[g], &p->programs[g].instrs[i], m))
                 continue;
             bool seen = false;
             for (int j = 0; j < n && j < cap && !seen; j++)
-                seen = ptc_cuda_moe_same(&out[j], &m);
+                seen = shape_same(rows, (char *)out + (size_t)j * size, m);
             if (!seen && n < cap)
-                out[n] = m;
+                memcpy((char *)out + (size_t)n * size, m, size);
             n += !seen;
         }
     return n;
+}
+
+int ptc_cuda_plan_moes(const ptc_plan *p, ptc_cuda_moe *out, int cap)
+{
+    return plan_shapes(p, false, out, sizeof *out, cap);
 }
 
 void ptc_cuda_moe_launch(const ptc_cuda_arch *arch, int64_t work, int *grid, int *block)
@@ -189,6 +209,28 @@ static const char *const acts =
     "#elif @_ACT == 1\n    return 0.0f < x ? dy : 0.0f;\n"
     "#else\n    float s = @_sig(x);\n    return s * (1.0f + x * (1.0f - s)) * dy;\n#endif\n}\n";
 
+/* nk kernels of one shape: k_<name>_<names[w]>(params[w]) { bodies[w] }, @ standing for name,
+ * and their emulation entries, whose operands have types[w] (the last one a result; two for
+ * kernel two_out) */
+static void emit_kernels(FILE *f, const char *name, int nk, const char *const *names,
+                         const char *const *params, const char *const *bodies,
+                         const char *const *types, int two_out)
+{
+    for (int w = 0; w < nk; w++) {
+        fprintf(f, "PTC_KERNEL __launch_bounds__(256) k_%s_%s(", name, names[w]);
+        ptc_cuda_put_named(f, params[w], name);
+        fputs(")\n{\n", f);
+        ptc_cuda_put_named(f, bodies[w], name);
+        fprintf(f, "}\n#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
+                name, names[w], name, names[w]);
+        int n = (int)strlen(types[w]), nout = w == two_out ? 2 : 1;
+        for (int i = 0; i < n; i++)
+            fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", i < n - nout ? "const " : "",
+                    types[w][i] == 'f' ? "float" : "long long", i);
+        fputs(");\n}\n#endif\n", f);
+    }
+}
+
 void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f)
 {
     static const char *const act_names[] = {"gelu", "relu", "silu", "swiglu"};
@@ -201,19 +243,8 @@ void ptc_cuda_emit_moe(const ptc_cuda_moe *m, const char *name, FILE *f)
             m->ep ? "" : ", top_k rows a token", name, (long long)m->d, name, (long long)m->f, name,
             (long long)m->F, name, (long long)m->K, name, m->act, name, m->ep ? 1 : 0);
     ptc_cuda_put_named(f, acts, name);
-    for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++) {
-        fprintf(f, "PTC_KERNEL __launch_bounds__(256) k_%s_%s(", name, ptc_cuda_moe_names[w]);
-        ptc_cuda_put_named(f, params[w], name);
-        fputs(")\n{\n", f);
-        ptc_cuda_put_named(f, bodies[w], name);
-        fprintf(f, "}\n#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
-                name, ptc_cuda_moe_names[w], name, ptc_cuda_moe_names[w]);
-        int n = (int)strlen(types[w]), nout = w == PTC_CUDA_MOE_OUT_GRAD ? 2 : 1;
-        for (int i = 0; i < n; i++)
-            fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", i < n - nout ? "const " : "",
-                    types[w][i] == 'f' ? "float" : "long long", i);
-        fputs(");\n}\n#endif\n", f);
-    }
+    emit_kernels(f, name, PTC_CUDA_MOE_NKERNELS, ptc_cuda_moe_names, params, bodies, types,
+                 PTC_CUDA_MOE_OUT_GRAD);
 }
 
 /* ---- expert parallelism's row ops ---- */
@@ -238,22 +269,14 @@ bool ptc_cuda_moe_rows_of(const ptc_program *pg, const ptc_instr *in, ptc_cuda_m
     return m->d > 0 && m->K > 0 && m->n > 0;
 }
 
+bool ptc_cuda_moe_rows_same(const ptc_cuda_moe_rows *a, const ptc_cuda_moe_rows *b)
+{
+    return a->d == b->d && a->K == b->K && a->n == b->n;
+}
+
 int ptc_cuda_plan_moe_rows(const ptc_plan *p, ptc_cuda_moe_rows *out, int cap)
 {
-    int n = 0;
-    for (int g = 0; g < p->nprograms; g++)
-        for (int i = 0; i < p->programs[g].ninstrs; i++) {
-            ptc_cuda_moe_rows m;
-            if (!ptc_cuda_moe_rows_of(&p->programs[g], &p->programs[g].instrs[i], &m))
-                continue;
-            bool seen = false;
-            for (int j = 0; j < n && j < cap && !seen; j++)
-                seen = out[j].d == m.d && out[j].K == m.K && out[j].n == m.n;
-            if (!seen && n < cap)
-                out[n] = m;
-            n += !seen;
-        }
-    return n;
+    return plan_shapes(p, true, out, sizeof *out, cap);
 }
 
 static const char *const row_params[PTC_CUDA_MOE_ROWS_NKERNELS] = {
@@ -268,6 +291,17 @@ static const char *const row_params[PTC_CUDA_MOE_ROWS_NKERNELS] = {
 static const char *const row_types[PTC_CUDA_MOE_ROWS_NKERNELS] = {"fLf", "fLf", "fLff", "fLffff"};
 
 /* clang-format off */
+/* y[t] = the sum over t's kept choices j of factor row, in double, choices in order */
+#define SUM_ROWS(factor) \
+    LOOP("@_N / @_K * @_D") "        long long t = i / @_D, k = i % @_D;\n" \
+                            "        double s = 0;\n" \
+                            "        for (long long j = 0; j < @_K; j++) {\n" \
+                            "            long long p = PTC_LD(pos, t * @_K + j);\n" \
+                            "            if (p >= 0)\n" \
+                            "                s += " factor "PTC_LD(rows, p * @_D + k);\n" \
+                            "        }\n" \
+                            "        PTC_ST(y, i, (float)s);\n" \
+                            "    }\n"
 static const char *const row_bodies[PTC_CUDA_MOE_ROWS_NKERNELS] = {
     /* pack: rows[pos[c]] = x[token of c] */
     LOOP("@_N * @_D") "        long long c = i / @_D, k = i % @_D, p = PTC_LD(pos, c);\n"
@@ -275,26 +309,9 @@ static const char *const row_bodies[PTC_CUDA_MOE_ROWS_NKERNELS] = {
                       "            PTC_ST(rows, p * @_D + k, PTC_LD(x, (c / @_K) * @_D + k));\n"
                       "    }\n",
     /* unpack: y[t] = the sum of t's rows, its choices in order */
-    LOOP("@_N / @_K * @_D") "        long long t = i / @_D, k = i % @_D;\n"
-                            "        double s = 0;\n"
-                            "        for (long long j = 0; j < @_K; j++) {\n"
-                            "            long long p = PTC_LD(pos, t * @_K + j);\n"
-                            "            if (p >= 0)\n"
-                            "                s += PTC_LD(rows, p * @_D + k);\n"
-                            "        }\n"
-                            "        PTC_ST(y, i, (float)s);\n"
-                            "    }\n",
+    SUM_ROWS(""),
     /* combine: y[t] = the sum of gate * row over t's choices */
-    LOOP("@_N / @_K * @_D") "        long long t = i / @_D, k = i % @_D;\n"
-                            "        double s = 0;\n"
-                            "        for (long long j = 0; j < @_K; j++) {\n"
-                            "            long long p = PTC_LD(pos, t * @_K + j);\n"
-                            "            if (p >= 0)\n"
-                            "                s += (double)PTC_LD(gate, t * @_K + j) * "
-                            "PTC_LD(rows, p * @_D + k);\n"
-                            "        }\n"
-                            "        PTC_ST(y, i, (float)s);\n"
-                            "    }\n",
+    SUM_ROWS("(double)PTC_LD(gate, t * @_K + j) * "),
     /* combine_grad: drows[pos[c]] = gate dy[t], dgate[c] = row . dy[t] (0 where dropped) */
     LOOP("@_N") "        long long p = PTC_LD(pos, i), t = i / @_K;\n"
                 "        double s = 0, g = PTC_LD(gate, i);\n"
@@ -315,17 +332,24 @@ void ptc_cuda_emit_moe_rows(const ptc_cuda_moe_rows *m, const char *name, FILE *
             "(cuda_moe.c) */\n#define %s_D %lldLL\n#define %s_K %lldLL\n#define %s_N %lldLL\n",
             name, (long long)m->n, (long long)m->K, (long long)m->d, name, (long long)m->d, name,
             (long long)m->K, name, (long long)m->n);
-    for (int w = 0; w < PTC_CUDA_MOE_ROWS_NKERNELS; w++) {
-        fprintf(f, "PTC_KERNEL __launch_bounds__(256) k_%s_%s(", name, ptc_cuda_moe_rows_names[w]);
-        ptc_cuda_put_named(f, row_params[w], name);
-        fputs(")\n{\n", f);
-        ptc_cuda_put_named(f, row_bodies[w], name);
-        fprintf(f, "}\n#ifdef PTC_CUDA_EMULATE\nvoid k_%s_%s__emu(void *const *a)\n{\n    k_%s_%s(",
-                name, ptc_cuda_moe_rows_names[w], name, ptc_cuda_moe_rows_names[w]);
-        int n = (int)strlen(row_types[w]), nout = w == PTC_CUDA_MOE_COMBINE_GRAD ? 2 : 1;
-        for (int i = 0; i < n; i++)
-            fprintf(f, "%s(%s%s *)a[%d]", i ? ", " : "", i < n - nout ? "const " : "",
-                    row_types[w][i] == 'f' ? "float" : "long long", i);
-        fputs(");\n}\n#endif\n", f);
+    emit_kernels(f, name, PTC_CUDA_MOE_ROWS_NKERNELS, ptc_cuda_moe_rows_names, row_params,
+                 row_bodies, row_types, PTC_CUDA_MOE_COMBINE_GRAD);
+}
+
+void ptc_cuda_emit_plan_moes(const ptc_plan *p, FILE *f)
+{
+    ptc_cuda_moe moe[64];
+    ptc_cuda_moe_rows rows[64];
+    int nm = ptc_cuda_plan_moes(p, moe, 64), nr = ptc_cuda_plan_moe_rows(p, rows, 64);
+    nm = nm < 64 ? nm : 64;
+    nr = nr < 64 ? nr : 64;
+    for (int i = 0; i < nm + nr; i++) {
+        char name[32];
+        snprintf(name, sizeof name, i < nm ? "moe%d" : "moerows%d", i < nm ? i : i - nm);
+        fputc('\n', f);
+        if (i < nm)
+            ptc_cuda_emit_moe(&moe[i], name, f);
+        else
+            ptc_cuda_emit_moe_rows(&rows[i - nm], name, f);
     }
 }

@@ -373,7 +373,7 @@ static void experts(moe_job *j, int64_t E, const weights *w, int64_t n)
         return;
     int64_t most = 0;
     for (int64_t e = 0; e < E; e++)
-        most = j->first[e + 1] - j->first[e] > most ? j->first[e + 1] - j->first[e] : most;
+        most = rows_of(j, e) > most ? rows_of(j, e) : most;
     int64_t block = block_of(j, ptrt_cpu_moe_scratch, most);
     float *s = ptc_xmalloc(sizeof(float) * (size_t)(block * per_row(j) + 1));
     use_scratch(j, s, block);

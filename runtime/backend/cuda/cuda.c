@@ -598,6 +598,16 @@ static int add_name(names *nm, const char *fmt, const char *a, const char *b)
     return nm->n++;
 }
 
+/* the names k_<prefix><id>_<kernel> of a shape's n kernels, their indices into fn */
+static void add_shape_names(names *nm, int *fn, const char *prefix, int id,
+                            const char *const *kernels, int n)
+{
+    char pre[48];
+    ptc_fmt(pre, sizeof pre, "%s%d", prefix, id);
+    for (int w = 0; w < n; w++)
+        fn[w] = add_name(nm, "k_%s_%s", pre, kernels[w]);
+}
+
 static int attention_id(cstate *s, const ptc_program *pg, const ptc_instr *in, int coord)
 {
     ptc_cuda_attn a;
@@ -750,7 +760,7 @@ static int moe_run(cstate *s, int id, const ptc_program *pg, const ptc_instr *in
                                 (void *[]){O, idx, gate, at, out[0]}, 5, err, errn);
             continue;
         }
-        void *dgate = ep ? dO : out[1];
+        void *dgate = ep ? dA : out[1]; /* (moe_ep_ffn has none: a buffer it leaves alone) */
         char *gup = (char *)out[ep ? 1 : 2] + 4 * e * d * F,
              *gdown = (char *)out[ep ? 2 : 3] + 4 * e * f1 * d;
         if (rc == 0)
@@ -811,6 +821,23 @@ static int moe_rows_run(cstate *s, int id, const ptc_program *pg, const ptc_inst
     int grid, block;
     ptc_cuda_moe_launch(s->arch, work, &grid, &block);
     return launch(s->fns[s->rows_fn[id][w]], grid, block, args, n, err, errn);
+}
+
+/* Whether in is a moe op the GPU runs: its expert shape (ik->moe) or row shape (ik->rows), + 1
+ * (0: none of the unit's). */
+static bool moe_ids(const cstate *s, const ptc_program *pg, const ptc_instr *in, ikern *ik)
+{
+    ptc_cuda_moe moe;
+    ptc_cuda_moe_rows rows;
+    if (ptc_cuda_moe_of(pg, in, &moe))
+        for (int m = 0; m < s->nmoe && !ik->moe; m++)
+            ik->moe = ptc_cuda_moe_same(&s->moe[m], &moe) ? m + 1 : 0;
+    else if (ptc_cuda_moe_rows_of(pg, in, &rows))
+        for (int m = 0; m < s->nrows && !ik->rows; m++)
+            ik->rows = ptc_cuda_moe_rows_same(&s->rows[m], &rows) ? m + 1 : 0;
+    else
+        return false;
+    return true;
 }
 
 /* the op kernels of kernel instruction i for coordinate coord, emitted into f (deduplicated by
@@ -916,18 +943,12 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
     if (attn_scratch > s->scratch_bytes)
         s->scratch_bytes = attn_scratch;
     s->nmoe = ptc_cuda_plan_moes(p, s->moe, 16);
-    for (int m = 0; m < s->nmoe && m < 16; m++) {
-        char id[16];
-        ptc_fmt(id, sizeof id, "%d", m);
-        for (int w = 0; w < PTC_CUDA_MOE_NKERNELS; w++)
-            s->moe_fn[m][w] = add_name(nm, "k_moe%s_%s", id, ptc_cuda_moe_names[w]);
-    }
+    for (int m = 0; m < s->nmoe && m < 16; m++)
+        add_shape_names(nm, s->moe_fn[m], "moe", m, ptc_cuda_moe_names, PTC_CUDA_MOE_NKERNELS);
     s->nrows = ptc_cuda_plan_moe_rows(p, s->rows, 16);
     for (int m = 0; m < s->nrows && m < 16; m++) {
-        char id[16];
-        ptc_fmt(id, sizeof id, "%d", m);
-        for (int w = 0; w < PTC_CUDA_MOE_ROWS_NKERNELS; w++)
-            s->rows_fn[m][w] = add_name(nm, "k_moerows%s_%s", id, ptc_cuda_moe_rows_names[w]);
+        add_shape_names(nm, s->rows_fn[m], "moerows", m, ptc_cuda_moe_rows_names,
+                        PTC_CUDA_MOE_ROWS_NKERNELS);
         int64_t need = 8 * s->rows[m].n; /* (each choice's row) */
         s->scratch_bytes = need > s->scratch_bytes ? need : s->scratch_bytes;
     }
@@ -967,28 +988,12 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
                     }
                 continue;
             }
-            ptc_cuda_moe_rows rows;
-            if (ptc_cuda_moe_rows_of(pg, in, &rows)) {
-                for (int m = 0; m < s->nrows && !ik->rows; m++)
-                    ik->rows = s->rows[m].d == rows.d && s->rows[m].K == rows.K &&
-                                       s->rows[m].n == rows.n
-                                   ? m + 1
-                                   : 0;
-                if (!ik->rows) {
-                    ptc_fmt(err, errn, "internal error: moe rows with no CUDA kernels");
+            if (moe_ids(s, pg, in, ik)) {
+                if (!ik->moe && !ik->rows) {
+                    ptc_fmt(err, errn, "internal error: a moe op with no CUDA kernels");
                     rc = -1;
                 }
-                continue;
-            }
-            ptc_cuda_moe moe;
-            if (ptc_cuda_moe_of(pg, in, &moe)) {
-                for (int m = 0; m < s->nmoe && !ik->moe; m++)
-                    ik->moe = ptc_cuda_moe_same(&s->moe[m], &moe) ? m + 1 : 0;
-                if (!ik->moe) {
-                    ptc_fmt(err, errn, "internal error: experts with no CUDA kernels");
-                    rc = -1;
-                }
-                int64_t need = moe_scratch(pg, in, NULL);
+                int64_t need = moe_scratch(pg, in, NULL); /* (the rows': prepared above) */
                 s->scratch_bytes = need > s->scratch_bytes ? need : s->scratch_bytes;
                 continue;
             }
