@@ -505,35 +505,36 @@ int64_t ptrt_moe_rows(const ptrt_kcall *k, const ptc_type *it, const int32_t *ro
     bool ep = k->op == PTC_OP_MOE_EP_FFN || k->op == PTC_OP_MOE_EP_FFN_GRAD;
     int64_t E = it[ep ? 2 : 3].dims[0], n = ep ? it[0].dims[0] : ptc_type_numel(&it[1]);
     int64_t K = ep ? 1 : it[1].dims[it[1].rank - 1];
-    int64_t *eo = ptc_xmalloc(sizeof(int64_t) * (size_t)(n + E + 1)), *at = eo + n, r = n;
-    if (ep && (r = ptrt_ref_moe_ep_rows(route, k->attrs.n, k->attrs.group, k->coord, n, eo)) < 0)
-        ptc_fmt(err, errn, "the rows received exceed the %lld planned for them", (long long)n);
-    for (int64_t i = ep ? (r < 0 ? n : r) : 0; i < n; i++) {
-        if (!ep && route[i] >= E) {
-            ptc_fmt(err, errn, "expert id %d outside 0..%lld", route[i], (long long)(E - 1));
-            r = -1;
-            break;
+    int32_t *ids = NULL; /* moe_ep_ffn: each row's local expert (-1 past those received) */
+    if (ep) {
+        int64_t *eo = ptc_xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+        int64_t got = ptrt_ref_moe_ep_rows(route, k->attrs.n, k->attrs.group, k->coord, n, eo);
+        if (got < 0) {
+            ptc_fmt(err, errn, "the rows received exceed the %lld planned for them", (long long)n);
+            free(eo);
+            return -1;
         }
-        eo[i] = ep || route[i] < 0 ? -1 : route[i];
-    }
-    if (r >= 0) { /* a counting sort by expert */
-        memset(first, 0, sizeof(int64_t) * (size_t)(E + 1));
+        ids = ptc_xmalloc(sizeof(int32_t) * (size_t)(n + 1));
         for (int64_t i = 0; i < n; i++)
-            first[eo[i] + 1] += eo[i] >= 0;
-        for (int64_t e = 0; e < E; e++)
-            first[e + 1] += first[e];
-        memcpy(at, first, sizeof(int64_t) * (size_t)(E + 1));
-        for (int64_t i = 0; i < n; i++) {
-            if (eo[i] < 0)
-                continue;
-            int64_t q = at[eo[i]]++;
-            src[q] = i / K;
-            if (choice)
-                choice[q] = i;
-        }
-        r = first[E];
+            ids[i] = i < got ? (int32_t)eo[i] : -1;
+        free(eo);
+        route = ids;
     }
-    free(eo);
+    int64_t *row = ptc_xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+    ptc_type t = {.dtype = PTC_I32, .rank = 1, .dims = {n}};
+    int64_t r = rows_of(&t, route, E, n, row, err, errn);
+    if (r >= 0) {
+        row_starts(route, n, E, first);
+        for (int64_t i = 0; i < n; i++) {
+            if (row[i] < 0)
+                continue;
+            src[row[i]] = i / K;
+            if (choice)
+                choice[row[i]] = i;
+        }
+    }
+    free(row);
+    free(ids);
     return r;
 }
 
