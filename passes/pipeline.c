@@ -508,6 +508,246 @@ static void mark_recompute(pl *P, ptc_pass_ctx *ctx)
     free(pol);
 }
 
+/* ---- gradients of weights used on more than one stage ----
+ *
+ * The gradient of a weight used on several stages (GPT-2's embedding, tied to the head on the
+ * last stage) is a sum of the stages' contributions. With microbatches the partitioner makes it
+ * allreduce_mb(c_1 + c_2 + ...), every c_k made each microbatch on its own stage, so the stage of
+ * the sum would receive the other stages' contributions once a microbatch. Instead each stage sums
+ * its own contributions over the microbatches (an allreduce over mb on that stage, which the
+ * lowering runs as accumulation), and the totals meet once a step: the sum over the microbatches
+ * of a sum is the sum of the sums over the microbatches. What is sent between the stages drops
+ * m-fold; the cost is an accumulator of the weight's size on each other stage that contributes
+ * (Megatron-LM's choice too: each stage's copy of the embedding has its own gradient, all-reduced
+ * once a step). The totals round differently: each stage's microbatches first, then the stages. */
+
+typedef struct tied {
+    ptc_graph *g;
+    int *uses;  /* value -> uses (operands, the loss, outputs, updates) */
+    int *terms; /* the terms of every rewritten sum, in order */
+    int nterms, capterms;
+    int *adds; /* the inner adds of the sum being read */
+    int nadds, capadds;
+} tied;
+
+static bool same_place(const ptc_graph *g, int a, int b)
+{
+    return memcmp(g->values[a].place, g->values[b].place,
+                  sizeof(ptc_placement) * (size_t)g->mesh.naxes) == 0;
+}
+
+/* The terms of the sum v (an add tree whose inner adds have no other use), in order, appended to
+ * T->terms, its adds to T->adds; false when a term is placed unlike the sum. */
+static bool sum_terms(tied *T, int root, int v, int depth)
+{
+    const ptc_graph *g = T->g;
+    int d = g->values[v].def;
+    if (!same_place(g, v, root))
+        return false;
+    if (g->nodes[d].op == PTC_OP_ADD && depth < 256 && (v == root || T->uses[v] == 1)) {
+        PTC_GROW(T->adds, T->capadds, T->nadds);
+        T->adds[T->nadds++] = d;
+        return sum_terms(T, root, g->nodes[d].in[0], depth + 1) &&
+               sum_terms(T, root, g->nodes[d].in[1], depth + 1);
+    }
+    PTC_GROW(T->terms, T->capterms, T->nterms);
+    T->terms[T->nterms++] = v;
+    return true;
+}
+
+static void mib(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1 << 30)
+        snprintf(buf, n, "%.2f GiB", bytes / (1 << 30));
+    else if (bytes >= 1 << 20)
+        snprintf(buf, n, "%.2f MiB", bytes / (1 << 20));
+    else
+        snprintf(buf, n, "%.2f KiB", bytes / (1 << 10));
+}
+
+/* The name of the parameter declared at loc (a gradient's collectives carry its location). */
+static const char *param_at(const ptc_graph *g, ptc_loc loc)
+{
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (n->op == PTC_OP_PARAM && n->loc.line == loc.line && n->loc.col == loc.col)
+            return n->attrs.name;
+    }
+    return NULL;
+}
+
+/* b = op(in...) in out at stage s, placed as value `like` of g. */
+static int build_at(ptc_graph *out, const ptc_graph *g, ptc_op op, const int *in, int nin,
+                    const ptc_attrs *at, const ptc_node *n, int s, int like, bool *failed,
+                    ptc_pass_ctx *ctx)
+{
+    int r[PTC_MAX_RESULTS];
+    ptc_pass_build(out, "the pipeline pass", op, in, nin, at, n->loc, r, failed, ctx->err,
+                   ctx->errn);
+    if (*failed)
+        return -1;
+    out->nodes[out->nnodes - 1].stage = s;
+    memcpy(out->values[r[0]].place, g->values[like].place, sizeof out->values[r[0]].place);
+    return r[0];
+}
+
+/* The rewritten sum of allreduce node n over its terms: per stage, in the order the stages first
+ * appear, the stage's terms added in order and reduced over mb there; then the stages' totals
+ * added in that order on n's stage. */
+static int emit_tied(ptc_graph *out, const ptc_graph *g, const ptc_node *n, const int *terms,
+                     int nterms, const int *vmap, bool *failed, ptc_pass_ctx *ctx)
+{
+    int v = n->in[0], total = -1;
+    uint8_t *done = ptc_xcalloc((size_t)nterms, 1);
+    for (int k = 0; k < nterms; k++) {
+        if (done[k])
+            continue;
+        int s = g->nodes[g->values[terms[k]].def].stage, sum = vmap[terms[k]];
+        for (int j = k + 1; j < nterms; j++)
+            if (!done[j] && g->nodes[g->values[terms[j]].def].stage == s) {
+                done[j] = 1;
+                sum = build_at(out, g, PTC_OP_ADD, (int[]){sum, vmap[terms[j]]}, 2, NULL, n, s, v,
+                               failed, ctx);
+            }
+        int red =
+            build_at(out, g, PTC_OP_ALLREDUCE, &sum, 1, &n->attrs, n, s, n->out[0], failed, ctx);
+        total = total < 0 ? red
+                          : build_at(out, g, PTC_OP_ADD, (int[]){total, red}, 2, NULL, n, n->stage,
+                                     n->out[0], failed, ctx);
+    }
+    free(done);
+    return total;
+}
+
+static int split_tied_sums(ptc_pass_ctx *ctx, int pp)
+{
+    ptc_graph *g = ctx->g;
+    int mb = -1;
+    for (int a = 0; a < g->mesh.naxes; a++)
+        if (strcmp(g->mesh.names[a], "mb") == 0 && g->mesh.sizes[a] > 1)
+            mb = a;
+    if (mb < 0)
+        return 0;
+    tied T = {.g = g};
+    size_t nv = (size_t)(g->nvalues ? g->nvalues : 1), nn = (size_t)(g->nnodes ? g->nnodes : 1);
+    T.uses = ptc_xcalloc(nv, sizeof(int));
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            T.uses[g->nodes[i].in[k]]++;
+    if (g->loss >= 0)
+        T.uses[g->loss]++;
+    for (int i = 0; i < g->noutputs; i++)
+        T.uses[g->outputs[i]]++;
+    for (int i = 0; i < g->nupdates; i++)
+        T.uses[g->updates[i].to]++;
+
+    /* first[i] >= 0: allreduce node i is rewritten over terms [first[i], first[i] + count[i]) */
+    int *first = ptc_xmalloc(sizeof(int) * nn), *count = ptc_xcalloc(nn, sizeof(int));
+    uint8_t *gone = ptc_xcalloc(nn, 1);
+    int nsums = 0, M = g->mesh.sizes[mb];
+    double saved = 0;
+    char names[256] = "";
+    size_t nlen = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        first[i] = -1;
+        if (n->op != PTC_OP_ALLREDUCE || n->attrs.reduce != 0 || n->attrs.mesh_axis != mb ||
+            n->attrs.mesh_axis2 >= 0 || g->nodes[g->values[n->in[0]].def].op != PTC_OP_ADD ||
+            T.uses[n->in[0]] != 1)
+            continue;
+        int t0 = T.nterms, rank = n->stage % pp;
+        T.nadds = 0;
+        bool ok = sum_terms(&T, n->in[0], n->in[0], 0) &&
+                  g->nodes[g->values[n->in[0]].def].stage % pp == rank;
+        /* sent a step: each operand of the sum's adds made on another rank than its add, once
+         * a microbatch; after the rewrite, once each stage's total on another rank than n */
+        const ptc_type *tv = &g->values[n->in[0]].type;
+        double bytes = (double)ptc_type_numel(tv) * ptc_dtype_size(tv->dtype), before = 0,
+               after = 0;
+        for (int k = 0; ok && k < T.nadds; k++) {
+            const ptc_node *d = &g->nodes[T.adds[k]];
+            for (int j = 0; j < 2; j++)
+                before += g->nodes[g->values[d->in[j]].def].stage % pp != d->stage % pp
+                              ? bytes * M
+                              : 0;
+        }
+        for (int k = t0; ok && k < T.nterms; k++) {
+            int s = g->nodes[g->values[T.terms[k]].def].stage, seen = 0;
+            for (int j = t0; j < k; j++)
+                seen |= g->nodes[g->values[T.terms[j]].def].stage == s;
+            after += s % pp != rank && !seen ? bytes : 0;
+        }
+        if (!ok || after >= before) {
+            T.nterms = t0;
+            continue;
+        }
+        first[i] = t0;
+        count[i] = T.nterms - t0;
+        for (int k = 0; k < T.nadds; k++)
+            gone[T.adds[k]] = 1;
+        saved += before - after;
+        const char *name = param_at(g, n->loc);
+        char size[32];
+        mib(size, sizeof size, bytes);
+        if (nlen < sizeof names)
+            nlen += (size_t)snprintf(names + nlen, sizeof names - nlen, "%s%s (%s)",
+                                     nsums ? ", " : "", name ? name : "?", size);
+        nsums++;
+    }
+    int rc = 0;
+    if (nsums) {
+        ptc_graph *out = ptc_graph_new(g->name);
+        out->optim = g->optim;
+        out->mesh = g->mesh;
+        out->max_nodes = g->max_nodes;
+        int *vmap = ptc_xmalloc(sizeof(int) * nv);
+        bool failed = false;
+        for (int i = 0; i < g->nnodes && !failed; i++) {
+            const ptc_node *n = &g->nodes[i];
+            if (gone[i])
+                continue;
+            if (first[i] >= 0) {
+                vmap[n->out[0]] =
+                    emit_tied(out, g, n, T.terms + first[i], count[i], vmap, &failed, ctx);
+                continue;
+            }
+            int in[PTC_MAX_RESULTS * 4];
+            PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
+            for (int k = 0; k < n->nin; k++)
+                in[k] = vmap[n->in[k]];
+            ptc_pass_copy_node(out, g, "the pipeline pass", n, in, &n->attrs, vmap, &failed,
+                               ctx->err, ctx->errn);
+        }
+        if (!failed) {
+            out->loss = g->loss >= 0 ? vmap[g->loss] : -1;
+            for (int i = 0; i < g->noutputs; i++)
+                ptc_graph_add_output(out, vmap[g->outputs[i]]);
+            for (int i = 0; i < g->nupdates; i++)
+                ptc_graph_add_update(out, vmap[g->updates[i].state], vmap[g->updates[i].to]);
+            ptc_graph_free(g);
+            ctx->g = out;
+            char less[32];
+            mib(less, sizeof less, saved);
+            note(ctx,
+                 "pipeline: the gradient%s of %s, used on more than one stage, summed over the "
+                 "%d microbatches on each stage and sent once a step: %s less sent a step, for "
+                 "an accumulator of %s on each stage that sends it",
+                 nsums > 1 ? "s" : "", names, M, less, nsums > 1 ? "each's size" : "its size");
+        } else {
+            ptc_graph_free(out);
+            rc = -1;
+        }
+        free(vmap);
+    }
+    free(first);
+    free(count);
+    free(gone);
+    free(T.uses);
+    free(T.terms);
+    free(T.adds);
+    return rc;
+}
+
 int ptc_pass_pipeline(ptc_pass_ctx *ctx)
 {
     const ptc_compile_opts *o = ctx->opts;
@@ -543,5 +783,7 @@ int ptc_pass_pipeline(ptc_pass_ctx *ctx)
     free(P.free_);
     free(P.unit);
     free(P.units);
+    if (rc == 0 && S > 1)
+        rc = split_tied_sums(ctx, pp);
     return rc;
 }

@@ -17,6 +17,8 @@ SP: the dense models cover the rest of dp x tp) and over every mesh dp x ep x tp
 sequence parallelism where tp > 1: dropping and everything else must be the single device's on
 every mesh; and with capacity 1.0 and 2 microbatches (routed one microbatch at a time) over dp,
 ep, dp x ep x tp, pp, pp x ep and pp x dp x ep against the single device with 2 microbatches.
+tests/equivalence/shared_tiny.ptm (weights every layer uses, and a tied embedding) runs four
+pipelines: the gradients each stage sums over the microbatches before the stages' totals meet.
 Each run is checked so:
   - the loss of every step: relative error below 1e-5;
   - every final weight (gathered into full tensors by the runner's --save): max |a - b| / max |b|
@@ -95,6 +97,8 @@ MODELS = {
     'bert_tiny': ('examples/bert_tiny.ptm', 4, 4),
     'every_op': ('tests/golden/ir/every_op.ptm', 2, 2),
     'moe_tiny': ('examples/moe_tiny.ptm', 2, 2),
+    # weights used by every layer and a tied embedding: its pipelines below (no dp x tp meshes)
+    'shared_tiny': ('tests/equivalence/shared_tiny.ptm', 1, 1),
 }
 
 # Pipelines and microbatches: a covering set, not the cross product. Every schedule on pp=2 and
@@ -127,8 +131,13 @@ PIPELINES = [
     ('llama_tiny', L4, '--mesh tp=2 --seq-parallel --microbatches 2 --recompute selective'),
     ('bert_tiny', B4, '--mesh pp=2,dp=2 --microbatches 4 --pp-schedule interleaved'),
     ('bert_tiny', B4, '--mesh pp=4 --microbatches 2 --recompute full'),
+    # gradients summed on every stage over the microbatches, then across the stages
+    ('shared_tiny', (), '--mesh pp=2 --microbatches 4'),
+    ('shared_tiny', (), '--mesh pp=4 --microbatches 4 --pp-schedule zb-h1'),
+    ('shared_tiny', (), '--mesh pp=2,dp=2 --zero 2 --microbatches 2 --pp-schedule interleaved'),
+    ('shared_tiny', (), '--mesh pp=4 --microbatches 8 --recompute full'),
 ]
-QUICK_PIPELINES = (2, 9, 14)  # indices kept by --quick
+QUICK_PIPELINES = (2, 9, 14, 19)  # indices kept by --quick
 
 
 # a mesh to run: (pp, dp, ep, tp, sequence parallel, ZeRO stage)

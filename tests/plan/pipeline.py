@@ -19,6 +19,10 @@
     trains 100 steps on the shipped corpus with the losses (and validation losses) of the
     single-device run: relative 1e-5 per step (measured about 1e-7; float sums in another order
     drift slowly over 100 AdamW steps, well inside that);
+  - a weight used on two stages (GPT-2's embedding, tied to the head): at pp=4 with M=8 the
+    last stage sends its gradient once a step, not once a microbatch: its backward sends are
+    M activation gradients ((b/M) s h 4 bytes each) and one V h 4-byte gradient, plus the
+    loss and norm scalars (1.01 GiB less than M of them), and the plan's choices say so;
   - errors: a batch the microbatches do not divide names the const.
 
 Usage: pipeline.py PTC   (exit 0 all pass, 1 any failure)
@@ -213,6 +217,20 @@ def corpus_training(work):
               'the single-device run (worst relative %.1e)' % (sched, worst))
 
 
+def tied_gradient():
+    V, s, h, b, M = 50304, 1024, 768, 8, 8
+    p = plan_json('--mesh', 'pp=4', '--microbatches', str(M), GPT2)
+    last = p['programs'][-1]
+    sent = last['communication']['by_phase']['backward']
+    want = M * (b // M) * s * h * 4 + V * h * 4
+    check(last['ranks'] == [3] and want <= sent < want + 64,
+          'tied wte at pp=4, M=8: the last stage sends %d bytes in the backward: 8 activation '
+          'gradients and one gradient of wte (%d, plus scalars)' % (sent, want))
+    note = [n for n in p['notes'].split('\n') if 'gradient of wte' in n]
+    check(len(note) == 1 and '1.01 GiB less sent a step' in note[0],
+          'the plan says so: %s' % (note[0] if note else p['notes']))
+
+
 def errors():
     r = ptc('--microbatches', '3', '--emit', 'plan', TINY, ok=False)
     check(r.returncode == 1 and "const 'batch'" in r.stderr and 'microbatches 3' in r.stderr,
@@ -231,6 +249,7 @@ if __name__ == '__main__':
     schedules()
     zero_bubble_step()
     recompute()
+    tied_gradient()
     errors()
     with tempfile.TemporaryDirectory() as work:
         measured_memory(work)
