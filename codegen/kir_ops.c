@@ -1115,8 +1115,10 @@ int ptc_op_kernels_build(const char *name, ptc_op op, const ptc_attrs *at, int c
         return -1;
     }
     int ids = ids_operand(op);
-    if (!all_float(nin, it, ids) || !all_float(nout, ot, -1) ||
-        (ids >= 0 && it[ids].dtype != PTC_I32)) {
+    /* (a shard_slice of i32 moves ids: expert parallelism's routes) */
+    bool ints = op == PTC_OP_SHARD_SLICE && it[0].dtype == PTC_I32 && ot[0].dtype == PTC_I32;
+    if (!ints && (!all_float(nin, it, ids) || !all_float(nout, ot, -1) ||
+                  (ids >= 0 && it[ids].dtype != PTC_I32))) {
         ptc_fmt(why, whyn, "op %s over integer operands has no generated kernel", ptc_ops[op].name);
         return -1;
     }

@@ -286,6 +286,11 @@ int ptc_infer_moe(ptc_op op, const ptc_type *in, int nin, ptc_attrs *at, ptc_typ
  * decimal number c is written as (c = 1.1, top_k = 2, 100 tokens, 4 experts: 55), at most tokens
  * (an expert takes at most one choice per token); c = 0 (drop nothing) gives tokens. */
 int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t experts);
+/* Whether capacity c can drop choices for any number of tokens (false: the capacity is always
+ * tokens), and then c's shortest decimal, c = digits x 10^e10, which ptc_moe_capacity computes
+ * from (so that a GPU kernel can compute the same from the tokens it counts). */
+bool ptc_moe_capacity_decimal(double c, int64_t top_k, int64_t experts, uint64_t *digits,
+                              int *e10);
 
 /* The load-balance outputs of moe layers (the moe_stats of each layer, summed over the
  * microbatches, that the moe_ep pass adds as outputs of a training step): their count, and the

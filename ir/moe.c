@@ -45,15 +45,23 @@ static void shortest_decimal(double c, uint64_t *digits, int *exp10)
     *exp10 = (*p == 'e' ? atoi(p + 1) : 0) - frac;
 }
 
-int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t experts)
+bool ptc_moe_capacity_decimal(double c, int64_t top_k, int64_t experts, uint64_t *digits,
+                              int *e10)
 {
     /* an expert takes at most one choice per token: a capacity of N or more drops nothing */
     if (!(c > 0) || !isfinite(c) || experts < 1 ||
         c * (double)top_k / (double)experts >= 1.0 - 1e-12)
-        return tokens;
+        return false;
+    shortest_decimal(c, digits, e10);
+    return true;
+}
+
+int64_t ptc_moe_capacity(double c, int64_t tokens, int64_t top_k, int64_t experts)
+{
     uint64_t digits;
     int e10;
-    shortest_decimal(c, &digits, &e10);
+    if (!ptc_moe_capacity_decimal(c, top_k, experts, &digits, &e10))
+        return tokens;
     /* ceil(digits * 10^e10 * K * N / E), exactly; the value is below N here */
     u128 num = (u128)digits * (u128)top_k * (u128)tokens, den = (u128)experts;
     for (int i = 0; i < e10; i++)

@@ -175,12 +175,38 @@ bool ptc_cuda_moe_rows_same(const ptc_cuda_moe_rows *a, const ptc_cuda_moe_rows 
 /* The kernels of shape m: k_<name>_pack, ... (and their __emu entries). */
 void ptc_cuda_emit_moe_rows(const ptc_cuda_moe_rows *m, const char *name, FILE *f);
 
+/* A routing op of moe layers, f32 floats and i32 ids: moe_topk (p [R, E] -> ids, gate [R, K]),
+ * moe_topk_grad (p, ids, dgate -> dp), moe_count (ids [B, S, K] -> counts [B, K, E]),
+ * moe_prefix (counts -> before [B, K, E], totals [K, E]), moe_route (ids, before, totals ->
+ * route [B, S, K]), moe_frac (totals -> [E]), moe_stats (totals -> [3]), moe_ep_count (route
+ * [R] -> kept [E]). One kernel a shape, computing what the reference computes in its order (the
+ * capacity C of route and stats exactly, from the capacity's shortest decimal: digits x 10^e10;
+ * cap false: nothing is dropped). */
+typedef struct ptc_cuda_moe_route {
+    int64_t op; /* ptc_op */
+    int64_t R, E, K, B, S;
+    uint64_t digits;
+    int64_t e10;
+    bool cap, normalize;
+} ptc_cuda_moe_route;
+
+bool ptc_cuda_moe_route_of(const struct ptc_program *pg, const struct ptc_instr *in,
+                           ptc_cuda_moe_route *m);
+bool ptc_cuda_moe_route_same(const ptc_cuda_moe_route *a, const ptc_cuda_moe_route *b);
+/* The kernel of shape m: k_<name> (and its __emu entry), over operands then results. */
+void ptc_cuda_emit_moe_route(const ptc_cuda_moe_route *m, const char *name, FILE *f);
+/* The threads a routing kernel runs over (its grid-stride loop's length). */
+int64_t ptc_cuda_moe_route_work(const ptc_cuda_moe_route *m);
+
 struct ptc_plan;
+/* The distinct routing shapes of a plan. */
+int ptc_cuda_plan_moe_routes(const struct ptc_plan *p, ptc_cuda_moe_route *out, int cap);
 /* The distinct row shapes of a plan's expert-parallel row ops. */
 int ptc_cuda_plan_moe_rows(const struct ptc_plan *p, ptc_cuda_moe_rows *out, int cap);
 /* The distinct expert shapes of a plan; returns their number, filling at most cap. */
 int ptc_cuda_plan_moes(const struct ptc_plan *p, ptc_cuda_moe *out, int cap);
-/* The experts' kernels of each shape of the plan (moe0, ...), then the rows' (moerows0, ...). */
+/* The experts' kernels of each shape of the plan (moe0, ...), then the rows' (moerows0, ...),
+ * then the routing kernels (moeroute0, ...). */
 void ptc_cuda_emit_plan_moes(const struct ptc_plan *p, FILE *f);
 /* The distinct attention shapes of a plan's attention and attention_grad instructions, and of its
  * attention_shard(_grad) instructions at every coordinate of their axis; returns their number,
@@ -189,7 +215,8 @@ int ptc_cuda_plan_attentions(const struct ptc_plan *p, ptc_cuda_attn *out, int c
 /* ptc --emit cuda: the plan's generated kernels, then the attention kernels of each shape
  * (named attn0, attn1, ... in the order of ptc_cuda_plan_attentions), then the experts' kernels
  * of each shape (moe0, moe1, ... in the order of ptc_cuda_plan_moes), then expert parallelism's
- * row kernels of each row shape (moerows0, ...: ptc_cuda_plan_moe_rows). */
+ * row kernels of each row shape (moerows0, ...: ptc_cuda_plan_moe_rows), then the routing kernel
+ * of each routing shape (moeroute0, ...: ptc_cuda_plan_moe_routes). */
 void ptc_cuda_emit_plan(const struct ptc_plan *p, FILE *f);
 
 #endif

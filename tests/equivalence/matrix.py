@@ -49,8 +49,7 @@ the reason for them there.
 
 Usage: matrix.py PTC [--models a,b] [--quick] [--precision P] [--device cuda-emulated|cuda]
 (exit 0 all pass, 1 any failure). --device runs every plan, and the single device it is held
-against, on the CUDA backend instead (cuda-emulated: on the host emulation of the GPU; the moe
-ops, which have no GPU kernels yet, run on the host there).
+against, on the CUDA backend instead (cuda-emulated: on the host emulation of the GPU).
 --quick leaves out sequence parallelism and ZeRO 1 and 2, and for moe_tiny all but its capacity
 variants on meshes with ep or pp, and runs the jit backend alone (the fused plan: compiled
 kernels and the cpu backend's for the rest), not ref, whose double-precision kernels take 10

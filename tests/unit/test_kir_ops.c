@@ -65,7 +65,14 @@ static void check_at(ptc_op op, ptc_attrs at, int coord, int nin, const ptc_type
     for (int j = 0; j < want.nout; j++) {
         int64_t n = ptc_type_numel(&want.ot[j]);
         const float *g = got[j], *w = want.out[j];
-        for (int64_t e = 0; e < n; e++) {
+        const int32_t *gi = got[j], *wi = want.out[j];
+        for (int64_t e = 0; e < n && want.ot[j].dtype == PTC_I32; e++) { /* ids: exactly */
+            cr_expect_eq(gi[e], wi[e], "%s result %d element %lld: kernel %d, reference %d",
+                         ptc_ops[op].name, j, (long long)e, gi[e], wi[e]);
+            if (gi[e] != wi[e])
+                break;
+        }
+        for (int64_t e = 0; e < n && want.ot[j].dtype != PTC_I32; e++) {
             bool same = isnan(w[e]) ? isnan(g[e]) : fabs(g[e] - w[e]) <= 1e-5 * (1 + fabs(w[e]));
             cr_expect(same, "%s result %d element %lld: kernel %.9g, reference %.9g",
                       ptc_ops[op].name, j, (long long)e, g[e], w[e]);
@@ -216,6 +223,9 @@ Test(kir_ops, rank_dependent_ops)
         check_at(PTC_OP_SHARD_SLICE, a, c, 1, x, 0, 0);
         a.n = 2; /* two groups (q and k of a fused projection) */
         check_at(PTC_OP_SHARD_SLICE, a, c, 1, x, 0, 0);
+        a.n = 1; /* ids (expert parallelism's routes) */
+        ptc_type xi[] = {TY(PTC_I32, 2, 12, 5)};
+        check_at(PTC_OP_SHARD_SLICE, a, c, 1, xi, 1000, 0);
         ptc_attrs e = none();
         e.group = 3;
         ptc_type emb[] = {TY(PTC_F32, 7, 5), TY(PTC_I32, 3, 4)};

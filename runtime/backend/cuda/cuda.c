@@ -524,8 +524,11 @@ typedef struct ikern { /* a kernel instruction */
     int nops;
     int moe;   /* its expert shape + 1 (moe_ffn(_grad), moe_ep_ffn(_grad) in f32), or 0 */
     int rows;  /* its row shape + 1 (moe_pack, moe_unpack, moe_combine(_grad) in f32), or 0 */
+    int route; /* its routing shape + 1 (moe_topk, moe_count, ...), or 0 */
     bool host; /* no kernel for its op yet: the executor runs it on the host */
 } ikern;
+
+#define MAX_ROUTES 64 /* routing shapes of a plan */
 
 typedef struct cstate {
     void *module;
@@ -542,6 +545,9 @@ typedef struct cstate {
     int rows_fn[16][PTC_CUDA_MOE_ROWS_NKERNELS];
     ptc_cuda_moe_rows rows[16];
     int nrows;
+    int route_fn[MAX_ROUTES], route_grid[MAX_ROUTES], route_block[MAX_ROUTES];
+    ptc_cuda_moe_route routes[MAX_ROUTES];
+    int nroutes;
     const ptc_cuda_arch *arch;
     ikern **prog; /* [program][instruction] */
     int nprog, *ninstrs;
@@ -823,18 +829,22 @@ static int moe_rows_run(cstate *s, int id, const ptc_program *pg, const ptc_inst
     return launch(s->fns[s->rows_fn[id][w]], grid, block, args, n, err, errn);
 }
 
-/* Whether in is a moe op the GPU runs: its expert shape (ik->moe) or row shape (ik->rows), + 1
- * (0: none of the unit's). */
+/* Whether in is a moe op the GPU runs: its expert shape (ik->moe), row shape (ik->rows) or
+ * routing shape (ik->route), + 1 (0: none of the unit's). */
 static bool moe_ids(const cstate *s, const ptc_program *pg, const ptc_instr *in, ikern *ik)
 {
     ptc_cuda_moe moe;
     ptc_cuda_moe_rows rows;
+    ptc_cuda_moe_route route;
     if (ptc_cuda_moe_of(pg, in, &moe))
         for (int m = 0; m < s->nmoe && !ik->moe; m++)
             ik->moe = ptc_cuda_moe_same(&s->moe[m], &moe) ? m + 1 : 0;
     else if (ptc_cuda_moe_rows_of(pg, in, &rows))
         for (int m = 0; m < s->nrows && !ik->rows; m++)
             ik->rows = ptc_cuda_moe_rows_same(&s->rows[m], &rows) ? m + 1 : 0;
+    else if (ptc_cuda_moe_route_of(pg, in, &route))
+        for (int m = 0; m < s->nroutes && !ik->route; m++)
+            ik->route = ptc_cuda_moe_route_same(&s->routes[m], &route) ? m + 1 : 0;
     else
         return false;
     return true;
@@ -952,9 +962,19 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
         int64_t need = 8 * s->rows[m].n; /* (each choice's row) */
         s->scratch_bytes = need > s->scratch_bytes ? need : s->scratch_bytes;
     }
-    if (rc == 0 && (s->nmoe > 16 || s->nrows > 16)) {
-        ptc_fmt(err, errn, "the plan has %d expert and %d row shapes; the CUDA backend takes 16",
-                s->nmoe, s->nrows);
+    s->nroutes = ptc_cuda_plan_moe_routes(p, s->routes, MAX_ROUTES);
+    for (int m = 0; m < s->nroutes && m < MAX_ROUTES; m++) {
+        char id[16];
+        ptc_fmt(id, sizeof id, "%d", m);
+        s->route_fn[m] = add_name(nm, "k_moeroute%s%s", id, "");
+        ptc_cuda_moe_launch(arch, ptc_cuda_moe_route_work(&s->routes[m]), &s->route_grid[m],
+                            &s->route_block[m]);
+    }
+    if (rc == 0 && (s->nmoe > 16 || s->nrows > 16 || s->nroutes > MAX_ROUTES)) {
+        ptc_fmt(err, errn,
+                "the plan has %d expert, %d row and %d routing shapes; the CUDA backend takes "
+                "16, 16 and %d",
+                s->nmoe, s->nrows, s->nroutes, MAX_ROUTES);
         rc = -1;
     }
     s->arch = arch;
@@ -989,7 +1009,7 @@ static int build_unit(cstate *s, const ptc_plan *p, const ptc_cuda_arch *arch, c
                 continue;
             }
             if (moe_ids(s, pg, in, ik)) {
-                if (!ik->moe && !ik->rows) {
+                if (!ik->moe && !ik->rows && !ik->route) {
                     ptc_fmt(err, errn, "internal error: a moe op with no CUDA kernels");
                     rc = -1;
                 }
@@ -1178,6 +1198,17 @@ static int instr(void *state, const ptc_plan *p, int prog, int i, int coord, voi
     }
     if (ik->rows)
         return moe_rows_run(s, ik->rows - 1, &p->programs[prog], ins, in, out, err, errn);
+    if (ik->route) { /* operands, then results */
+        void *args[8];
+        int n = 0, r = ik->route - 1;
+        PTC_ASSERT(ins->nin + ins->nout <= 8);
+        for (int k = 0; k < ins->nin; k++)
+            args[n++] = in[k];
+        for (int k = 0; k < ins->nout; k++)
+            args[n++] = out[k];
+        return launch(s->fns[s->route_fn[r]], s->route_grid[r], s->route_block[r], args, n, err,
+                      errn);
+    }
     if (ik->moe)
         return moe_run(s, ik->moe - 1, &p->programs[prog], ins, coord, in, out, err, errn);
     if (ik->host)
