@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "kir.h"
+#include "plan.h"
 #include "ref.h"
 #include "trace.h"
 
@@ -70,7 +71,16 @@ struct ptrt_exec {
     int nfl, capfl;
     int cur; /* the instruction running (ninstrs between runs) */
     int64_t bg_started, bg_overlapped; /* counts; instructions they ran beside, summed */
+    /* expert parallelism's all_to_all_v: bytes sent to the other members since the executor was
+     * made, and the plan's figure for a step (a balanced routing) */
+    int64_t a2a_sent, a2a_planned;
 };
+
+void ptrt_exec_all_to_all(const ptrt_exec *x, int64_t *sent, int64_t *planned)
+{
+    *sent = x->a2a_sent;
+    *planned = x->a2a_planned;
+}
 
 const ptc_program *ptrt_exec_program(const ptrt_exec *x)
 {
@@ -390,8 +400,12 @@ ptrt_exec *ptrt_exec_new(const ptc_plan *plan, int rank, const ptrt_exec_opts *o
             x->ptr[b] = (char *)x->ptr[b] + bf->view_offset;
     }
     x->prep = ptc_xcalloc((size_t)(pg->ninstrs ? pg->ninstrs : 1), sizeof *x->prep);
-    for (int i = 0; i < pg->ninstrs; i++)
+    for (int i = 0; i < pg->ninstrs; i++) {
         prepare(x, i);
+        const ptc_instr *in = &pg->instrs[i];
+        if (in->kind == PTC_INSTR_COLL && in->coll.kind == PTC_COLL_ALL_TO_ALL_V)
+            x->a2a_planned += ptc_plan_comm_bytes(plan, pg, in);
+    }
     x->norm_at = -1;
     if (pg->grad_norm >= 0)
         for (int i = 0; i < pg->ninstrs; i++)
@@ -578,6 +592,8 @@ static int run_uneven(ptrt_exec *x, const ptc_instr *in, const prepared *p, ptrt
     int64_t in_len = ptc_type_numel(&p->it[0]), out_len = ptc_type_numel(&p->ot[0]);
     int rc0 = x->comm->ops->all_to_all_v(x->comm->impl, x->rank, p->members, n, p->in[0], sc, so,
                                          in_len, p->out[0], rc, ro, out_len, dt, d, err, errn);
+    for (int q = 0; q < n && rc0 == 0; q++)
+        x->a2a_sent += q == me ? 0 : sc[q] * ptc_dtype_size(dt);
     if (rc0 == 0 && got < out_len) {
         size_t es = (size_t)ptc_dtype_size(dt);
         zero_in_arena(x, (char *)p->out[0] + (size_t)got * es, (size_t)(out_len - got) * es);

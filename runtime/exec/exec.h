@@ -43,6 +43,10 @@ void ptrt_exec_free(ptrt_exec *x);
 /* Collectives that ran in the background since the executor was made (a communicator with wait,
  * comm.h: NCCL), and the instructions they ran beside, summed over them. */
 void ptrt_exec_overlap(const ptrt_exec *x, int64_t *started, int64_t *beside);
+/* Expert parallelism's all_to_all_v: the bytes this rank sent to the other members since the
+ * executor was made (what the routing made of it), and the plan's bytes for one step (the rows
+ * of a balanced routing: plan/stats.c). */
+void ptrt_exec_all_to_all(const ptrt_exec *x, int64_t *sent, int64_t *planned);
 const ptc_program *ptrt_exec_program(const ptrt_exec *x);
 int ptrt_exec_rank(const ptrt_exec *x);
 

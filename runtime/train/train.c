@@ -113,6 +113,7 @@ typedef struct run {
     ptrt_data *data, *val;
     int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
     int row0, row1;
+    int64_t a2a_step; /* bytes its all_to_all_v sent in the last training step */
 } run;
 
 struct shared {
@@ -706,8 +707,17 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
         all += s[2];
     }
     double frac = all > 0 ? dropped / all : 0;
-    ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%", worst, 100 * frac);
-    ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g", worst, frac);
+    int64_t sent, plan;
+    ptrt_exec_all_to_all(r->x, &sent, &plan);
+    char a2a[48] = "", a2a_json[80] = "";
+    if (plan > 0) { /* (this rank's; what a balanced routing sends is the plan's) */
+        ptc_fmt(a2a, sizeof a2a, " all-to-all %.2fx plan", (double)r->a2a_step / (double)plan);
+        ptc_fmt(a2a_json, sizeof a2a_json, ", \"a2a_bytes\": %lld, \"a2a_planned_bytes\": %lld",
+                (long long)r->a2a_step, (long long)plan);
+    }
+    ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%%s", worst, 100 * frac, a2a);
+    ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g%s", worst, frac,
+            a2a_json);
 }
 
 static void progress(run *r, int64_t t, double loss, double lr, double norm, double dt,
@@ -716,7 +726,7 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
     double tokps = sh->B * sh->T > 0 ? (double)(sh->B * sh->T) / dt : 1.0 / dt;
-    char eta[32], moe[96], moe_json[128];
+    char eta[32], moe[160], moe_json[224];
     fmt_eta(eta, sizeof eta, elapsed / (double)done * (double)(o->steps - t));
     moe_balance(r, moe, sizeof moe, moe_json, sizeof moe_json);
     char mfu[48] = "", mfu_json[96] = "";
@@ -914,8 +924,12 @@ static void loop(run *r)
     int64_t warm = o->steps - sh->first + 1 >= 6 ? 3 : 1;
     for (int64_t t = sh->first; t <= o->steps; t++) {
         double ts = now(), loss, norm, lr = ptrt_lr_at(o, peak, t);
+        int64_t sent0, sent1, plan;
+        ptrt_exec_all_to_all(r->x, &sent0, &plan);
         if (one_step(r, t, lr, &loss, &norm) < 0)
             return;
+        ptrt_exec_all_to_all(r->x, &sent1, &plan);
+        r->a2a_step = sent1 - sent0;
         done++;
         if (lead && o->profile && done == warm)
             ptrt_exec_set_profile(r->x, true);

@@ -16,7 +16,11 @@ prints and what `--emit program` runs:
     parallel for it): per rank, stage z >= 1 the optimizer state, z >= 2 the gradients, z = 3
     the parameters, of X expert and P - X other elements, (X / (ep dp) and (P - X) / (ep dp));
   - invariants: more ep never gives a rank more expert memory; a capacity never reserves more
-    dispatch rows than dropless.
+    dispatch rows than dropless;
+  - measured all-to-all bytes (the runner's step log): with 2 experts and top 2 on ep=2 every
+    token sends one row to the other rank, so each step sends exactly the plan's balanced
+    figure; with top 1 of 4 experts it sends whole rows, at most the plan's bound, and its
+    ratio to the plan is on the step line.
 
 Usage: moe_plan.py PTC SOURCE_DIR   (exit 0 all hold, 1 otherwise)
 """
@@ -110,6 +114,38 @@ def meshes():
                         yield dp, ep, tp, cap
 
 
+def measured_all_to_all(tiny):
+    import json
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as work:
+        for E, K, exact in ((2, 2, True), (4, 1, False)):
+            exe, log = os.path.join(work, 'moe%d%d' % (E, K)), os.path.join(work, 'log.jsonl')
+            args = ['-D', 'experts=%d' % E, '-D', 'top_k=%d' % K, '-D', 'batch=4', '-D', 'seq=16',
+                    '--mesh', 'ep=2', tiny]
+            most = to_bytes(*number(ptc('--emit', 'plan', '--summary', *args),
+                                    r'sent with balanced routing, at most ([\d.]+) (\w+)'))
+            ptc('-o', exe, *args)
+            r = subprocess.run([exe, '--steps', '3', '--log', log], capture_output=True,
+                               text=True)
+            recs = [json.loads(line) for line in open(log)] if r.returncode == 0 else []
+            sent = [x.get('a2a_bytes') for x in recs if 'loss' in x]
+            plan = [x.get('a2a_planned_bytes') for x in recs if 'loss' in x]
+            tag = 'moe_tiny top %d of %d experts on ep=2' % (K, E)
+            check(len(sent) == 3 and None not in sent and 'all-to-all' in r.stdout,
+                  '%s: the step log has the measured all-to-all bytes (%s)' % (tag, sent))
+            if len(sent) != 3 or None in sent:
+                continue
+            if exact:
+                check(sent == plan, '%s: every step sends the balanced figure, %s bytes (plan %s)'
+                      % (tag, sent, plan))
+            else:
+                row = 4 * TINY['d']
+                check(all(0 < s <= most and s % row == 0 for s in sent) and sent != plan,
+                      '%s: whole rows of %d bytes, at most the plan\'s %d: %s (balanced %d)'
+                      % (tag, row, most, sent, plan[0]))
+
+
 def main():
     global PTC
     PTC, src = sys.argv[1], sys.argv[2]
@@ -181,6 +217,7 @@ def main():
                     text) is not None, 'moe.ptm dp=2,ep=4: w_up split over ep, 2 experts a rank')
     check(len(re.findall(r'= all_to_all_v ', text)) == 4 * 32,
           'moe.ptm dp=2,ep=4: 4 all_to_all_v per layer in the program')
+    measured_all_to_all(tiny)
     print('moe plans: %d failed' % failures)
     return 1 if failures else 0
 
