@@ -42,6 +42,9 @@ GPT_SMALL = ["-D", "vocab=4096", "-D", "ctx=128", "-D", "d=256", "-D", "heads=4"
              "-D", "batch=4", "-D", "seq=128"]
 GPT_WIDE_VOCAB = ["-D", "vocab=32768", "-D", "ctx=256", "-D", "d=128", "-D", "heads=2", "-D",
                   "layers=1", "-D", "batch=4", "-D", "seq=256"]
+MOE_SMALL = ["-D", "vocab=4096", "-D", "d=256", "-D", "heads=4", "-D", "kv_heads=2", "-D",
+             "n_layers=2", "-D", "experts=8", "-D", "top_k=2", "-D", "ffn=512", "-D", "batch=16",
+             "-D", "seq=128"]
 CONFIGS = {
     "gpt2_20m": ("examples/gpt2.ptm", GPT20M),
     "gpt2_20m_dp2_tp2_sp_zero3": ("examples/gpt2.ptm", GPT20M + [
@@ -56,6 +59,10 @@ CONFIGS = {
     # does not hold; whole copies of the logits' gradient put the process 181 MiB past its plan,
     # tiles of them 33 MiB
     "gpt2_wide_vocab_fp16": ("examples/gpt2.ptm", GPT_WIDE_VOCAB + ["--precision", "fp16"]),
+    # a small Mixtral (bench/cpu_train.py's moe_small, batch 16): the experts' blocks and lanes'
+    # buffer (cpu_moe.c, at most 16 + 16 MiB) are scratch outside the plan, beside the GEMM tiles
+    "moe_small": ("examples/moe.ptm", MOE_SMALL),
+    "moe_small_ep2": ("examples/moe.ptm", MOE_SMALL + ["--mesh", "ep=2"]),
 }
 
 

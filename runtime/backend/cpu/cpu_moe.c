@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cpu_internal.h"
 #include "ref.h"
 
@@ -175,6 +176,24 @@ static void gemm(const moe_job *j, bool ta, bool tb, int64_t m, int64_t n, int64
 static int64_t per_row(const moe_job *j)
 {
     return 4 * j->d + 2 * j->F + 3 * j->f;
+}
+
+/* The blocks' scratch: an anonymous mapping, returned to the system when the call ends. (From
+ * malloc, glibc kept the freed megabytes of every call in its heaps, 44 MiB past the plan on
+ * moe_small: bench/results/memory_rss_2026-11-27_174433.md.) */
+static float *scratch_alloc(size_t floats, bool *mapped)
+{
+    void *p = ptrt_host_alloc(sizeof(float) * floats);
+    *mapped = p != NULL;
+    return p ? p : ptc_xmalloc(sizeof(float) * floats);
+}
+
+static void scratch_free(float *s, size_t floats, bool mapped)
+{
+    if (mapped)
+        ptrt_host_free(s, sizeof(float) * floats);
+    else
+        free(s);
 }
 
 /* rows of a block with budget floats of scratch, for experts of at most most rows */
@@ -340,7 +359,9 @@ static bool run_lanes(moe_job *j, int64_t E, const weights *w, int64_t n)
         return false;
     }
     int64_t block = block_of(j, ptrt_cpu_moe_scratch / nl, most), mine = block * per_row(j);
-    float *s = ptc_xmalloc(sizeof(float) * (size_t)(nl * mine + (by_row ? n * j->d : 0)));
+    size_t floats = (size_t)(nl * mine + (by_row ? n * j->d : 0));
+    bool mapped;
+    float *s = scratch_alloc(floats, &mapped);
     /* moe_ffn: each row's result into a buffer of its own, then added per token */
     float *rb = s + nl * mine, *to = w->gup ? j->dx : j->y;
     moe_job jl = *j;
@@ -360,7 +381,7 @@ static bool run_lanes(moe_job *j, int64_t E, const weights *w, int64_t n)
         ptrt_cpu_parallel_for(n / j->K, 8, combine_rows, &c);
         free(pos);
     }
-    free(s);
+    scratch_free(s, floats, mapped);
     free(of);
     return true;
 }
@@ -375,11 +396,13 @@ static void experts(moe_job *j, int64_t E, const weights *w, int64_t n)
     for (int64_t e = 0; e < E; e++)
         most = rows_of(j, e) > most ? rows_of(j, e) : most;
     int64_t block = block_of(j, ptrt_cpu_moe_scratch, most);
-    float *s = ptc_xmalloc(sizeof(float) * (size_t)(block * per_row(j) + 1));
+    size_t floats = (size_t)(block * per_row(j) + 1);
+    bool mapped;
+    float *s = scratch_alloc(floats, &mapped);
     use_scratch(j, s, block);
     for (int64_t e = 0; e < E; e++)
         expert(j, e, block, w);
-    free(s);
+    scratch_free(s, floats, mapped);
 }
 
 int ptrt_cpu_moe(const ptrt_kcall *k, const ptc_type *it, void *const *in, const ptc_type *ot,
