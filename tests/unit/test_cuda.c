@@ -8,6 +8,9 @@
  *     kernel-IR interpreter (double precision): 2e-5 relative to the largest value of each
  *     output (f32 sums in another order), NaN where it is NaN, inputs untouched. Under ASan the
  *     emulated code is built with ASan too, so an access out of bounds fails the test;
+ *   - the moe routing kernels (cuda_moe.c: top-k, counts, prefix, route, frac, stats) emulated
+ *     on sizes with 1, odd and prime dimensions, ties and awkward capacities, bit for bit the
+ *     reference's results;
  *   - NVRTC and ptxas: the kernels of every example (the large ones included) compile for sm_80
  *     and sm_90 with NVRTC, and ptxas accepts the PTX; NVRTC's disk cache returns the same PTX;
  *   - a training step: one step of the example models on a test backend whose fused kernels and
@@ -538,6 +541,168 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
 
 /* Shapes that cross the tiles (33 and 70 rows against tiles of 32 and 64), odd head sizes,
  * grouped-query attention, keys longer than queries, one of everything. */
+/* ---- the moe routing kernels (cuda_moe.c) against the reference, emulated ---- */
+
+typedef struct route_case {
+    int64_t B, S, K, E;
+    double capacity;
+} route_case;
+
+/* the routing kernel of shape m on (in, out), emulated, at two launch sizes; every output equal
+ * to the reference's bit for bit (the same arithmetic in the same order) */
+static void check_route(void *so, const char *name, const ptc_cuda_moe_route *m,
+                        const ptrt_kcall *k, const ptc_type *it, void *const *in,
+                        const ptc_type *ot, int nout, const char *what)
+{
+    void *want[2], *got[2], *args[8];
+    char err[256], sym[64];
+    int nin = k->nin;
+    for (int i = 0; i < nin; i++)
+        args[i] = in[i];
+    for (int o = 0; o < nout; o++) {
+        size_t bytes = 4 * (size_t)ptc_type_numel(&ot[o]);
+        want[o] = malloc(bytes), got[o] = malloc(bytes);
+        memset(want[o], 0x7f, bytes);
+        args[nin + o] = got[o];
+    }
+    cr_assert_eq(ptrt_backend_ref.kernel(k, it, in, ot, want, err, sizeof err), 0, "%s: %s", what,
+                 err);
+    snprintf(sym, sizeof sym, "k_%s__emu", name);
+    emu_fn fn = emu_sym(so, sym);
+    launch_fn launch;
+    void *p = dlsym(so, "ptc_cuda_emu_launch");
+    memcpy(&launch, &p, sizeof launch);
+    unsigned sizes[2][2] = {{1, 32}, {3, 64}};
+    for (int l = 0; l < 2; l++) {
+        for (int o = 0; o < nout; o++)
+            memset(got[o], 0x55, 4 * (size_t)ptc_type_numel(&ot[o]));
+        cr_assert_eq(launch(fn, args, sizes[l][0], sizes[l][1]), 0, "%s: %s", what, emu_error(so));
+        for (int o = 0; o < nout; o++)
+            cr_expect_eq(memcmp(want[o], got[o], 4 * (size_t)ptc_type_numel(&ot[o])), 0,
+                         "%s (%s): result %d differs from the reference (grid %u x %u)", what,
+                         ptc_ops[m->op].name, o, sizes[l][0], sizes[l][1]);
+    }
+    for (int o = 0; o < nout; o++)
+        free(want[o]), free(got[o]);
+}
+
+/* Every routing op on sizes with 1, odd and prime dimensions, ties among the probabilities (to
+ * the lower expert), capacities that drop nothing, some, and all but one choice an expert (1e-20),
+ * and decimals whose double is not exact (0.1, 1.1): the kernels chained as a layer runs them
+ * (top-k and its gradient, count, prefix, route, frac, stats, and expert parallelism's kept
+ * counts of the route), each on the reference's own operands. */
+Test(cuda, moe_routing_kernels_emulated)
+{
+    if (!have_cc())
+        cr_skip_test("no C compiler (cc) to build the emulation with");
+    static const route_case cases[] = {{1, 1, 1, 1, 0},    {2, 7, 2, 5, 0},     {3, 13, 3, 4, 1.1},
+                                       {1, 31, 2, 8, 0.1}, {2, 5, 1, 3, 1e-20}, {4, 3, 2, 2, 0.75},
+                                       {1, 17, 4, 7, 2.5}};
+    int nc = (int)(sizeof cases / sizeof cases[0]);
+    uint64_t seed = 12345;
+    for (int c = 0; c < nc; c++) {
+        const route_case *rc = &cases[c];
+        int64_t B = rc->B, S = rc->S, K = rc->K, E = rc->E, R = B * S;
+        ptc_cuda_moe_route shapes[8] = {
+            {.op = PTC_OP_MOE_TOPK, .R = R, .E = E, .K = K, .normalize = c % 2 == 0},
+            {.op = PTC_OP_MOE_TOPK_GRAD, .R = R, .E = E, .K = K, .normalize = c % 2 == 0},
+            {.op = PTC_OP_MOE_COUNT, .B = B, .S = S, .K = K, .E = E},
+            {.op = PTC_OP_MOE_PREFIX, .B = B, .K = K, .E = E},
+            {.op = PTC_OP_MOE_ROUTE, .B = B, .S = S, .K = K, .E = E},
+            {.op = PTC_OP_MOE_FRAC, .K = K, .E = E},
+            {.op = PTC_OP_MOE_STATS, .K = K, .E = E},
+            {.op = PTC_OP_MOE_EP_COUNT, .R = R * K, .E = E}};
+        for (int s = 4; s <= 6; s += 2) {
+            int e10 = 0;
+            shapes[s].cap = ptc_moe_capacity_decimal(rc->capacity, K, E, &shapes[s].digits, &e10);
+            shapes[s].e10 = e10;
+        }
+        char *unit = NULL, name[8][32];
+        size_t len = 0;
+        FILE *f = open_memstream(&unit, &len);
+        ptc_cuda_emit_unit(NULL, 0, f); /* (the prelude) */
+        for (int s = 0; s < 8; s++) {
+            snprintf(name[s], sizeof name[s], "moeroute%d", s);
+            ptc_cuda_emit_moe_route(&shapes[s], name[s], f);
+        }
+        fclose(f);
+        char so_name[32];
+        snprintf(so_name, sizeof so_name, "routing%d", c);
+        void *so = build_emu(unit, so_name);
+        free(unit);
+
+        /* probabilities on a few levels (ties), ids from top-k, gate gradients */
+        float *pr = malloc(sizeof(float) * (size_t)(R * E)),
+              *gate = malloc(sizeof(float) * (size_t)(R * K));
+        float *dg = malloc(sizeof(float) * (size_t)(R * K));
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(R * K)),
+                *cnt = malloc(sizeof(int32_t) * (size_t)(B * K * E));
+        int32_t *pre = malloc(sizeof(int32_t) * (size_t)(B * K * E)),
+                *tot = malloc(sizeof(int32_t) * (size_t)(K * E));
+        for (int64_t i = 0; i < R * E; i++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            pr[i] = 0.125f * (float)((seed >> 33) % 5) + 0.01f;
+        }
+        for (int64_t i = 0; i < R * K; i++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            dg[i] = (float)((seed >> 40) % 1000) / 500.0f - 1.0f;
+        }
+        ptc_type tp = {.dtype = PTC_F32, .rank = 2, .dims = {R, E}};
+        ptc_type tk = {.dtype = PTC_I32, .rank = 3, .dims = {B, S, K}};
+        ptc_type tkf = {.dtype = PTC_F32, .rank = 3, .dims = {B, S, K}};
+        ptc_type tc = {.dtype = PTC_I32, .rank = 3, .dims = {B, K, E}};
+        ptc_type tt = {.dtype = PTC_I32, .rank = 2, .dims = {K, E}};
+        ptc_type tf = {.dtype = PTC_F32, .rank = 1, .dims = {E}};
+        ptc_type t3 = {.dtype = PTC_F32, .rank = 1, .dims = {3}};
+        char what[96];
+        snprintf(what, sizeof what, "B %lld S %lld K %lld E %lld capacity %g", (long long)B,
+                 (long long)S, (long long)K, (long long)E, rc->capacity);
+        ptrt_kcall k = {.op = PTC_OP_MOE_TOPK,
+                        .nin = 1,
+                        .nout = 2,
+                        .attrs = ptc_attrs_default(PTC_OP_MOE_TOPK)};
+        k.attrs.top_k = K, k.attrs.normalize = shapes[0].normalize, k.attrs.capacity = rc->capacity;
+        check_route(so, name[0], &shapes[0], &k, &tp, (void *[]){pr}, (ptc_type[]){tk, tkf}, 2,
+                    what);
+        char err[256]; /* (the reference's results feed the next op) */
+        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tp, (void *[]){pr}, (ptc_type[]){tk, tkf},
+                                             (void *[]){ids, gate}, err, sizeof err),
+                     0, "%s", err);
+        k.op = PTC_OP_MOE_TOPK_GRAD, k.nin = 3, k.nout = 1;
+        check_route(so, name[1], &shapes[1], &k, (ptc_type[]){tp, tk, tkf}, (void *[]){pr, ids, dg},
+                    &tp, 1, what);
+        k.op = PTC_OP_MOE_COUNT, k.nin = 1, k.attrs.n = E;
+        check_route(so, name[2], &shapes[2], &k, &tk, (void *[]){ids}, &tc, 1, what);
+        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tk, (void *[]){ids}, &tc, (void *[]){cnt}, err,
+                                             sizeof err),
+                     0, "%s", err);
+        k.op = PTC_OP_MOE_PREFIX, k.nout = 2;
+        check_route(so, name[3], &shapes[3], &k, &tc, (void *[]){cnt}, (ptc_type[]){tc, tt}, 2,
+                    what);
+        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tc, (void *[]){cnt}, (ptc_type[]){tc, tt},
+                                             (void *[]){pre, tot}, err, sizeof err),
+                     0, "%s", err);
+        k.op = PTC_OP_MOE_ROUTE, k.nin = 3, k.nout = 1;
+        check_route(so, name[4], &shapes[4], &k, (ptc_type[]){tk, tc, tt},
+                    (void *[]){ids, pre, tot}, &tk, 1, what);
+        k.op = PTC_OP_MOE_FRAC, k.nin = 1;
+        check_route(so, name[5], &shapes[5], &k, &tt, (void *[]){tot}, &tf, 1, what);
+        k.op = PTC_OP_MOE_STATS;
+        check_route(so, name[6], &shapes[6], &k, &tt, (void *[]){tot}, &t3, 1, what);
+        int32_t *route = malloc(sizeof(int32_t) * (size_t)(R * K)); /* (kept or -1) */
+        k.op = PTC_OP_MOE_ROUTE, k.nin = 3;
+        cr_assert_eq(ptrt_backend_ref.kernel(&k, (ptc_type[]){tk, tc, tt},
+                                             (void *[]){ids, pre, tot}, &tk, (void *[]){route}, err,
+                                             sizeof err),
+                     0, "%s", err);
+        k.op = PTC_OP_MOE_EP_COUNT, k.nin = 1;
+        ptc_type te = {.dtype = PTC_I32, .rank = 1, .dims = {E}};
+        check_route(so, name[7], &shapes[7], &k, &tk, (void *[]){route}, &te, 1, what);
+        free(route);
+        free(pr), free(gate), free(dg), free(ids), free(cnt), free(pre), free(tot);
+        dlclose(so);
+    }
+}
 Test(cuda, attention_emulated)
 {
     if (!have_cc())
