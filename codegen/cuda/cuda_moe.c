@@ -17,6 +17,12 @@
  * tokens: no two threads store one element, and the experts run one after another on the
  * stream, so sums over a token's experts are in expert order, as on the CPU. The activations are
  * the kernel IR's formulas (GPT-2's tanh GELU, x sigmoid(x)); dgate sums in double, as the CPU's.
+ *
+ * Also here: expert parallelism's row ops (moe_pack, moe_unpack, moe_combine(_grad)), one kernel
+ * each per row shape, and the routing ops (moe_topk and its gradient, moe_count, moe_prefix,
+ * moe_route, moe_frac, moe_stats, moe_ep_count), one kernel per routing shape, each the
+ * reference's loops (ref_moe.c) in its order, so that their results are the reference's bit for
+ * bit.
  */
 #include <string.h>
 

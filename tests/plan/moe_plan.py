@@ -24,10 +24,13 @@ prints and what `--emit program` runs:
 
 Usage: moe_plan.py PTC SOURCE_DIR   (exit 0 all hold, 1 otherwise)
 """
+import json
 import math
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from fractions import Fraction
 
 failures = 0
@@ -115,9 +118,6 @@ def meshes():
 
 
 def measured_all_to_all(tiny):
-    import json
-    import os
-    import tempfile
     with tempfile.TemporaryDirectory() as work:
         for E, K, exact in ((2, 2, True), (4, 1, False)):
             exe, log = os.path.join(work, 'moe%d%d' % (E, K)), os.path.join(work, 'log.jsonl')

@@ -179,8 +179,8 @@ static int64_t per_row(const moe_job *j)
 }
 
 /* The blocks' scratch: an anonymous mapping, returned to the system when the call ends. (From
- * malloc, glibc kept the freed megabytes of every call in its heaps, 44 MiB past the plan on
- * moe_small: bench/results/memory_rss_2026-11-27_174433.md.) */
+ * malloc, glibc kept the freed megabytes of the calls in its heaps: moe_small ran 76.7 MiB past
+ * its plan instead of 57.1, bench/results/memory_rss_2026-11-27_174748.md.) */
 static float *scratch_alloc(size_t floats, bool *mapped)
 {
     void *p = ptrt_host_alloc(sizeof(float) * floats);
