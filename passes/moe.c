@@ -117,13 +117,8 @@ static void expand(mx *m, const ptc_node *n)
 
 static void copy_node(mx *m, const ptc_node *n)
 {
-    int in[PTC_MAX_RESULTS * 4];
-    PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
-    for (int k = 0; k < n->nin; k++)
-        in[k] = m->vmap[n->in[k]];
     m->loc = n->loc;
-    ptc_pass_copy_node(m->out, m->g, "the moe pass", n, in, &n->attrs, m->vmap, &m->failed,
-                       m->err, m->errn);
+    ptc_pass_copy_mapped(m->out, m->g, "the moe pass", n, m->vmap, &m->failed, m->err, m->errn);
 }
 
 int ptc_pass_moe(ptc_pass_ctx *ctx)
@@ -135,10 +130,7 @@ int ptc_pass_moe(ptc_pass_ctx *ctx)
     if (!any)
         return 0;
     mx m = {.g = g, .err = ctx->err, .errn = ctx->errn};
-    m.out = ptc_graph_new(g->name);
-    m.out->optim = g->optim;
-    m.out->mesh = g->mesh;
-    m.out->max_nodes = g->max_nodes;
+    m.out = ptc_pass_graph_like(g);
     m.vmap = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
     for (int i = 0; i < g->nnodes && !m.failed; i++) {
         const ptc_node *n = &g->nodes[i];
@@ -147,13 +139,8 @@ int ptc_pass_moe(ptc_pass_ctx *ctx)
         else
             copy_node(&m, n);
     }
-    if (!m.failed) {
-        m.out->loss = g->loss >= 0 ? m.vmap[g->loss] : -1;
-        for (int i = 0; i < g->noutputs; i++)
-            ptc_graph_add_output(m.out, m.vmap[g->outputs[i]]);
-        for (int i = 0; i < g->nupdates; i++)
-            ptc_graph_add_update(m.out, m.vmap[g->updates[i].state], m.vmap[g->updates[i].to]);
-    }
+    if (!m.failed)
+        ptc_pass_map_ends(m.out, g, m.vmap);
     free(m.vmap);
     if (m.failed) {
         ptc_graph_free(m.out);

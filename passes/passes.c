@@ -88,6 +88,34 @@ void ptc_pass_copy_node(ptc_graph *out, const ptc_graph *g, const char *pass, co
     }
 }
 
+void ptc_pass_copy_mapped(ptc_graph *out, const ptc_graph *g, const char *pass, const ptc_node *n,
+                          int *vmap, bool *failed, char *err, size_t errn)
+{
+    int in[PTC_MAX_RESULTS * 4];
+    PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
+    for (int k = 0; k < n->nin; k++)
+        in[k] = vmap[n->in[k]];
+    ptc_pass_copy_node(out, g, pass, n, in, &n->attrs, vmap, failed, err, errn);
+}
+
+ptc_graph *ptc_pass_graph_like(const ptc_graph *g)
+{
+    ptc_graph *out = ptc_graph_new(g->name);
+    out->optim = g->optim;
+    out->mesh = g->mesh;
+    out->max_nodes = g->max_nodes;
+    return out;
+}
+
+void ptc_pass_map_ends(ptc_graph *out, const ptc_graph *g, const int *vmap)
+{
+    out->loss = g->loss >= 0 ? vmap[g->loss] : -1;
+    for (int i = 0; i < g->noutputs; i++)
+        ptc_graph_add_output(out, vmap[g->outputs[i]]);
+    for (int i = 0; i < g->nupdates; i++)
+        ptc_graph_add_update(out, vmap[g->updates[i].state], vmap[g->updates[i].to]);
+}
+
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx)
 {
     free(ctx->grads);

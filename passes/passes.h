@@ -119,6 +119,14 @@ void ptc_pass_copy_node(ptc_graph *out, const ptc_graph *g, const char *pass, co
                         const int *in, const ptc_attrs *at, int *vmap, bool *failed, char *err,
                         size_t errn);
 
+/* ptc_pass_copy_node of n as it is, its operands the values vmap gives for n's. */
+void ptc_pass_copy_mapped(ptc_graph *out, const ptc_graph *g, const char *pass, const ptc_node *n,
+                          int *vmap, bool *failed, char *err, size_t errn);
+/* A new, empty graph for a pass that rebuilds g: g's name, optimizer, mesh and node ceiling. */
+ptc_graph *ptc_pass_graph_like(const ptc_graph *g);
+/* The end of such a rebuild: out's loss, outputs and state updates are g's, through vmap. */
+void ptc_pass_map_ends(ptc_graph *out, const ptc_graph *g, const int *vmap);
+
 /* Runs the pass list on ctx->g; 0, or -1 with ctx->err naming the pass. */
 int ptc_run_passes(ptc_pass_ctx *ctx);
 void ptc_pass_ctx_free(ptc_pass_ctx *ctx);

@@ -696,10 +696,7 @@ static int split_tied_sums(ptc_pass_ctx *ctx, int pp)
     }
     int rc = 0;
     if (nsums) {
-        ptc_graph *out = ptc_graph_new(g->name);
-        out->optim = g->optim;
-        out->mesh = g->mesh;
-        out->max_nodes = g->max_nodes;
+        ptc_graph *out = ptc_pass_graph_like(g);
         int *vmap = ptc_xmalloc(sizeof(int) * nv);
         bool failed = false;
         for (int i = 0; i < g->nnodes && !failed; i++) {
@@ -711,19 +708,11 @@ static int split_tied_sums(ptc_pass_ctx *ctx, int pp)
                     emit_tied(out, g, n, T.terms + first[i], count[i], vmap, &failed, ctx);
                 continue;
             }
-            int in[PTC_MAX_RESULTS * 4];
-            PTC_ASSERT(n->nin <= (int)(sizeof in / sizeof in[0]));
-            for (int k = 0; k < n->nin; k++)
-                in[k] = vmap[n->in[k]];
-            ptc_pass_copy_node(out, g, "the pipeline pass", n, in, &n->attrs, vmap, &failed,
-                               ctx->err, ctx->errn);
+            ptc_pass_copy_mapped(out, g, "the pipeline pass", n, vmap, &failed, ctx->err,
+                                 ctx->errn);
         }
         if (!failed) {
-            out->loss = g->loss >= 0 ? vmap[g->loss] : -1;
-            for (int i = 0; i < g->noutputs; i++)
-                ptc_graph_add_output(out, vmap[g->outputs[i]]);
-            for (int i = 0; i < g->nupdates; i++)
-                ptc_graph_add_update(out, vmap[g->updates[i].state], vmap[g->updates[i].to]);
+            ptc_pass_map_ends(out, g, vmap);
             ptc_graph_free(g);
             ctx->g = out;
             char less[32];

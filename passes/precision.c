@@ -109,10 +109,7 @@ int ptc_pass_precision(ptc_pass_ctx *ctx)
         return -1;
     }
     pr p = {.g = g, .low = low, .err = ctx->err, .errn = ctx->errn};
-    p.out = ptc_graph_new(g->name);
-    p.out->optim = g->optim;
-    p.out->mesh = g->mesh;
-    p.out->max_nodes = g->max_nodes;
+    p.out = ptc_pass_graph_like(g);
     p.vmap = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
     for (int i = 0; i < g->nnodes && !p.failed; i++)
         copy_node(&p, &g->nodes[i]);

@@ -264,10 +264,7 @@ int ptc_pass_moe_ep(ptc_pass_ctx *ctx)
         any = expert_parallel(&g->nodes[i]);
     if (any) {
         ep e = {.g = g, .err = ctx->err, .errn = ctx->errn};
-        e.out = ptc_graph_new(g->name);
-        e.out->optim = g->optim;
-        e.out->mesh = g->mesh;
-        e.out->max_nodes = g->max_nodes;
+        e.out = ptc_pass_graph_like(g);
         e.vmap = ptc_xmalloc(sizeof(int) * (size_t)(g->nvalues ? g->nvalues : 1));
         for (int i = 0; i < g->nnodes && !e.failed; i++) {
             const ptc_node *n = &g->nodes[i];
@@ -280,13 +277,8 @@ int ptc_pass_moe_ep(ptc_pass_ctx *ctx)
             else
                 backward(&e, n);
         }
-        if (!e.failed) {
-            e.out->loss = g->loss >= 0 ? e.vmap[g->loss] : -1;
-            for (int i = 0; i < g->noutputs; i++)
-                ptc_graph_add_output(e.out, e.vmap[g->outputs[i]]);
-            for (int i = 0; i < g->nupdates; i++)
-                ptc_graph_add_update(e.out, e.vmap[g->updates[i].state], e.vmap[g->updates[i].to]);
-        }
+        if (!e.failed)
+            ptc_pass_map_ends(e.out, g, e.vmap);
         free(e.vmap);
         free(e.fwd);
         if (e.failed) {

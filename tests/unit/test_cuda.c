@@ -200,6 +200,16 @@ static const char *emu_error(void *so)
     return error();
 }
 
+/* the emulation build's launcher (ptc_cuda_emu_launch) */
+static launch_fn emu_launcher(void *so)
+{
+    void *p = dlsym(so, "ptc_cuda_emu_launch");
+    cr_assert_not_null(p, "no ptc_cuda_emu_launch in the emulation build");
+    launch_fn launch;
+    memcpy(&launch, &p, sizeof launch);
+    return launch;
+}
+
 static emu_fn emu_sym(void *so, const char *sym)
 {
     void *p = dlsym(so, sym);
@@ -254,10 +264,7 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
     char sym[256], err[1024];
     snprintf(sym, sizeof sym, "k_%s__emu", k->name);
     emu_fn fn = emu_sym(so, sym);
-    launch_fn launch;
-    void *p = dlsym(so, "ptc_cuda_emu_launch");
-    cr_assert_not_null(p);
-    memcpy(&launch, &p, sizeof launch);
+    launch_fn launch = emu_launcher(so);
 
     bufs want = make_bufs(k, 7), got = make_bufs(k, 7);
     cr_assert_eq(ptc_kir_run_checked(k, want.args, err, sizeof err), 0, "%s", err);
@@ -490,9 +497,7 @@ static void check_attention(const ptc_cuda_attn *a, int sm)
              a->io == PTC_BF16 ? "_io_bf16" : a->io == PTC_F16 ? "_io_f16" : "");
     void *so = build_emu_with(buf, name, flags);
     free(buf);
-    launch_fn launch;
-    void *p = dlsym(so, "ptc_cuda_emu_launch");
-    memcpy(&launch, &p, sizeof launch);
+    launch_fn launch = emu_launcher(so);
 
     /* 16-bit storage (a->io): the operands rounded to it and stored in 2 bytes, the results read
      * back from 2 bytes */
@@ -549,10 +554,11 @@ typedef struct route_case {
 } route_case;
 
 /* the routing kernel of shape m on (in, out), emulated, at two launch sizes; every output equal
- * to the reference's bit for bit (the same arithmetic in the same order) */
+ * to the reference's bit for bit (the same arithmetic in the same order). The reference's results
+ * go to keep (the next op's operands), or are dropped where keep is NULL. */
 static void check_route(void *so, const char *name, const ptc_cuda_moe_route *m,
                         const ptrt_kcall *k, const ptc_type *it, void *const *in,
-                        const ptc_type *ot, int nout, const char *what)
+                        const ptc_type *ot, int nout, void *const *keep, const char *what)
 {
     void *want[2], *got[2], *args[8];
     char err[256], sym[64];
@@ -561,7 +567,7 @@ static void check_route(void *so, const char *name, const ptc_cuda_moe_route *m,
         args[i] = in[i];
     for (int o = 0; o < nout; o++) {
         size_t bytes = 4 * (size_t)ptc_type_numel(&ot[o]);
-        want[o] = malloc(bytes), got[o] = malloc(bytes);
+        want[o] = keep ? keep[o] : malloc(bytes), got[o] = malloc(bytes);
         memset(want[o], 0x7f, bytes);
         args[nin + o] = got[o];
     }
@@ -569,9 +575,7 @@ static void check_route(void *so, const char *name, const ptc_cuda_moe_route *m,
                  err);
     snprintf(sym, sizeof sym, "k_%s__emu", name);
     emu_fn fn = emu_sym(so, sym);
-    launch_fn launch;
-    void *p = dlsym(so, "ptc_cuda_emu_launch");
-    memcpy(&launch, &p, sizeof launch);
+    launch_fn launch = emu_launcher(so);
     unsigned sizes[2][2] = {{1, 32}, {3, 64}};
     for (int l = 0; l < 2; l++) {
         for (int o = 0; o < nout; o++)
@@ -582,8 +586,11 @@ static void check_route(void *so, const char *name, const ptc_cuda_moe_route *m,
                          "%s (%s): result %d differs from the reference (grid %u x %u)", what,
                          ptc_ops[m->op].name, o, sizes[l][0], sizes[l][1]);
     }
-    for (int o = 0; o < nout; o++)
-        free(want[o]), free(got[o]);
+    for (int o = 0; o < nout; o++) {
+        if (!keep)
+            free(want[o]);
+        free(got[o]);
+    }
 }
 
 /* Every routing op on sizes with 1, odd and prime dimensions, ties among the probabilities (to
@@ -662,47 +669,35 @@ Test(cuda, moe_routing_kernels_emulated)
                         .nout = 2,
                         .attrs = ptc_attrs_default(PTC_OP_MOE_TOPK)};
         k.attrs.top_k = K, k.attrs.normalize = shapes[0].normalize, k.attrs.capacity = rc->capacity;
+        int32_t *route = malloc(sizeof(int32_t) * (size_t)(R * K)); /* (kept or -1) */
+        /* (the reference's results feed the next op) */
         check_route(so, name[0], &shapes[0], &k, &tp, (void *[]){pr}, (ptc_type[]){tk, tkf}, 2,
-                    what);
-        char err[256]; /* (the reference's results feed the next op) */
-        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tp, (void *[]){pr}, (ptc_type[]){tk, tkf},
-                                             (void *[]){ids, gate}, err, sizeof err),
-                     0, "%s", err);
+                    (void *[]){ids, gate}, what);
         k.op = PTC_OP_MOE_TOPK_GRAD, k.nin = 3, k.nout = 1;
         check_route(so, name[1], &shapes[1], &k, (ptc_type[]){tp, tk, tkf}, (void *[]){pr, ids, dg},
-                    &tp, 1, what);
+                    &tp, 1, NULL, what);
         k.op = PTC_OP_MOE_COUNT, k.nin = 1, k.attrs.n = E;
-        check_route(so, name[2], &shapes[2], &k, &tk, (void *[]){ids}, &tc, 1, what);
-        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tk, (void *[]){ids}, &tc, (void *[]){cnt}, err,
-                                             sizeof err),
-                     0, "%s", err);
+        check_route(so, name[2], &shapes[2], &k, &tk, (void *[]){ids}, &tc, 1, (void *[]){cnt},
+                    what);
         k.op = PTC_OP_MOE_PREFIX, k.nout = 2;
         check_route(so, name[3], &shapes[3], &k, &tc, (void *[]){cnt}, (ptc_type[]){tc, tt}, 2,
-                    what);
-        cr_assert_eq(ptrt_backend_ref.kernel(&k, &tc, (void *[]){cnt}, (ptc_type[]){tc, tt},
-                                             (void *[]){pre, tot}, err, sizeof err),
-                     0, "%s", err);
+                    (void *[]){pre, tot}, what);
         k.op = PTC_OP_MOE_ROUTE, k.nin = 3, k.nout = 1;
         check_route(so, name[4], &shapes[4], &k, (ptc_type[]){tk, tc, tt},
-                    (void *[]){ids, pre, tot}, &tk, 1, what);
+                    (void *[]){ids, pre, tot}, &tk, 1, (void *[]){route}, what);
         k.op = PTC_OP_MOE_FRAC, k.nin = 1;
-        check_route(so, name[5], &shapes[5], &k, &tt, (void *[]){tot}, &tf, 1, what);
+        check_route(so, name[5], &shapes[5], &k, &tt, (void *[]){tot}, &tf, 1, NULL, what);
         k.op = PTC_OP_MOE_STATS;
-        check_route(so, name[6], &shapes[6], &k, &tt, (void *[]){tot}, &t3, 1, what);
-        int32_t *route = malloc(sizeof(int32_t) * (size_t)(R * K)); /* (kept or -1) */
-        k.op = PTC_OP_MOE_ROUTE, k.nin = 3;
-        cr_assert_eq(ptrt_backend_ref.kernel(&k, (ptc_type[]){tk, tc, tt},
-                                             (void *[]){ids, pre, tot}, &tk, (void *[]){route}, err,
-                                             sizeof err),
-                     0, "%s", err);
-        k.op = PTC_OP_MOE_EP_COUNT, k.nin = 1;
+        check_route(so, name[6], &shapes[6], &k, &tt, (void *[]){tot}, &t3, 1, NULL, what);
+        k.op = PTC_OP_MOE_EP_COUNT;
         ptc_type te = {.dtype = PTC_I32, .rank = 1, .dims = {E}};
-        check_route(so, name[7], &shapes[7], &k, &tk, (void *[]){route}, &te, 1, what);
+        check_route(so, name[7], &shapes[7], &k, &tk, (void *[]){route}, &te, 1, NULL, what);
         free(route);
         free(pr), free(gate), free(dg), free(ids), free(cnt), free(pre), free(tot);
         dlclose(so);
     }
 }
+
 Test(cuda, attention_emulated)
 {
     if (!have_cc())
@@ -785,8 +780,7 @@ static int emu_prepare(const ptc_plan *p, void **state, char *err, size_t errn)
     fclose(f);
     emu.so = build_emu(unit, "step");
     free(unit);
-    void *l = dlsym(emu.so, "ptc_cuda_emu_launch");
-    memcpy(&emu.launch, &l, sizeof emu.launch);
+    emu.launch = emu_launcher(emu.so);
     emu.nat = ptc_cuda_plan_attentions(p, emu.at, 16);
     cr_assert_leq(emu.nat, 16);
     *state = &emu;
@@ -1258,10 +1252,7 @@ Test(cuda, emulation_finds_races)
     cr_skip("the real-threads emulation (ASan) does not check for races");
 #endif
     void *so = build_emu(race_unit, "races");
-    launch_fn launch;
-    void *p = dlsym(so, "ptc_cuda_emu_launch");
-    cr_assert_not_null(p);
-    memcpy(&launch, &p, sizeof launch);
+    launch_fn launch = emu_launcher(so);
     static const struct {
         const char *kernel;
         int id0; /* ids[0]; ids[i] = i otherwise */
