@@ -15,9 +15,10 @@
  * differentiate, and take its stage; optimizer nodes follow their largest operand. Stages are
  * contiguous runs of units: the first holds pre, the last post. Without --stages the cut
  * minimises the largest stage's compute (forward + backward flops and bytes, from ir/cost.c), and
- * among cuts within 2% of that spreads compute and model states (parameters, gradients and Adam
- * moments: 16 bytes a parameter) evenly - so the embedding and the head weigh in with their
- * compute and their memory.
+ * among cuts within 2% of that spreads compute and memory evenly: model states (parameters,
+ * gradients and Adam moments: 16 bytes a parameter) and, with microbatches, the gradient
+ * accumulators of weights read on more than one stage (split_tied_sums) - so the embedding and
+ * the head weigh in with their compute and their memory.
  *
  * Recompute (Korthikanti et al. 2022): full marks every forward node of a layer except those whose
  * result leaves the layer (the next layer's input is kept); selective marks the attention core.
@@ -80,6 +81,16 @@ typedef struct pl {
     int *unit;     /* node -> unit, -1 none */
     unit *units;
     int nunits;
+    /* weights read by more than one unit: with microbatches each stage that reads one, other
+     * than the stage of its first reader, holds an accumulator of its gradient (split_tied_sums
+     * below) */
+    struct shared_w {
+        int home;     /* the unit of its first forward reader, where its states count */
+        double bytes; /* its gradient's */
+        int first, n; /* its readers' units: readers[first .. first + n) */
+    } *shared;
+    int nshared;
+    int *readers;
 } pl;
 
 static bool is_source(const ptc_node *n)
@@ -238,6 +249,12 @@ static void find_free(pl *P)
     }
 }
 
+static int cmp_read(const void *a, const void *b)
+{
+    const int *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
 static void unit_costs(pl *P)
 {
     ptc_graph *g = P->g;
@@ -254,9 +271,12 @@ static void unit_costs(pl *P)
         P->units[u].cost += ptc_op_flops(n->op, &n->attrs, it, n->nin, ot, n->nout) +
                             ptc_op_bytes(it, n->nin, ot, n->nout) / 4;
     }
-    /* a parameter's states sit with its first forward reader (a free node reading it counts
-     * with its own first reader: free nodes have no unit) */
-    bool *counted = ptc_xcalloc((size_t)(g->nvalues ? g->nvalues : 1), 1);
+    /* The units reading each parameter, in node order. Its states (16 bytes a parameter: the
+     * parameter, its gradient and Adam's moments) sit with its first forward reader (a free
+     * node reading it - a cast, a slice - counts with its own first reader: free nodes have no
+     * unit). Note the weights more than one unit reads. */
+    int (*rd)[3] = NULL; /* (value, node, unit) of each forward read of a parameter */
+    int nrd = 0, caprd = 0;
     for (int i = 0; i < g->nnodes; i++) {
         const ptc_node *n = &g->nodes[i];
         if (!P->fwd[i] || P->unit[i] < 0)
@@ -264,22 +284,70 @@ static void unit_costs(pl *P)
         for (int k = 0; k < n->nin; k++) {
             int v = n->in[k];
             while (P->free_[g->values[v].def] && g->nodes[g->values[v].def].nin > 0)
-                v = g->nodes[g->values[v].def].in[0]; /* a cast or slice of a parameter */
-            const ptc_node *d = &g->nodes[g->values[v].def];
-            if (d->op != PTC_OP_PARAM || counted[v])
+                v = g->nodes[g->values[v].def].in[0];
+            if (g->nodes[g->values[v].def].op != PTC_OP_PARAM)
                 continue;
-            counted[v] = true;
-            P->units[P->unit[i]].mem += (double)ptc_type_numel(&g->values[v].type) * 16;
+            if (nrd == caprd)
+                rd = ptc_xrealloc(rd, sizeof *rd * (size_t)(caprd = caprd ? 2 * caprd : 64));
+            rd[nrd][0] = v, rd[nrd][1] = i, rd[nrd][2] = P->unit[i];
+            nrd++;
         }
     }
-    free(counted);
+    if (nrd)
+        qsort(rd, (size_t)nrd, sizeof *rd, cmp_read);
+    P->readers = ptc_xmalloc(sizeof(int) * (size_t)(nrd ? nrd : 1));
+    int nreaders = 0;
+    for (int a = 0, b; a < nrd; a = b) {
+        int n = 0;
+        for (b = a; b < nrd && rd[b][0] == rd[a][0]; b++) {
+            bool seen = false;
+            for (int j = 0; j < n && !seen; j++)
+                seen = P->readers[nreaders + j] == rd[b][2];
+            if (!seen)
+                P->readers[nreaders + n++] = rd[b][2];
+        }
+        const ptc_type *t = &g->values[rd[a][0]].type;
+        P->units[P->readers[nreaders]].mem += (double)ptc_type_numel(t) * 16;
+        if (n < 2)
+            continue;
+        P->shared = ptc_xrealloc(P->shared, sizeof *P->shared * (size_t)(P->nshared + 1));
+        P->shared[P->nshared++] = (struct shared_w){
+            .home = P->readers[nreaders],
+            .bytes = (double)ptc_type_numel(t) * ptc_dtype_size(t->dtype),
+            .first = nreaders,
+            .n = n,
+        };
+        nreaders += n;
+    }
+    free(rd);
+}
+
+/* The accumulators a stage of units [v, u) holds for the weights it reads but does not hold
+ * (none without microbatches: the one gradient is sent as it is made). */
+static double shared_bytes(const pl *P, int v, int u)
+{
+    if (P->o->microbatches <= 1)
+        return 0;
+    double b = 0;
+    for (int k = 0; k < P->nshared; k++) {
+        const struct shared_w *w = &P->shared[k];
+        if (w->home >= v && w->home < u)
+            continue;
+        for (int j = 0; j < w->n; j++)
+            if (P->readers[w->first + j] >= v && P->readers[w->first + j] < u) {
+                b += w->bytes;
+                break;
+            }
+    }
+    return b;
 }
 
 /* Contiguous cut of the units into S stages: first[s] is stage s's first unit. Minimises the
  * largest stage cost (the pipeline's throughput), then, among cuts whose stages all cost at most
  * 2% more than that, spreads compute and memory evenly: the least sum over stages of
- * (cost share + memory share)^2. Every stage gets at least one unit. Both are exact dynamic
- * programs over (stages, units). */
+ * (cost share + memory share)^2, a stage's memory its model states and the accumulators of the
+ * gradients of the shared weights it reads but does not hold. Every stage gets at least one
+ * unit. Both are exact dynamic programs over (stages, units). */
 static void balance(const pl *P, int S, int *first)
 {
     int U = P->nunits;
@@ -305,6 +373,12 @@ static void balance(const pl *P, int S, int *first)
                     best[(size_t)s * W + (size_t)u] = m;
             }
     double bound = best[(size_t)S * W + (size_t)U] * 1.02 + 1e-9;
+    /* the memory of a stage of units [v, u): its model states and its shared weights'
+     * accumulators */
+    double *mem = ptc_xmalloc(sizeof(double) * W * W);
+    for (int v = 0; v < U; v++)
+        for (int u = v + 1; u <= U; u++)
+            mem[(size_t)v * W + (size_t)u] = pm[u] - pm[v] + shared_bytes(P, v, u);
     double *sq = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
     int *from = ptc_xmalloc(sizeof(int) * W * (size_t)(S + 1));
     for (size_t i = 0; i < W * (size_t)(S + 1); i++)
@@ -316,7 +390,7 @@ static void balance(const pl *P, int S, int *first)
                 double c = sq[(size_t)(s - 1) * W + (size_t)v];
                 if (c >= 1e300 || pc[u] - pc[v] > bound)
                     continue;
-                double w = (pc[u] - pc[v]) / tc + (pm[u] - pm[v]) / tm;
+                double w = (pc[u] - pc[v]) / tc + mem[(size_t)v * W + (size_t)u] / tm;
                 if (c + w * w < sq[(size_t)s * W + (size_t)u]) {
                     sq[(size_t)s * W + (size_t)u] = c + w * w;
                     from[(size_t)s * W + (size_t)u] = v;
@@ -331,6 +405,7 @@ static void balance(const pl *P, int S, int *first)
     }
     free(pc);
     free(pm);
+    free(mem);
     free(best);
     free(sq);
     free(from);
@@ -772,6 +847,8 @@ int ptc_pass_pipeline(ptc_pass_ctx *ctx)
     free(P.free_);
     free(P.unit);
     free(P.units);
+    free(P.shared);
+    free(P.readers);
     if (rc == 0 && S > 1)
         rc = split_tied_sums(ctx, pp);
     return rc;

@@ -23,6 +23,11 @@
     last stage sends its gradient once a step, not once a microbatch: its backward sends are
     M activation gradients ((b/M) s h 4 bytes each) and one V h 4-byte gradient, plus the
     loss and norm scalars (1.01 GiB less than M of them), and the plan's choices say so;
+  - the stage cut weighs those accumulators: tests/equivalence/shared_tiny.ptm with vocab 1024
+    and 8 layers at pp=3, M=4 (every layer uses w_fc and w_proj, declared before them; wte is
+    tied) is cut 3,5,0, the last stage the head alone, which holds and sends no w_fc or w_proj
+    gradient; the cut that counts model states alone (3,4,1) holds more bytes over the ranks
+    and sends more;
   - errors: a batch the microbatches do not divide names the const.
 
 Usage: pipeline.py PTC   (exit 0 all pass, 1 any failure)
@@ -231,6 +236,32 @@ def tied_gradient():
           'the plan says so: %s' % (note[0] if note else p['notes']))
 
 
+def shared_weight_cut(work):
+    src = open(os.path.join(ROOT, 'tests', 'equivalence', 'shared_tiny.ptm')).read()
+    big = src.replace('const vocab  = 64', 'const vocab  = 1024').replace(
+        'const layers = 4', 'const layers = 8')
+    check(big != src and big.count('1024') == 1, 'shared_tiny.ptm has the consts the test sets')
+    model = os.path.join(work, 'shared_wide.ptm')
+    with open(model, 'w') as f:
+        f.write(big)
+
+    def plan(*extra):
+        p = plan_json('--mesh', 'pp=3', '--microbatches', '4', *extra, model)
+        held = sum(x['memory_bytes']['parameters'] + x['memory_bytes']['gradients'] +
+                   x['memory_bytes']['optimizer_state'] + x['memory_bytes']['peak_activations']
+                   for x in p['programs'])
+        return p, held, sum(x['communication']['bytes'] for x in p['programs'])
+
+    p, held, sent = plan()
+    cut = [n for n in p['notes'].split('\n') if 'stages cut' in n]
+    check(len(cut) == 1 and '1 [h.3..h.7]' in cut[0] and '2 [post]' in cut[0],
+          'shared weights at pp=3, M=4: the head gets a stage of its own: %s' % cut)
+    _, held1, sent1 = plan('--stages', '3,4,1')
+    check(held < held1 and sent < sent1,
+          'and the ranks hold %d bytes and send %d a step, against %d and %d for the cut '
+          '3,4,1' % (held, sent, held1, sent1))
+
+
 def errors():
     r = ptc('--microbatches', '3', '--emit', 'plan', TINY, ok=False)
     check(r.returncode == 1 and "const 'batch'" in r.stderr and 'microbatches 3' in r.stderr,
@@ -255,5 +286,6 @@ if __name__ == '__main__':
         measured_memory(work)
         traces(work)
         corpus_training(work)
+        shared_weight_cut(work)
     print('%d failure(s)' % len(failures))
     sys.exit(1 if failures else 0)
