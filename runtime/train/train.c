@@ -3,16 +3,13 @@
  * A plan over a mesh runs as one thread per rank, each with its own executor over its rank
  * program (arenas allocated once, at start) and its own view of the data; collectives go through
  * one in-process communicator. Rank 0 prints, logs and writes checkpoints, which always hold full
- * (logical) tensors: it gathers every rank's local parts by their full-tensor indices, so a
- * checkpoint does not depend on the mesh that wrote it. A single-device plan is the same loop
- * with one rank.
+ * (logical) tensors (weights.c). A single-device plan is the same loop with one rank.
  */
-#include "train.h"
+#include "train_internal.h"
 #include "cuda.h"
 #include "cudalib.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -27,7 +24,6 @@
 #include "data.h"
 #include "exec.h"
 #include "file.h"
-#include "half.h"
 #include "inproc.h"
 #include "mpicomm.h"
 #include "nccl_comm.h"
@@ -85,74 +81,7 @@ double ptrt_lr_at(const ptrt_train_opts *o, double peak, int64_t t)
     return floor + 0.5 * (1 + cos(3.14159265358979323846 * frac)) * (peak - floor);
 }
 
-/* A persistent tensor (parameter or optimizer state) of the plan: its full (logical) type, and
- * per rank the buffer that holds that rank's part, or -1. A 16-bit parameter (--precision) is
- * the working copy of its fp32 master weight (optimizer state optim.master.NAME): checkpoints,
- * --save and --init-from see the master under the parameter's name, and a load writes both. */
-typedef struct entry {
-    const char *name;
-    ptc_type full;
-    int *buf;    /* [nranks] */
-    int *master; /* [nranks], the master weight's buffers; NULL when the parameter is f32 */
-} entry;
-
-typedef struct shared shared;
-
-/* One rank. */
-typedef struct run {
-    shared *sh;
-    int rank;
-    ptrt_exec *x;
-    int tokens, targets, lr, step, max_norm, scale_in; /* input buffers, -1 if absent */
-    /* fp16 loss scaling (every rank keeps the same: all see the same gradient norm): the scale
-     * of the next step, clean steps in a row, steps skipped for an overflow so far, and whether
-     * the last step was one */
-    double scale, step_scale; /* (step_scale: the last step's) */
-    int64_t scale_clean, skipped;
-    bool overflow;
-    ptrt_data *data, *val;
-    int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
-    int row0, row1;
-    int64_t a2a_step; /* bytes its all_to_all_v sent in the last training step */
-} run;
-
-struct shared {
-    const ptc_plan *plan;
-    const ptrt_train_opts *o;
-    int nranks;
-    run *runs;
-    ptrt_inproc *inproc;
-    /* the executors' communicator on a device backend: NCCL where every rank has its own GPU,
-     * in the GPU's memory where all share one, else host-staged */
-    ptrt_ncclc *nccl;
-    ptrt_inproc *devcomm;
-    ptrt_staged *staged;
-    ptrt_comm *xcomm; /* the executors' (sh->comm, or one of the above) */
-    ptrt_mpi *mpi; /* ranks in several processes (mpirun, srun); NULL: all ranks are threads */
-    ptrt_comm *comm;
-    int first_local, nlocal; /* this process runs ranks [first_local, first_local + nlocal) */
-    int *all;            /* 0..nranks-1, the group of barriers */
-    int64_t B, T, vocab; /* global batch shape; ids a data file may hold */
-    int64_t classes;     /* the cross-entropy's classes when fewer than the embedding's rows */
-    double peak_flops;   /* for MFU: --peak-flops, or a GEMM measured at start (or the rate
-                            of a step that beat it); 0: none */
-    bool peak_bf16;      /* that GEMM's operands were bf16 (the plan's GEMMs are) */
-    entry *ents;
-    int nparams, nents;
-    ptrt_ckpt_param *full; /* full tensors, rank 0's, for checkpoints */
-    uint64_t config_hash;
-    FILE *log;
-    pthread_mutex_t lock;
-    double t_base; /* CLOCK_MONOTONIC at the start: the origin of --trace's times */
-    bool has_tokens, has_targets; /* some rank's program has a token (target) input */
-    bool scaling;                 /* fp16 loss scaling: some rank's program has its input */
-    int rc;
-    char err[2048];
-    int64_t first; /* first step to run */
-    bool loaded;   /* full holds weights loaded by --init-from or --resume */
-};
-
-static void fail(shared *sh, int rank, int rc, const char *msg)
+void ptrt_train_fail(shared *sh, int rank, int rc, const char *msg)
 {
     pthread_mutex_lock(&sh->lock);
     if (!sh->rc) {
@@ -166,12 +95,17 @@ static void fail(shared *sh, int rank, int rc, const char *msg)
         sh->xcomm->ops->abort(sh->xcomm->impl, rank, msg);
 }
 
-static int failed(shared *sh)
+int ptrt_train_failed(shared *sh)
 {
     pthread_mutex_lock(&sh->lock);
     int rc = sh->rc;
     pthread_mutex_unlock(&sh->lock);
     return rc;
+}
+
+const ptc_program *ptrt_train_program(const shared *sh, int rank)
+{
+    return &sh->plan->programs[sh->plan->rank_program[rank]];
 }
 
 /* Waits for every rank; false if the run has failed (on any rank). */
@@ -183,14 +117,9 @@ static bool sync_all(run *r, const char *what)
         ptrt_coll_desc d = {.group_name = what, .step = 0, .index = 0};
         if (sh->comm->ops->barrier(sh->comm->impl, r->rank, sh->all, sh->nranks, &d, err,
                                    sizeof err) < 0)
-            fail(sh, r->rank, 1, err);
+            ptrt_train_fail(sh, r->rank, 1, err);
     }
-    return !failed(sh);
-}
-
-static const ptc_program *program_of(const shared *sh, int rank)
-{
-    return &sh->plan->programs[sh->plan->rank_program[rank]];
+    return !ptrt_train_failed(sh);
 }
 
 /* The input buffer of a rank's program with role, or -1. */
@@ -206,7 +135,7 @@ static int find_roles(shared *sh, char *err, size_t errn)
 {
     for (int k = 0; k < sh->nranks; k++) {
         run *r = &sh->runs[k];
-        const ptc_program *pg = program_of(sh, k);
+        const ptc_program *pg = ptrt_train_program(sh, k);
         r->tokens = input_of(pg, PTC_ROLE_TOKENS);
         r->targets = input_of(pg, PTC_ROLE_TARGETS);
         r->lr = input_of(pg, PTC_ROLE_LR);
@@ -234,7 +163,7 @@ static int find_roles(shared *sh, char *err, size_t errn)
     int holder = 0;
     while (holder + 1 < sh->nranks && sh->runs[holder].tokens < 0)
         holder++;
-    const ptc_program *pg = program_of(sh, holder);
+    const ptc_program *pg = ptrt_train_program(sh, holder);
     int tok = sh->runs[holder].tokens;
     for (int k = 0; k < sh->nranks; k++) {
         sh->has_tokens |= sh->runs[k].tokens >= 0;
@@ -254,7 +183,7 @@ static int find_roles(shared *sh, char *err, size_t errn)
      * as well as the embedding's rows */
     for (int k = 0; k < sh->nranks; k++) {
         const run *r = &sh->runs[k];
-        int64_t classes = r->targets >= 0 ? program_of(sh, k)->bufs[r->targets].bound : 0;
+        int64_t classes = r->targets >= 0 ? ptrt_train_program(sh, k)->bufs[r->targets].bound : 0;
         if (classes > 0 && (sh->vocab <= 0 || classes < sh->vocab)) {
             sh->classes = classes;
             sh->vocab = classes;
@@ -265,159 +194,9 @@ static int find_roles(shared *sh, char *err, size_t errn)
 
 /* The buffer of kind named name in a program (not a view), or -1: ptrt_exec_find without the
  * executor, which exists only for this process's ranks. */
-static int prog_find(const ptc_program *pg, int kind, const char *name)
-{
-    for (int b = 0; b < pg->nbufs; b++) {
-        const ptc_buffer *bf = &pg->bufs[b];
-        if (bf->view < 0 && bf->kind == kind && bf->name && strcmp(bf->name, name) == 0)
-            return b;
-    }
-    return -1;
-}
-
 static bool local(const shared *sh, int rank)
 {
     return rank >= sh->first_local && rank < sh->first_local + sh->nlocal;
-}
-
-/* Every parameter, then every optimizer state, of every program, once by name. */
-static void find_entries(shared *sh)
-{
-    int cap = 0;
-    for (int kind = PTC_BUF_PARAM; kind <= PTC_BUF_STATE; kind++)
-        for (int k = 0; k < sh->plan->nprograms; k++) {
-            const ptc_program *pg = &sh->plan->programs[k];
-            for (int b = 0; b < pg->nbufs; b++) {
-                const ptc_buffer *bf = &pg->bufs[b];
-                if (bf->view >= 0 || bf->kind != kind)
-                    continue;
-                if (kind == PTC_BUF_STATE &&
-                    strncmp(bf->name, PTC_MASTER_PREFIX, strlen(PTC_MASTER_PREFIX)) == 0)
-                    continue; /* part of its parameter's entry */
-                int e = 0;
-                while (e < sh->nents && strcmp(sh->ents[e].name, bf->name))
-                    e++;
-                if (e < sh->nents)
-                    continue;
-                PTC_GROW(sh->ents, cap, sh->nents);
-                entry *en = &sh->ents[sh->nents++];
-                en->name = bf->name;
-                en->full = ptc_buffer_full_type(&sh->plan->mesh, bf);
-                en->buf = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
-                for (int r = 0; r < sh->nranks; r++)
-                    en->buf[r] = prog_find(program_of(sh, r), kind, bf->name);
-                sh->nparams += kind == PTC_BUF_PARAM;
-                en->master = NULL;
-                if (kind == PTC_BUF_PARAM && bf->type.dtype != PTC_F32) {
-                    char mname[600];
-                    ptc_fmt(mname, sizeof mname, "%s%s", PTC_MASTER_PREFIX, bf->name);
-                    en->master = ptc_xmalloc(sizeof(int) * (size_t)sh->nranks);
-                    for (int r = 0; r < sh->nranks; r++)
-                        en->master[r] = prog_find(program_of(sh, r), PTC_BUF_STATE, mname);
-                }
-            }
-        }
-    sh->full = ptc_xcalloc((size_t)(sh->nents ? sh->nents : 1), sizeof *sh->full);
-    for (int i = 0; i < sh->nents; i++) {
-        ptrt_ckpt_param *c = &sh->full[i];
-        c->name = sh->ents[i].name;
-        c->ndim = sh->ents[i].full.rank;
-        memcpy(c->shape, sh->ents[i].full.dims, sizeof(int64_t) * (size_t)c->ndim);
-    }
-}
-
-/* Full tensors for checkpoints, allocated on first use. */
-static void alloc_full(shared *sh)
-{
-    for (int i = 0; i < sh->nents; i++)
-        if (!sh->full[i].value)
-            sh->full[i].value =
-                ptc_xmalloc(sizeof(float) * (size_t)ptc_type_numel(&sh->ents[i].full));
-}
-
-/* Which process a tensor of gather_full is for: every one, process 0, or its checkpoint part's. */
-enum { TO_ALL = -1, TO_PART = -2 };
-
-/* full <- every rank's local parts (replicated parts are written by each holder, identically).
- * With several processes each holds its own ranks' parts: the full tensors are summed across the
- * processes in doubles with a count of the holders of every element, and divided by it, which
- * is exact (every holder has the same float), at the process `to` says (TO_ALL, TO_PART: tensor
- * i at process i mod P, which writes part i mod P of a checkpoint, or a process); the others'
- * copies of it are then stale. A collective of the processes: one thread of each calls it at
- * the same point. 0, or -1 (the run has failed). */
-static int gather_full(shared *sh, int first, int count, int to)
-{
-    alloc_full(sh);
-    for (int i = first; i < first + count; i++) {
-        int64_t numel = ptc_type_numel(&sh->ents[i].full);
-        double *sum = NULL, *cnt = NULL;
-        if (sh->mpi) {
-            sum = ptc_xcalloc((size_t)(2 * numel + 1), sizeof(double));
-            cnt = sum + numel;
-        }
-        for (int r = sh->first_local; r < sh->first_local + sh->nlocal; r++) {
-            const entry *en = &sh->ents[i];
-            int b = en->master ? en->master[r] : en->buf[r];
-            if (b < 0)
-                continue;
-            ptrt_exec *x = sh->runs[r].x;
-            int64_t n = ptc_type_numel(&ptrt_exec_program(x)->bufs[b].type);
-            float *vals = ptrt_exec_floats(x, b);
-            for (int64_t k = 0; k < n; k++) {
-                int64_t g = ptrt_exec_global_index(x, b, k);
-                float v = vals[k];
-                if (sum)
-                    sum[g] += v, cnt[g] += 1;
-                else
-                    sh->full[i].value[g] = v;
-            }
-            free(vals);
-        }
-        if (sum) {
-            char err[512];
-            int root = to == TO_PART ? i % ptrt_mpi_nprocesses(sh->mpi) : to;
-            if (ptrt_mpi_sum(sh->mpi, sum, 2 * numel, root, err, sizeof err) < 0) {
-                fail(sh, sh->first_local, 1, err);
-                free(sum);
-                return -1;
-            }
-            for (int64_t g = 0; g < numel; g++)
-                sh->full[i].value[g] = cnt[g] > 0 ? (float)(sum[g] / cnt[g]) : 0.0f;
-            free(sum);
-        }
-    }
-    return 0;
-}
-
-/* This rank's parts <- full. */
-static void scatter_full(run *r, int first, int count)
-{
-    shared *sh = r->sh;
-    for (int i = first; i < first + count; i++) {
-        const entry *en = &sh->ents[i];
-        for (int copy = 0; copy < 2; copy++) { /* the buffer, and a 16-bit one's master */
-            int b = copy == 0 ? en->buf[r->rank] : en->master ? en->master[r->rank] : -1;
-            if (b < 0)
-                continue;
-            int64_t n = ptc_type_numel(&ptrt_exec_program(r->x)->bufs[b].type);
-            float *v = ptc_xmalloc(sizeof(float) * (size_t)(n ? n : 1));
-            for (int64_t k = 0; k < n; k++)
-                v[k] = sh->full[i].value[ptrt_exec_global_index(r->x, b, k)];
-            ptrt_exec_store(r->x, b, v);
-            free(v);
-        }
-    }
-}
-
-/* What must match for a resume to continue the same run: the batch shape, the optimizer, the
- * data order (seed, shuffle) and the data file's size. */
-static void set_config_hash(shared *sh, size_t ntokens)
-{
-    char extra[512];
-    ptc_fmt(extra, sizeof extra, "B=%lld T=%lld optim=%d seed=%llu shuffle=%d data=%zu",
-            (long long)sh->B, (long long)sh->T, (int)sh->plan->optim.kind,
-            (unsigned long long)sh->o->seed, (int)sh->o->shuffle, ntokens);
-    sh->config_hash = ptrt_ckpt_config_hash(sh->full, sh->nents, extra);
 }
 
 static double now(void)
@@ -455,7 +234,7 @@ static int random_batch(run *r, int64_t t)
         char key[300], err[512];
         ptc_fmt(key, sizeof key, "data.%s.%lld", bf->name, (long long)t);
         if (ptrt_exec_random_input(r->x, b, key, r->sh->o->seed, err, sizeof err) < 0) {
-            fail(r->sh, r->rank, 2, err);
+            ptrt_train_fail(r->sh, r->rank, 2, err);
             return -1;
         }
     }
@@ -486,7 +265,7 @@ static int run_step_graph(run *r, int64_t t, ptrt_entry e)
             ptc_fmt(msg, sizeof msg, "rank %d: %s", r->rank, err);
         else
             ptc_fmt(msg, sizeof msg, "%s", err);
-        fail(r->sh, r->rank, 1, msg);
+        ptrt_train_fail(r->sh, r->rank, 1, msg);
         return -1;
     }
     return 0;
@@ -576,119 +355,6 @@ static int open_data(run *r, char *err, size_t errn)
     return 0;
 }
 
-/* What a checkpoint of step t records besides the tensors. */
-static ptrt_ckpt_state ckpt_state(const run *r, int64_t t)
-{
-    const shared *sh = r->sh;
-    return (ptrt_ckpt_state){.step = t,
-                             .data_position = r->data ? ptrt_data_position(r->data) : 0,
-                             .seed = sh->o->seed,
-                             .config_hash = sh->config_hash,
-                             .total_steps = sh->o->steps,
-                             .loss_scale = sh->scaling ? r->scale : 0,
-                             .scale_clean = r->scale_clean,
-                             .skipped_steps = r->skipped};
-}
-
-/* Rank 0: writes a checkpoint of every rank's state (after sync and gather_full). */
-static int save_checkpoint(run *r, int64_t t)
-{
-    shared *sh = r->sh;
-    char err[2048], path[1024];
-    ptrt_ckpt_state st = ckpt_state(r, t);
-    int nparts = sh->mpi ? ptrt_mpi_nprocesses(sh->mpi) : 1;
-    if (ptrt_ckpt_save_sharded(sh->o->ckpt_dir, sh->full, sh->nents, &st, nparts, sh->o->keep,
-                               path, sizeof path, err, sizeof err) < 0) {
-        fail(sh, r->rank, 1, err);
-        return -1;
-    }
-    if (!sh->o->quiet)
-        fprintf(sh->o->out ? sh->o->out : stdout, "checkpoint: %s\n", path);
-    return 0;
-}
-
-/* The first rank of process q > 0: part q of the checkpoint of step t (after gather_full). */
-static int save_part(run *r, int64_t t)
-{
-    shared *sh = r->sh;
-    char err[2048];
-    ptrt_ckpt_state st = ckpt_state(r, t);
-    if (ptrt_ckpt_save_part(sh->o->ckpt_dir, sh->full, sh->nents, &st, ptrt_mpi_process(sh->mpi),
-                            ptrt_mpi_nprocesses(sh->mpi), err, sizeof err) < 0) {
-        fail(sh, r->rank, 1, err);
-        return -1;
-    }
-    return 0;
-}
-
-/* Rank 0: --init-from / --resume into the full tensors; 0 fresh, 1 loaded, -1 failed. */
-static int load_initial(run *r)
-{
-    shared *sh = r->sh;
-    const ptrt_train_opts *o = sh->o;
-    FILE *out = o->out ? o->out : stdout;
-    char err[2048];
-    int loaded = 0;
-    if (o->init_from) {
-        alloc_full(sh);
-        gather_full(sh, 0, sh->nents, TO_ALL); /* states keep their initial values */
-        if (ptrt_ckpt_init_from(o->init_from, sh->full, sh->nparams, err, sizeof err) < 0) {
-            fail(sh, r->rank, 2, err);
-            return -1;
-        }
-        loaded = 1;
-    }
-    if (!o->resume)
-        return loaded;
-    ptrt_ckpt_state st;
-    char path[1024];
-    alloc_full(sh);
-    /* (--eval and --sample read the weights alone: the data and schedule the run had do not
-     * matter) */
-    bool reads = o->eval || o->sample_only;
-    int got = ptrt_ckpt_resume(o->ckpt_dir, sh->full, sh->nents, reads ? 0 : sh->config_hash,
-                               &st, path, sizeof path, err, sizeof err);
-    if (got < 0) {
-        fail(sh, r->rank, 2, err);
-        return -1;
-    }
-    if (got == 0) {
-        if (!o->quiet)
-            fprintf(out, "resume: no checkpoint in %s, starting from step 1\n", o->ckpt_dir);
-        return loaded;
-    }
-    sh->first = st.step + 1;
-    for (int k = 0; k < sh->nranks; k++) {
-        if (sh->runs[k].data)
-            ptrt_data_seek(sh->runs[k].data, st.data_position);
-        if (st.loss_scale > 0) { /* (a checkpoint without scaling keeps the initial scale) */
-            sh->runs[k].scale = st.loss_scale;
-            sh->runs[k].scale_clean = st.scale_clean;
-        }
-        sh->runs[k].skipped = st.skipped_steps;
-    }
-    /* (printed under --quiet too: which checkpoint a run continues from is not progress) */
-    fprintf(out, "resumed from %s (step %lld)\n", path, (long long)st.step);
-    if (!reads && st.total_steps > 0 && st.total_steps != o->steps &&
-        o->schedule == PTRT_SCHED_COSINE && st.step < o->steps) {
-        double peak = o->lr >= 0 ? o->lr : sh->plan->optim.lr;
-        ptrt_train_opts was = *o;
-        was.steps = st.total_steps;
-        fprintf(out,
-                "note: the checkpoint's run was to train %lld steps, this one %lld: the cosine "
-                "schedule stretches to the new end (the learning rate of step %lld is %.3e, "
-                "%.3e in the run that wrote it)\n",
-                (long long)st.total_steps, (long long)o->steps, (long long)st.step + 1,
-                ptrt_lr_at(o, peak, st.step + 1), ptrt_lr_at(&was, peak, st.step + 1));
-    }
-    if (!reads && st.step >= o->steps) /* not an error (a finished run resumed again), but not silent */
-        fprintf(out,
-                "nothing to train: the checkpoint is at step %lld and --steps is %lld (give a "
-                "larger --steps to train on; the cosine schedule then stretches to it)\n",
-                (long long)st.step, (long long)o->steps);
-    return 1;
-}
-
 /* Mixture-of-experts load balance of the step just run (program.h: stats), for the step line
  * and the log: the worst layer's tokens per expert max / mean, and the fraction of all choices
  * dropped. Empty without moe layers. With pipeline stages: the first stage's layers. */
@@ -774,7 +440,7 @@ static int dump_grads(run *r, int64_t t)
     if (mkdir(sh->o->dump_grads, 0777) < 0 && errno != EEXIST) {
         ptc_fmt(err, sizeof err, "--dump-grads: cannot create '%s': %s", sh->o->dump_grads,
                 strerror(errno));
-        fail(sh, r->rank, 2, err);
+        ptrt_train_fail(sh, r->rank, 2, err);
         return -1;
     }
     ptc_fmt(path, sizeof path, "%s/grads_step_%08lld.safetensors", sh->o->dump_grads, (long long)t);
@@ -800,7 +466,7 @@ static int dump_grads(run *r, int64_t t)
         free(wide[i]);
     free(wide);
     if (rc < 0)
-        fail(sh, r->rank, 1, err);
+        ptrt_train_fail(sh, r->rank, 1, err);
     return rc;
 }
 
@@ -837,7 +503,7 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
                     "training diverged at step %lld: the gradients overflow fp16 even with the "
                     "loss scale below 2^-24 (the loss %g)",
                     (long long)t, *loss);
-            fail(sh, r->rank, 1, msg);
+            ptrt_train_fail(sh, r->rank, 1, msg);
             return -1;
         }
     } else if (sh->scaling && ++r->scale_clean >= sh->o->scale_window) {
@@ -851,7 +517,7 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
                 "%g: stopped before the update, so nothing of step %lld reached the weights, the "
                 "optimizer state or a file (try a lower --lr or --grad-clip)",
                 (long long)t, fabs(*norm), *loss, (long long)t);
-        fail(sh, r->rank, 1, msg);
+        ptrt_train_fail(sh, r->rank, 1, msg);
         return -1;
     }
     if (!isfinite(*loss)) {
@@ -859,7 +525,7 @@ static int one_step(run *r, int64_t t, double lr, double *loss, double *norm)
         ptc_fmt(msg, sizeof msg,
                 "loss is %g at step %lld: training diverged (try a lower --lr or --grad-clip)",
                 *loss, (long long)t);
-        fail(sh, r->rank, 1, msg);
+        ptrt_train_fail(sh, r->rank, 1, msg);
         return -1;
     }
     if (sh->o->dump_grads && r->rank == 0 && sh->nranks == 1 && dump_grads(r, t) < 0)
@@ -902,7 +568,7 @@ static int signalled(run *r, int64_t t)
         ptrt_coll_desc d = {.group_name = "signal", .step = t, .index = -1};
         if (sh->comm->ops->allreduce(sh->comm->impl, r->rank, sh->all, sh->nranks, &mine, &any, 1,
                                      PTC_F32, PTRT_RED_MAX, &d, err, sizeof err) < 0) {
-            fail(sh, r->rank, 1, err);
+            ptrt_train_fail(sh, r->rank, 1, err);
             return -1;
         }
     }
@@ -942,7 +608,7 @@ static void loop(run *r)
             progress(r, t, loss, lr, norm, now() - ts, now() - t0, done);
         if (r->val && o->val_every > 0 && (t % o->val_every == 0 || t == o->steps)) {
             double vl = evaluate(r, t);
-            if (failed(sh))
+            if (ptrt_train_failed(sh))
                 return;
             if (lead && !o->quiet)
                 fprintf(out, "step %*lld/%lld | val loss %.6f\n",
@@ -956,10 +622,11 @@ static void loop(run *r)
         if (o->ckpt_dir && (stop || (o->ckpt_every > 0 && t % o->ckpt_every == 0) || t == o->steps)) {
             /* (with several processes each writes its part of the tensors, in parallel; then
              * process 0 the step file, which names them, and latest) */
+            bool part = r->rank == sh->first_local;
             if (!sync_all(r, "checkpoint") ||
-                (r->rank == sh->first_local && gather_full(sh, 0, sh->nents, TO_PART) < 0) ||
-                (r->rank == sh->first_local && r->rank != 0 && save_part(r, t) < 0) ||
-                !sync_all(r, "checkpoint") || (lead && save_checkpoint(r, t) < 0) ||
+                (part && ptrt_train_gather_full(sh, 0, sh->nents, TO_PART) < 0) ||
+                (part && r->rank != 0 && ptrt_train_save_part(r, t) < 0) ||
+                !sync_all(r, "checkpoint") || (lead && ptrt_train_save_checkpoint(r, t) < 0) ||
                 !sync_all(r, "checkpoint"))
                 return;
         }
@@ -969,7 +636,7 @@ static void loop(run *r)
                     "stopped by a signal (%s) after step %lld, with a checkpoint of it in %s: "
                     "continue with --resume",
                     stop == SIGINT ? "SIGINT" : "SIGTERM", (long long)t, o->ckpt_dir);
-            fail(sh, r->rank, 1, msg);
+            ptrt_train_fail(sh, r->rank, 1, msg);
             return;
         }
     }
@@ -1018,16 +685,6 @@ static void loop(run *r)
 }
 
 /* What weights the run holds after step `step` (0: none run), for messages. */
-static void whose_weights(const shared *sh, int64_t step, char *buf, size_t n)
-{
-    if (step > 0)
-        ptc_fmt(buf, n, "the weights of step %lld", (long long)step);
-    else if (sh->o->init_from)
-        ptc_fmt(buf, n, "the weights of %s", sh->o->init_from);
-    else
-        ptc_fmt(buf, n, "the initial weights of seed %llu", (unsigned long long)sh->o->seed);
-}
-
 static void *rank_main(void *arg)
 {
     run *r = arg;
@@ -1036,29 +693,29 @@ static void *rank_main(void *arg)
     if (!sync_all(r, "start"))
         return NULL;
     if (r->rank == sh->first_local && (sh->o->init_from || sh->o->resume))
-        sh->loaded = load_initial(r) > 0; /* (every process reads the file) */
-    if (r->rank == 0 && !failed(sh) && sh->o->log) {
+        sh->loaded = ptrt_train_load_initial(r) > 0; /* (every process reads the file) */
+    if (r->rank == 0 && !ptrt_train_failed(sh) && sh->o->log) {
         sh->log = fopen(sh->o->log, sh->first > 1 ? "a" : "w");
         if (!sh->log) {
             char msg[1024];
             ptc_fmt(msg, sizeof msg, "--log: cannot open '%s': %s", sh->o->log, strerror(errno));
-            fail(sh, 0, 2, msg);
+            ptrt_train_fail(sh, 0, 2, msg);
         }
     }
     if (!sync_all(r, "start"))
         return NULL;
     if (sh->loaded)
-        scatter_full(r, 0, sh->nents);
+        ptrt_train_scatter_full(r, 0, sh->nents);
     if (!sync_all(r, "start"))
         return NULL;
     if (sh->o->sample_only)
         return NULL;
     if (sh->o->eval) {
         double vl = evaluate(r, sh->first - 1);
-        if (r->rank == 0 && !failed(sh)) {
+        if (r->rank == 0 && !ptrt_train_failed(sh)) {
             FILE *out = sh->o->out ? sh->o->out : stdout;
             char whose[1100];
-            whose_weights(sh, sh->first - 1, whose, sizeof whose);
+            ptrt_train_whose_weights(sh, sh->first - 1, whose, sizeof whose);
             fprintf(out, "val loss %.6f (%lld batches of %lld x %lld tokens, %s)\n", vl,
                     (long long)sh->o->val_batches, (long long)sh->B, (long long)sh->T, whose);
             if (sh->log)
@@ -1069,38 +726,6 @@ static void *rank_main(void *arg)
     }
     loop(r);
     return NULL;
-}
-
-static int save_weights(shared *sh, char *err, size_t errn)
-{
-    if (gather_full(sh, 0, sh->nparams, 0) < 0) {
-        ptc_fmt(err, errn, "%s", sh->err);
-        return 1;
-    }
-    if (sh->mpi && ptrt_mpi_process(sh->mpi) != 0)
-        return 0; /* (process 0 writes) */
-    ptrt_st_writer *w = ptrt_st_writer_new();
-    uint16_t **half = ptc_xcalloc((size_t)(sh->nparams ? sh->nparams : 1), sizeof(uint16_t *));
-    for (int i = 0; i < sh->nparams; i++) {
-        if (!sh->o->save_bf16) {
-            ptrt_st_add(w, sh->full[i].name, PTRT_ST_F32, sh->full[i].ndim, sh->full[i].shape,
-                        sh->full[i].value);
-            continue;
-        }
-        /* --save-dtype bf16: the (master) weights rounded to nearest even, for inference */
-        int64_t n = ptc_type_numel(&sh->ents[i].full);
-        half[i] = ptc_xmalloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
-        for (int64_t k = 0; k < n; k++)
-            half[i][k] = ptc_bf16_bits(sh->full[i].value[k]);
-        ptrt_st_add(w, sh->full[i].name, PTRT_ST_BF16, sh->full[i].ndim, sh->full[i].shape,
-                    half[i]);
-    }
-    int rc = ptrt_st_save(w, sh->o->save, err, errn) < 0 ? 1 : 0;
-    ptrt_st_writer_free(w);
-    for (int i = 0; i < sh->nparams; i++)
-        free(half[i]);
-    free(half);
-    return rc;
 }
 
 /* This process's ranks' recorded instructions (*n of them); under a launcher every process's, at
@@ -1132,7 +757,7 @@ static ptc_trace_event *gather_trace(shared *sh, int *n, int *rc)
     ev = NULL;
     char err[512];
     if (!(all = ptrt_mpi_gather(sh->mpi, v, 5 * mine, 0, n, err, sizeof err))) {
-        fail(sh, sh->first_local, 1, err);
+        ptrt_train_fail(sh, sh->first_local, 1, err);
         *rc = -1;
     } else if (ptrt_mpi_process(sh->mpi) == 0) {
         *n /= 5;
@@ -1272,14 +897,14 @@ static int setup(shared *sh, char *err, size_t errn)
     }
     if (find_roles(sh, err, errn) < 0)
         return 2;
-    find_entries(sh);
+    ptrt_train_find_entries(sh);
     for (int k = sh->first_local; k < sh->first_local + sh->nlocal; k++) {
         int rc = open_data(&sh->runs[k], err, errn);
         if (rc)
             return rc;
     }
     const run *r0 = &sh->runs[sh->first_local];
-    set_config_hash(sh, r0->data ? ptrt_data_ntokens(r0->data) : 0);
+    ptrt_train_set_config_hash(sh, r0->data ? ptrt_data_ntokens(r0->data) : 0);
     return 0;
 }
 
@@ -1357,39 +982,6 @@ static void teardown(shared *sh)
  * lock: the system drops it when the process ends, however it ends) held for the whole run; the lock file
  * holds the pid, for the message. Returns the descriptor, -1 without a directory or under
  * --eval (it only reads), or -2 with a message when another run holds it. */
-static int lock_ckpt_dir(const ptrt_train_opts *o, char *err, size_t errn)
-{
-    if (!o->ckpt_dir || o->eval || o->sample_only)
-        return -1;
-    char path[4200];
-    ptc_fmt(path, sizeof path, "%s/.lock", o->ckpt_dir);
-    mkdir(o->ckpt_dir, 0777);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -1; /* (the checkpoint writes report an unusable directory themselves) */
-    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    if (fcntl(fd, F_SETLK, &lk) < 0) {
-        char pid[32] = "", who[48] = "";
-        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
-        pid[n > 0 ? n : 0] = 0;
-        pid[strcspn(pid, "\n")] = 0;
-        if (*pid)
-            ptc_fmt(who, sizeof who, " (pid %s)", pid);
-        ptc_fmt(err, errn,
-                "--checkpoint-dir %s: another run%s is writing it; two runs in one directory "
-                "would overwrite each other's checkpoints",
-                o->ckpt_dir, who);
-        close(fd);
-        return -2;
-    }
-    char pid[32];
-    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)n, 0) < 0) {
-        /* the pid is only for the message */
-    }
-    return fd;
-}
-
 int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, size_t errn)
 {
     /* under an MPI launcher (mpirun, srun) this process runs its share of the ranks; the other
@@ -1428,7 +1020,7 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
         return 2;
     }
     /* (one process holds the checkpoint directory's lock for the job) */
-    int lock = mpi && ptrt_mpi_process(mpi) != 0 ? -1 : lock_ckpt_dir(o, err, errn);
+    int lock = mpi && ptrt_mpi_process(mpi) != 0 ? -1 : ptrt_train_lock_ckpt_dir(o, err, errn);
     if (lock == -2) {
         pthread_mutex_destroy(&sh.lock);
         return 2;
@@ -1446,7 +1038,7 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
             pthread_t *th = ptc_xcalloc((size_t)sh.nlocal, sizeof *th);
             for (int k = 0; k < sh.nlocal; k++)
                 if (pthread_create(&th[k], NULL, rank_main, &sh.runs[first + k]) != 0) {
-                    fail(&sh, first + k, 1, "cannot start a rank thread");
+                    ptrt_train_fail(&sh, first + k, 1, "cannot start a rank thread");
                     started = k; /* join those started */
                     break;
                 }
@@ -1461,17 +1053,17 @@ int ptrt_train(const ptc_plan *plan, const ptrt_train_opts *o_user, char *err, s
     if (!rc && o->check_memory)
         rc = check_memory(&sh, err, errn);
     if (!rc && o->save)
-        rc = save_weights(&sh, err, errn);
+        rc = ptrt_train_save_weights(&sh, err, errn);
     if (!rc && o->trace)
         rc = write_trace(&sh, err, errn);
-    if (!rc && o->sample && gather_full(&sh, 0, sh.nparams, 0) < 0) {
+    if (!rc && o->sample && ptrt_train_gather_full(&sh, 0, sh.nparams, 0) < 0) {
         ptc_fmt(err, errn, "%s", sh.err);
         rc = 1;
     }
     if (!rc && o->sample && (!mpi || ptrt_mpi_process(mpi) == 0)) {
         char whose[1100];
-        whose_weights(&sh, o->sample_only || sh.first > o->steps ? sh.first - 1 : o->steps,
-                      whose, sizeof whose);
+        int64_t at = o->sample_only || sh.first > o->steps ? sh.first - 1 : o->steps;
+        ptrt_train_whose_weights(&sh, at, whose, sizeof whose);
         rc = ptrt_sample(plan->sample, sh.full, sh.nparams, o, whose, o->out ? o->out : stdout,
                          err, errn);
     }
