@@ -143,6 +143,9 @@ static int find_roles(shared *sh, char *err, size_t errn)
         r->max_norm = input_of(pg, PTC_ROLE_MAX_NORM);
         r->scale_in = input_of(pg, PTC_ROLE_LOSS_SCALE);
         sh->scaling |= r->scale_in >= 0;
+        for (int i = 0; i < pg->ninstrs; i++)
+            sh->a2a |= pg->instrs[i].kind == PTC_INSTR_COLL &&
+                       pg->instrs[i].coll.kind == PTC_COLL_ALL_TO_ALL_V;
         r->scale = sh->o->loss_scale;
         /* (a pipeline stage reads only the optimizer inputs its own work needs: the step's
          * loss and gradient norm reach every stage) */
@@ -355,6 +358,45 @@ static int open_data(run *r, char *err, size_t errn)
     return 0;
 }
 
+/* Expert parallelism's all-to-all over every rank's last step (r->a2a_step): each rank's bytes
+ * and plan figure, gathered (as pairs of int32 halves) to every rank; rank 0 keeps their sums
+ * and the rank that sent the most against its plan. A collective of all ranks, after a step
+ * of a plan with all_to_all_v; 0, or -1 (the run has failed). */
+static int gather_a2a(run *r, int64_t t)
+{
+    shared *sh = r->sh;
+    int64_t sent, plan, mine[2];
+    ptrt_exec_all_to_all(r->x, &sent, &plan);
+    mine[0] = r->a2a_step, mine[1] = plan;
+    int64_t *all = ptc_xmalloc(sizeof(int64_t) * 2 * (size_t)sh->nranks);
+    if (sh->nranks > 1) {
+        char err[1024];
+        ptrt_coll_desc d = {.group_name = "all-to-all bytes", .step = t, .index = -1};
+        if (sh->comm->ops->allgather(sh->comm->impl, r->rank, sh->all, sh->nranks, mine, all, 1,
+                                     4, PTC_I32, &d, err, sizeof err) < 0) {
+            ptrt_train_fail(sh, r->rank, 1, err);
+            free(all);
+            return -1;
+        }
+    } else {
+        memcpy(all, mine, sizeof mine);
+    }
+    if (r->rank == 0) {
+        r->a2a_sum = r->a2a_plan_sum = 0;
+        r->a2a_worst = 0;
+        r->a2a_worst_rank = -1;
+        for (int k = 0; k < sh->nranks; k++) {
+            r->a2a_sum += all[2 * k];
+            r->a2a_plan_sum += all[2 * k + 1];
+            double x = all[2 * k + 1] > 0 ? (double)all[2 * k] / (double)all[2 * k + 1] : 0;
+            if (all[2 * k + 1] > 0 && x > r->a2a_worst)
+                r->a2a_worst = x, r->a2a_worst_rank = k;
+        }
+    }
+    free(all);
+    return 0;
+}
+
 /* Mixture-of-experts load balance of the step just run (program.h: stats), for the step line
  * and the log: the worst layer's tokens per expert max / mean, and the fraction of all choices
  * dropped. Empty without moe layers. With pipeline stages: the first stage's layers. */
@@ -375,11 +417,15 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
     double frac = all > 0 ? dropped / all : 0;
     int64_t sent, plan;
     ptrt_exec_all_to_all(r->x, &sent, &plan);
-    char a2a[48] = "", a2a_json[80] = "";
-    if (plan > 0) { /* (this rank's; what a balanced routing sends is the plan's) */
-        ptc_fmt(a2a, sizeof a2a, " all-to-all %.2fx plan", (double)r->a2a_step / (double)plan);
-        ptc_fmt(a2a_json, sizeof a2a_json, ", \"a2a_bytes\": %lld, \"a2a_planned_bytes\": %lld",
-                (long long)r->a2a_step, (long long)plan);
+    char a2a[80] = "", a2a_json[256] = "";
+    if (r->a2a_plan_sum > 0) { /* (what a balanced routing sends is the plan's) */
+        ptc_fmt(a2a, sizeof a2a, " all-to-all %.2fx plan (most: rank %d, %.2fx)",
+                (double)r->a2a_sum / (double)r->a2a_plan_sum, r->a2a_worst_rank, r->a2a_worst);
+        ptc_fmt(a2a_json, sizeof a2a_json,
+                ", \"a2a_bytes\": %lld, \"a2a_planned_bytes\": %lld, \"a2a_bytes_all\": %lld, "
+                "\"a2a_planned_bytes_all\": %lld, \"a2a_most_rank\": %d, \"a2a_most\": %.9g",
+                (long long)r->a2a_step, (long long)plan, (long long)r->a2a_sum,
+                (long long)r->a2a_plan_sum, r->a2a_worst_rank, r->a2a_worst);
     }
     ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%%s", worst, 100 * frac, a2a);
     ptc_fmt(json, jn, ", \"expert_load_max_mean\": %.6g, \"dropped\": %.6g%s", worst, frac,
@@ -392,7 +438,7 @@ static void progress(run *r, int64_t t, double loss, double lr, double norm, dou
     shared *sh = r->sh;
     const ptrt_train_opts *o = sh->o;
     double tokps = sh->B * sh->T > 0 ? (double)(sh->B * sh->T) / dt : 1.0 / dt;
-    char eta[32], moe[160], moe_json[224];
+    char eta[32], moe[192], moe_json[448];
     fmt_eta(eta, sizeof eta, elapsed / (double)done * (double)(o->steps - t));
     moe_balance(r, moe, sizeof moe, moe_json, sizeof moe_json);
     char mfu[48] = "", mfu_json[96] = "";
@@ -596,6 +642,8 @@ static void loop(run *r)
             return;
         ptrt_exec_all_to_all(r->x, &sent1, &plan);
         r->a2a_step = sent1 - sent0;
+        if (sh->a2a && gather_a2a(r, t) < 0)
+            return;
         done++;
         if (lead && o->profile && done == warm)
             ptrt_exec_set_profile(r->x, true);

@@ -53,6 +53,11 @@ typedef struct run {
     int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
     int row0, row1;
     int64_t a2a_step; /* bytes its all_to_all_v sent in the last training step */
+    /* rank 0, over every rank's last step (gather_a2a): the bytes sent and the plan's figures
+     * summed, and the rank that sent the most against its plan */
+    int64_t a2a_sum, a2a_plan_sum;
+    double a2a_worst;
+    int a2a_worst_rank;
 } run;
 
 struct shared {
@@ -85,6 +90,7 @@ struct shared {
     double t_base;                /* CLOCK_MONOTONIC at the start: the origin of --trace's times */
     bool has_tokens, has_targets; /* some rank's program has a token (target) input */
     bool scaling;                 /* fp16 loss scaling: some rank's program has its input */
+    bool a2a;                     /* some rank's program runs an all_to_all_v */
     int rc;
     char err[2048];
     int64_t first; /* first step to run */

@@ -20,7 +20,11 @@ prints and what `--emit program` runs:
   - measured all-to-all bytes (the runner's step log): with 2 experts and top 2 on ep=2 every
     token sends one row to the other rank, so each step sends exactly the plan's balanced
     figure; with top 1 of 4 experts it sends whole rows, at most the plan's bound, and its
-    ratio to the plan is on the step line.
+    ratio to the plan is on the step line. The log's figures over every rank (gathered each
+    step) hold the same on dp=2,ep=2: the planned sum is the ranks' count times rank 0's
+    (their programs send alike), the exact case sends it, the other whole rows, at most the
+    ranks' bound, and the rank that sends the most against its plan sends at least the mean
+    ratio and rank 0's.
 
 Usage: moe_plan.py PTC SOURCE_DIR   (exit 0 all hold, 1 otherwise)
 """
@@ -119,10 +123,12 @@ def meshes():
 
 def measured_all_to_all(tiny):
     with tempfile.TemporaryDirectory() as work:
-        for E, K, exact in ((2, 2, True), (4, 1, False)):
+        for E, K, exact, mesh, n in ((2, 2, True, 'ep=2', 2), (4, 1, False, 'ep=2', 2),
+                                     (2, 2, True, 'dp=2,ep=2', 4),
+                                     (4, 1, False, 'dp=2,ep=2', 4)):
             exe, log = os.path.join(work, 'moe%d%d' % (E, K)), os.path.join(work, 'log.jsonl')
             args = ['-D', 'experts=%d' % E, '-D', 'top_k=%d' % K, '-D', 'batch=4', '-D', 'seq=16',
-                    '--mesh', 'ep=2', tiny]
+                    '--mesh', mesh, tiny]
             most = to_bytes(*number(ptc('--emit', 'plan', '--summary', *args),
                                     r'sent with balanced routing, at most ([\d.]+) (\w+)'))
             ptc('-o', exe, *args)
@@ -131,7 +137,7 @@ def measured_all_to_all(tiny):
             recs = [json.loads(line) for line in open(log)] if r.returncode == 0 else []
             sent = [x.get('a2a_bytes') for x in recs if 'loss' in x]
             plan = [x.get('a2a_planned_bytes') for x in recs if 'loss' in x]
-            tag = 'moe_tiny top %d of %d experts on ep=2' % (K, E)
+            tag = 'moe_tiny top %d of %d experts on %s' % (K, E, mesh)
             check(len(sent) == 3 and None not in sent and 'all-to-all' in r.stdout,
                   '%s: the step log has the measured all-to-all bytes (%s)' % (tag, sent))
             if len(sent) != 3 or None in sent:
@@ -144,6 +150,31 @@ def measured_all_to_all(tiny):
                 check(all(0 < s <= most and s % row == 0 for s in sent) and sent != plan,
                       '%s: whole rows of %d bytes, at most the plan\'s %d: %s (balanced %d)'
                       % (tag, row, most, sent, plan[0]))
+            steps = [x for x in recs if 'loss' in x]
+            alls = [x.get('a2a_bytes_all') for x in steps]
+            plan_all = [x.get('a2a_planned_bytes_all') for x in steps]
+            check(None not in alls and plan_all == [n * p for p in plan],
+                  '%s: the planned figure over the %d ranks is %d times rank 0\'s: %s'
+                  % (tag, n, n, plan_all))
+            if None in alls or None in plan_all:
+                continue
+            worst = [(x['a2a_most_rank'], x['a2a_most']) for x in steps]
+            mean = [a / p for a, p in zip(alls, plan_all)]
+            own = [a / p for a, p in zip(sent, plan)]
+            check(all(0 <= r < n and w >= m - 1e-6 and w >= o - 1e-6
+                      for (r, w), m, o in zip(worst, mean, own)),
+                  '%s: the rank that sends the most against its plan (%s) sends at least the '
+                  'mean ratio %s and rank 0\'s %s' % (tag, worst, mean, own))
+            if exact:
+                check(alls == plan_all and all(w == 1 for _, w in worst),
+                      '%s: every rank sends the balanced figure: %s (plan %s)'
+                      % (tag, alls, plan_all))
+            else:
+                row = 4 * TINY['d']
+                check(all(0 < a <= n * most and a % row == 0 and a > s
+                          for a, s in zip(alls, sent)),
+                      '%s: all ranks send whole rows, at most %d each, more than rank 0 '
+                      'alone: %s' % (tag, most, alls))
 
 
 def main():

@@ -8,7 +8,8 @@
 # 2 processes, on threads and on 1 rank with equal losses afterwards. A process killed with
 # SIGKILL, and one stopped (a hang), end the job non-zero within the collective timeout with a
 # message naming the rank; a process count that does not fit the mesh is refused. --trace of
-# processes gives the thread run's events on one clock; --dump-grads under mpirun its bytes.
+# processes gives the thread run's events on one clock; --dump-grads under mpirun its bytes; a
+# moe plan on dp=2,ep=2 logs the thread run's all-to-all bytes over every rank.
 # Exit 77 (skipped) without mpirun or in a build without MPI.
 set -u -o pipefail
 ptc=${1:?usage: mpi.sh PTC PTC_TOKENIZE SOURCE_DIR}
@@ -170,6 +171,20 @@ if [ "$(ls dg_procs 2> /dev/null | wc -l)" -eq 2 ] && diff -r dg_threads dg_proc
   ok "--dump-grads under mpirun" "the 2 steps' gradients are the thread run's bytes"
 else
   bad "--dump-grads under mpirun" "files: $(ls dg_procs 2> /dev/null | tr '\n' ' ')"
+fi
+# expert parallelism's all-to-all bytes over every rank (gathered each step): the thread run's
+"$ptc" -D experts=4 -D top_k=1 --mesh dp=2,ep=2 "$src/examples/moe_tiny.ptm" -o moe > /dev/null || exit 1
+a2a() { python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r: print(r["step"], r["a2a_bytes_all"], r["a2a_most_rank"], r["a2a_most"])' "$1"; }
+./moe --steps 4 --threads 1 --quiet --log moe_t.jsonl > moe_t.out 2>&1 || bad "moe threads" "$(tail -3 moe_t.out)"
+mpirun_ 60 -np 4 ./moe --steps 4 --threads 1 --quiet --log moe_p.jsonl > moe_p.out 2>&1 ||
+  bad "moe under mpirun" "exit $?: $(tail -3 moe_p.out)"
+if [ -s moe_p.jsonl ] && [ "$(a2a moe_t.jsonl 2>&1)" = "$(a2a moe_p.jsonl 2>&1)" ]; then
+  ok "all-to-all bytes under mpirun" "every rank's, as in the thread run: $(a2a moe_p.jsonl | tr '\n' ';')"
+else
+  bad "all-to-all bytes under mpirun" "threads $(a2a moe_t.jsonl 2>&1 | tr '\n' ';') processes $(a2a moe_p.jsonl 2>&1 | tr '\n' ';')"
 fi
 
 # ---- faults ----
