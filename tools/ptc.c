@@ -158,26 +158,7 @@ static int compile_step(ptc_graph **gp, const ptc_options *o, ptc_diag *diag, ch
                         size_t notesn)
 {
     char err[2048];
-    ptc_compile_opts co = {.train = true,
-                           .verify_each = true,
-                           .dump_after = o->dump_after,
-                           .mesh = o->mesh,
-                           .zero = o->zero,
-                           .precision = o->precision,
-                           .grad_f32 = o->grad_f32,
-                           .loss_scaling = o->precision == PTC_F16,
-                           .seq_parallel = o->seq_parallel,
-                           .pins = o->pins,
-                           .npins = o->npins,
-                           .microbatches = o->microbatches,
-                           .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
-                                                 ? (o->virtual_stages ? o->virtual_stages : 2)
-                                                 : 1,
-                           .stage_layers = o->stage_layers,
-                           .nstage_layers = o->nstage_layers,
-                           .recompute = o->recompute,
-                           .recompute_pins = o->recompute_pins,
-                           .nrecompute_pins = o->nrecompute_pins};
+    ptc_compile_opts co = ptc_flags_compile_opts(o);
     ptc_pass_ctx ctx = {.g = *gp, .opts = &co, .err = err, .errn = sizeof err};
     int rc = ptc_run_passes(&ctx) < 0 ? 1 : 0;
     *gp = ctx.g;
@@ -339,18 +320,9 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
                            const char *notes, ptc_diag *diag)
 {
     char err[2048];
-    ptc_lower_opts lo = {.zero = o->zero,
-                         .seq_parallel = o->seq_parallel,
-                         .logical_params = logical_params,
-                         .keep_grad_outputs = g->mesh.naxes == 0,
-                         .notes = notes,
-                         .model_flops = o->model_flops,
-                         .fuse = !o->no_fuse,
-                         .mesh = o->mesh,
-                         .pp_schedule = o->pp_schedule,
-                         .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
-                                               ? (o->virtual_stages ? o->virtual_stages : 2)
-                                               : 1};
+    ptc_lower_opts lo = ptc_flags_lower_opts(o, g);
+    lo.logical_params = logical_params;
+    lo.notes = notes;
     ptc_plan *plan = ptc_lower(g, &lo, err, sizeof err);
     if (!plan) {
         fprintf(stderr, "ptc: %s\n", err);

@@ -567,6 +567,45 @@ ptc_frontend_opts ptc_flags_frontend_opts(const ptc_options *o)
     return fo;
 }
 
+ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o)
+{
+    return (ptc_compile_opts){
+        .train = true,
+        .verify_each = true,
+        .dump_after = o->dump_after,
+        .mesh = o->mesh,
+        .zero = o->zero,
+        .precision = o->precision,
+        .grad_f32 = o->grad_f32,
+        .loss_scaling = o->precision == PTC_F16,
+        .seq_parallel = o->seq_parallel,
+        .pins = o->pins,
+        .npins = o->npins,
+        .microbatches = o->microbatches,
+        .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
+                              ? (o->virtual_stages ? o->virtual_stages : 2)
+                              : 1,
+        .stage_layers = o->stage_layers,
+        .nstage_layers = o->nstage_layers,
+        .recompute = o->recompute,
+        .recompute_pins = o->recompute_pins,
+        .nrecompute_pins = o->nrecompute_pins,
+    };
+}
+
+ptc_lower_opts ptc_flags_lower_opts(const ptc_options *o, const ptc_graph *g)
+{
+    ptc_compile_opts co = ptc_flags_compile_opts(o);
+    return (ptc_lower_opts){.zero = o->zero,
+                            .seq_parallel = o->seq_parallel,
+                            .keep_grad_outputs = g->mesh.naxes == 0,
+                            .model_flops = o->model_flops,
+                            .fuse = !o->no_fuse,
+                            .mesh = o->mesh,
+                            .pp_schedule = o->pp_schedule,
+                            .virtual_stages = co.virtual_stages};
+}
+
 /* Every pin matches a parameter, and a parameter of enough dimensions for the one it shards. */
 static int apply_pin(const ptc_pin *pin, const ptc_graph *g, FILE *errf)
 {

@@ -16,6 +16,7 @@
 #include "frontend.h"
 #include "ir.h"
 #include "passes.h"
+#include "planner.h"
 
 #define PTC_FLAGS_MAX_AXIS 1024 /* ranks on one mesh axis */
 #define PTC_FLAGS_MAX_PINS 64
@@ -66,6 +67,13 @@ int ptc_flags_parse(int argc, char **argv, ptc_options *o, FILE *out, FILE *errf
 
 /* What the front end must check for these options (training asked for, the data-parallel split). */
 ptc_frontend_opts ptc_flags_frontend_opts(const ptc_options *o);
+
+/* The pass list's options for a training step under these options (ptc_run_passes). */
+ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o);
+
+/* The lowering's options for the step graph g that those passes made (ptc_lower); the model's
+ * logical parameter count and the passes' notes are the caller's to add. */
+ptc_lower_opts ptc_flags_lower_opts(const ptc_options *o, const ptc_graph *g);
 
 /* The checks and overrides that need the compiled model g: every --place pattern matches a
  * parameter whose rank has the dimension it shards; every --optim setting belongs to g's optimizer

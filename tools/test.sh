@@ -28,7 +28,7 @@ if [ "$quick" != --quick ]; then
   echo "== ThreadSanitizer =="
   tools/tsan.sh
 
-  echo "== fuzzers: front end, flags, checkpoints, token files, safetensors (90 s in all) =="
-  tests/fuzz/run.sh 90
+  echo "== fuzzers: front end, compiler, flags, checkpoints, token files, safetensors (120 s) =="
+  tests/fuzz/run.sh 120
 fi
 echo "== all tests passed =="

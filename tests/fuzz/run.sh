@@ -2,6 +2,8 @@
 # run.sh [SECONDS] [TARGET...] - fuzzes with libFuzzer + ASan + UBSan for SECONDS in all (default
 # 120), shared among the TARGETs by weight (default: all of them):
 #   frontend     .ptm text (seeds: the examples, the golden files, corpus/; dictionary ptm.dict)
+#   compile      .ptm text through the passes to a checked plan, on 11 meshes and settings
+#                (seeds: the examples, the equivalence models, the golden files' models)
 #   flags        the command lines of ptc and of the executables (seeds: corpus_flags/;
 #                dictionary flags.dict)
 #   checkpoint   checkpoints given to --resume / --init-from, and DIR/latest
@@ -18,10 +20,10 @@ shift || true
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${PTC_FUZZ_BUILD:-$root/build-fuzz}
-all=(frontend flags checkpoint data safetensors)
+all=(frontend compile flags checkpoint data safetensors)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
-declare -A weight=([frontend]=4 [flags]=3 [checkpoint]=2 [data]=1 [safetensors]=1)
+declare -A weight=([frontend]=3 [compile]=3 [flags]=3 [checkpoint]=2 [data]=1 [safetensors]=1)
 total=0
 for t in "${targets[@]}"; do
   [ -n "${weight[$t]:-}" ] || { echo "run.sh: unknown target '$t' (${all[*]})" >&2; exit 2; }
@@ -46,6 +48,10 @@ for t in "${targets[@]}"; do
   case $t in
     frontend)
       cp "$here"/corpus/* "$root"/examples/*.ptm "$seeds"/ 2> /dev/null || true
+      for f in "$root"/tests/golden/*/*.ptm; do cp "$f" "$seeds/golden_$(basename "$f")"; done
+      args+=(-dict="$here/ptm.dict") ;;
+    compile)
+      cp "$root"/examples/*.ptm "$root"/tests/equivalence/*.ptm "$seeds"/
       for f in "$root"/tests/golden/*/*.ptm; do cp "$f" "$seeds/golden_$(basename "$f")"; done
       args+=(-dict="$here/ptm.dict") ;;
     flags)
