@@ -340,7 +340,8 @@ static int gather_in_place(lw *L, const item *it, int x)
 {
     const ptc_node *n = &L->g->nodes[it->ni];
     const ptc_buffer *xb = &L->pg->bufs[x];
-    if (xb->view < 0 || xb->view_axis != L->axis_map[n->attrs.mesh_axis] ||
+    if (xb->view < 0 || n->attrs.mesh_axis2 >= 0 ||
+        xb->view_axis != L->axis_map[n->attrs.mesh_axis] ||
         xb->view_step != xb->bytes || xb->view_offset || n->attrs.n > 1)
         return -1;
     int root = xb->view;
@@ -413,9 +414,13 @@ static void emit_collective(lw *L, const item *it)
     in.kind = PTC_INSTR_COLL;
     in.op = n->op;
     in.coll.axes = 1u << L->axis_map[a->mesh_axis];
-    /* an allreduce over two axes at once (dp+ep) is one group */
-    if (n->op == PTC_OP_ALLREDUCE && a->mesh_axis2 >= 0 && a->mesh_axis2 < L->g->mesh.naxes)
+    /* a collective over two axes at once (dp+ep) is one group */
+    if ((n->op == PTC_OP_ALLREDUCE || n->op == PTC_OP_ALLGATHER ||
+         n->op == PTC_OP_REDUCE_SCATTER) &&
+        a->mesh_axis2 >= 0 && a->mesh_axis2 < L->g->mesh.naxes) {
         in.coll.axes |= 1u << L->axis_map[a->mesh_axis2];
+        parts *= L->g->mesh.sizes[a->mesh_axis2];
+    }
     in.coll.reduce = (uint8_t)a->reduce;
     switch (n->op) {
     case PTC_OP_ALLREDUCE:

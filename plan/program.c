@@ -135,9 +135,12 @@ int ptc_plan_group(const ptc_mesh *m, int rank, unsigned axes, int *members)
         if (!(axes & (1u << a)))
             base += coords[a] * stride[a];
     members[0] = base;
-    /* outermost axis first: each member of the list so far is followed by its inner variations,
-     * so the list stays ascending (an outer step is larger than all inner steps together) */
-    for (int a = 0; a < m->naxes; a++) {
+    /* innermost axis first: each member of the list so far is followed by its variations on
+     * the next axis out, so the innermost axis's coordinate is the major one. That is the
+     * layout of a tensor the partitioner split over several axes (innermost axis first: its
+     * parts are the outer blocks), so one allgather or reduce-scatter over the group moves
+     * what one per axis would. (One axis: ascending.) */
+    for (int a = m->naxes - 1; a >= 0; a--) {
         if (!(axes & (1u << a)))
             continue;
         int size = m->sizes[a];

@@ -247,7 +247,8 @@ static inline int ptc_prog_root(const ptc_program *pg, int b)
     return pg->bufs[b].view >= 0 ? pg->bufs[b].view : b;
 }
 
-/* Ranks of the group `axes` that contain rank (ascending), and their count. */
+/* Ranks of the group `axes` that contain rank, and their count: in the order of the
+ * partitioner's layout, the innermost axis's coordinate major (one axis: ascending). */
 int ptc_plan_group(const ptc_mesh *m, int rank, unsigned axes, int *members);
 /* The rank moved by delta on axis (wrapping), for send/recv. */
 int ptc_plan_peer(const ptc_mesh *m, int rank, int axis, int delta);

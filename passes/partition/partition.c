@@ -663,10 +663,16 @@ static int rule_of(part *p, int ni, ptc_placement *in, rule_out *ro)
     for (int k = 0; k < n->nin; k++) {
         in[k] = p->deferred[n->in[k]] ? PL_UNDECIDED : best_placement(p, n->in[k]);
         /* ZeRO-3: a parameter is gathered before every use but its update (and, over ep, but
-         * the experts' use of their split weights) */
+         * the experts' use of their split weights; over dp, an ep gather of the parameter
+         * that gathers this axis's shard with it) */
         if (p->zero >= 3 && !update && is_param(p, n->in[k]) &&
-            (p->kind == PART_DATA || (p->kind == PART_EXPERT && !moe_experts(n->op))))
-            in[k] = pl_r();
+            (p->kind == PART_DATA || (p->kind == PART_EXPERT && !moe_experts(n->op)))) {
+            ptc_placement held = p->deferred[n->in[k]] == DEF_SOURCE
+                                     ? storage(p, n->in[k], in[k]) /* (its first use) */
+                                     : in[k],
+                          merged;
+            in[k] = ptc_shard_zero_merges(p, n, held, &merged) ? held : pl_r();
+        }
         /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
          * of elementwise ops and sumsq; any other op sees it as what it gathers to */
         if (pl_ragged(in[k]) && !takes_ragged(n->op))

@@ -37,6 +37,9 @@ typedef struct rule_out {
 /* The rule of node ni: fills ro (req for every operand, out for every result). Returns 0, or -1
  * after reporting (a mesh that cannot divide a dimension). */
 int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro);
+/* Node n of the ep pass's graph, with its operand placed x on this (dp) axis, becomes one
+ * collective over ep and dp (shard_rules.c), its result placed *out. */
+bool ptc_shard_zero_merges(const part *p, const ptc_node *n, ptc_placement x, ptc_placement *out);
 /* Custom emission for ops whose rank program is more than one local op (vocabulary-parallel
  * cross-entropy, reductions over a sharded axis, ...). */
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro);

@@ -149,10 +149,12 @@ int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro
     case PTC_OP_MAX: r = emit_reduce(p, &copy, ro, ins); break;
     case PTC_OP_SUMSQ: r = emit_sumsq_rem(p, &copy, ro, ins); break;
     case PTC_OP_ALLREDUCE: /* over an inner ep axis and this one at once: one group */
+    case PTC_OP_ALLGATHER:
+    case PTC_OP_REDUCE_SCATTER:
         at = copy.attrs;
         at.mesh_axis2 = part_axis(p);
         at.group = copy.attrs.group * T;
-        r = part_emit(p, PTC_OP_ALLREDUCE, ins, 1, &at, copy.loc, NULL);
+        r = part_emit(p, copy.op, ins, 1, &at, copy.loc, NULL);
         break;
     case PTC_OP_EMBEDDING:
         at = axis_attrs(p, PTC_OP_EMBEDDING_SHARD);

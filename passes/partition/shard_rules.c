@@ -761,15 +761,45 @@ static bool merges_with_ep(const part *p, const ptc_node *n, ptc_placement x)
            strcmp(g->mesh.names[n->attrs.mesh_axis], "ep") == 0;
 }
 
+/* ZeRO over dp x ep (expert parallelism is data parallel for all but the experts), seen from
+ * the data-parallel axis: the ep pass gathers a parameter's ep shard or scatters its gradient
+ * over ep, and this axis shards the same dimension again. One collective over both axes moves
+ * what two in a row would (ptc_plan_group orders the members as the layout is: ep's coordinate
+ * major): an allgather of a value this axis shards plainly on the dimension it gathers, to
+ * Replicate; under ZeRO 2 and 3 a reduce-scatter of a value Partial here, to the shard ZeRO
+ * gives its result on this axis, when that is a plain shard of the dimension it splits. */
+bool ptc_shard_zero_merges(const part *p, const ptc_node *n, ptc_placement x, ptc_placement *out)
+{
+    const ptc_graph *g = part_graph(p);
+    if ((n->op != PTC_OP_ALLGATHER && n->op != PTC_OP_REDUCE_SCATTER) || n->attrs.n > 1 ||
+        n->attrs.mesh_axis2 >= 0 || part_axis_kind(p) != PART_DATA || part_zero(p) < 1 ||
+        strcmp(g->mesh.names[n->attrs.mesh_axis], "ep") != 0)
+        return false;
+    if (n->op == PTC_OP_ALLGATHER) {
+        *out = pl_r();
+        return x.kind == PTC_PLACE_SHARD && x.dim == n->attrs.axis && pl_groups(x) == 1 &&
+               !x.rem;
+    }
+    *out = part_zero_placement(p, &g->values[n->out[0]].type);
+    return part_zero(p) >= 2 && x.kind == PTC_PLACE_PARTIAL && out->kind == PTC_PLACE_SHARD &&
+           out->dim == n->attrs.axis && pl_groups(*out) == 1 && !out->rem;
+}
+
 /* Collectives and shard ops of an inner axis, seen from an outer one: linear, and a shard passes
  * unless it is on the dimension the op gathers or splits. */
 static int rule_inner_comm(part *p, int ni, const ptc_placement *in, rule_out *ro)
 {
     const ptc_node *n = node(p, ni);
-    ptc_placement x = undecided(in[0]) ? pl_r() : in[0];
+    ptc_placement x = undecided(in[0]) ? pl_r() : in[0], y;
     if (merges_with_ep(p, n, x)) {
         ro->req[0] = x;
         ro->out[0] = pl_r();
+        ro->emit = EMIT_CUSTOM;
+        return 0;
+    }
+    if (ptc_shard_zero_merges(p, n, x, &y)) {
+        ro->req[0] = x;
+        ro->out[0] = y;
         ro->emit = EMIT_CUSTOM;
         return 0;
     }

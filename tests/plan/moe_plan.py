@@ -15,6 +15,8 @@ prints and what `--emit program` runs:
   - ZeRO shards the experts' state over dp and everything else's over dp and ep (ep is data
     parallel for it): per rank, stage z >= 1 the optimizer state, z >= 2 the gradients, z = 3
     the parameters, of X expert and P - X other elements, (X / (ep dp) and (P - X) / (ep dp));
+    the shards over both are gathered (z >= 1) and scattered (z >= 2) by one collective over
+    the group dp+ep, never one per axis in a row;
   - invariants: more ep never gives a rank more expert memory; a capacity never reserves more
     dispatch rows than dropless;
   - measured all-to-all bytes (the runner's step log): with 2 experts and top 2 on ep=2 every
@@ -177,6 +179,30 @@ def measured_all_to_all(tiny):
                       'alone: %s' % (tag, most, alls))
 
 
+def zero_collectives(tiny, dp, ep, zero):
+    """ZeRO's shards over dp and ep are gathered, and its gradients scattered, by one collective
+    over the group dp+ep, never by one over dp and then one over ep of its result (or the
+    reverse)."""
+    tag = 'moe_tiny dp=%d,ep=%d zero=%d' % (dp, ep, zero)
+    prog = ptc('--mesh', 'dp=%d,ep=%d' % (dp, ep), '--zero', str(zero), '--emit', 'program',
+               tiny)
+    made = {}  # buffer -> (kind, group) of the collective that wrote it
+    chained, both = [], {'allgather': 0, 'reduce_scatter': 0}
+    for m in re.finditer(r'= (allgather|reduce_scatter) (b\d+) -> (b\d+) \{group=([\w+]+)',
+                         prog):
+        kind, src, dst, group = m.groups()
+        prev = made.get(src)
+        if prev and prev[0] == kind and {prev[1], group} == {'dp', 'ep'}:
+            chained.append('%s %s -> %s' % (kind, prev[1], group))
+        made[dst] = (kind, group)
+        both[kind] += group == 'dp+ep'
+    check(not chained, '%s: no ZeRO collective over dp then ep (or ep then dp): %s'
+          % (tag, chained[:3]))
+    want = {'allgather': zero >= 1, 'reduce_scatter': zero >= 2}
+    check(all((both[k] > 0) == want[k] for k in want),
+          '%s: allgathers and reduce-scatters over dp+ep: %s' % (tag, both))
+
+
 def main():
     global PTC
     PTC, src = sys.argv[1], sys.argv[2]
@@ -241,6 +267,8 @@ def main():
                     for z in (3, 2, 1)]
             check(got == want, 'moe_tiny dp=%d,ep=%d zero=%d: parameters, gradients, optimizer '
                   'state %s a rank, closed form %s' % (dp, ep, zero, got, want))
+            if dp > 1:
+                zero_collectives(tiny, dp, ep, zero)
 
     # Mixtral on dp=2,ep=4: the Done-when plan shows the all-to-alls and the expert shards
     text = ptc('--mesh', 'dp=2,ep=4', '--emit', 'plan', src + '/examples/moe.ptm')
