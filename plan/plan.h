@@ -36,6 +36,7 @@ typedef struct ptc_plan_stats {
     int64_t kind_bytes[PTC_NCOLLS + 1]; /* + point-to-point sends */
     int kind_count[PTC_NCOLLS + 1];
     int64_t axis_bytes[PTC_MAX_MESH_AXES]; /* a group of several axes counts on each */
+    int64_t group_bytes[1 << PTC_MAX_MESH_AXES]; /* by the exact set of axes: they add up */
     int64_t phase_bytes[3];
 } ptc_plan_stats;
 

@@ -48,6 +48,19 @@ static void put_bytes(FILE *f, int64_t b)
     }
 }
 
+/* The groups a plan's sent bytes are told by, in order: every mesh axis alone, then the sets of
+ * several axes some collective spans (dp+ep); their bytes add up to the total. */
+static int groups_in_order(const ptc_plan *p, const ptc_plan_stats *s, unsigned *order)
+{
+    int n = 0;
+    for (int a = 0; a < p->mesh.naxes; a++)
+        order[n++] = 1u << a;
+    for (unsigned m = 1; m < 1u << p->mesh.naxes; m++)
+        if ((m & (m - 1)) != 0 && s->group_bytes[m])
+            order[n++] = m;
+    return n;
+}
+
 static void put_ranks(FILE *f, const ptc_program *pg)
 {
     for (int i = 0; i < pg->nranks;) {
@@ -222,11 +235,17 @@ static void summary(FILE *f, const ptc_plan *p, int k)
     fputs(" allocated at start\n  sent per step per rank (bytes):\n    total             ", f);
     put_bytes(f, s.comm_bytes);
     fprintf(f, " in %d collectives\n", s.ncollectives);
-    for (int a = 0; a < p->mesh.naxes; a++) {
-        char label[32];
-        snprintf(label, sizeof label, "over %s", p->mesh.names[a]);
+    /* by group: every axis alone, then the groups of several axes that send anything (so the
+     * lines add up to the total) */
+    unsigned order[1 << PTC_MAX_MESH_AXES];
+    int ng = groups_in_order(p, &s, order);
+    for (int i = 0; i < ng; i++) {
+        unsigned m = order[i];
+        char group[64], label[72];
+        ptc_plan_group_name(&p->mesh, m, group, sizeof group);
+        snprintf(label, sizeof label, "over %s", group);
         fprintf(f, "    %-17s ", label);
-        put_bytes(f, s.axis_bytes[a]);
+        put_bytes(f, s.group_bytes[m]);
         fputc('\n', f);
     }
     for (int c = 0; c <= PTC_NCOLLS; c++)
@@ -509,6 +528,14 @@ static void json_communication(FILE *f, const ptc_plan *p, const ptc_program *pg
     fputs("}, \"by_axis\": {", f);
     for (int a = 0; a < p->mesh.naxes; a++)
         fprintf(f, "%s\"%s\": %lld", a ? ", " : "", p->mesh.names[a], (long long)s->axis_bytes[a]);
+    fputs("}, \"by_group\": {", f);
+    unsigned order[1 << PTC_MAX_MESH_AXES];
+    int ng = groups_in_order(p, s, order);
+    for (int i = 0; i < ng; i++) {
+        char group[64];
+        ptc_plan_group_name(&p->mesh, order[i], group, sizeof group);
+        fprintf(f, "%s\"%s\": %lld", i ? ", " : "", group, (long long)s->group_bytes[order[i]]);
+    }
     fputs("}, \"by_phase\": {", f);
     for (int ph = 0; ph < 3; ph++)
         fprintf(f, "%s\"%s\": %lld", ph ? ", " : "", ptc_phase_name(ph),

@@ -75,6 +75,7 @@ void ptc_plan_stats_of(const ptc_plan *p, int program, ptc_plan_stats *s)
         for (int a = 0; a < p->mesh.naxes; a++)
             if (axes & (1u << a))
                 s->axis_bytes[a] += b;
+        s->group_bytes[axes & ((1u << PTC_MAX_MESH_AXES) - 1)] += b;
     }
     ptc_mem_timeline t;
     ptc_prog_timeline(pg, PTC_REGION_ACT, &t);

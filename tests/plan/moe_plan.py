@@ -16,7 +16,7 @@ prints and what `--emit program` runs:
     parallel for it): per rank, stage z >= 1 the optimizer state, z >= 2 the gradients, z = 3
     the parameters, of X expert and P - X other elements, (X / (ep dp) and (P - X) / (ep dp));
     the shards over both are gathered (z >= 1) and scattered (z >= 2) by one collective over
-    the group dp+ep, never one per axis in a row;
+    the group dp+ep, never one per axis in a row, and the plan's bytes by group add up;
   - invariants: more ep never gives a rank more expert memory; a capacity never reserves more
     dispatch rows than dropless;
   - measured all-to-all bytes (the runner's step log): with 2 experts and top 2 on ep=2 every
@@ -201,6 +201,11 @@ def zero_collectives(tiny, dp, ep, zero):
     want = {'allgather': zero >= 1, 'reduce_scatter': zero >= 2}
     check(all((both[k] > 0) == want[k] for k in want),
           '%s: allgathers and reduce-scatters over dp+ep: %s' % (tag, both))
+    comm = json.loads(ptc('--mesh', 'dp=%d,ep=%d' % (dp, ep), '--zero', str(zero), '--emit',
+                          'plan-json', tiny))['programs'][0]['communication']
+    check(sum(comm['by_group'].values()) == comm['bytes'] and comm['by_group'].get('dp+ep'),
+          '%s: the bytes by group (%s) add up to the %d sent' % (tag, comm['by_group'],
+                                                                 comm['bytes']))
 
 
 def main():
