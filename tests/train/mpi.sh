@@ -173,18 +173,21 @@ else
   bad "--dump-grads under mpirun" "files: $(ls dg_procs 2> /dev/null | tr '\n' ' ')"
 fi
 # expert parallelism's all-to-all bytes over every rank (gathered each step): the thread run's
-"$ptc" -D experts=4 -D top_k=1 --mesh dp=2,ep=2 "$src/examples/moe_tiny.ptm" -o moe > /dev/null || exit 1
+"$ptc" -D experts=4 -D top_k=1 --mesh dp=2,ep=2 "$src/examples/moe_tiny.ptm" -o moe > /dev/null ||
+  exit 1
 a2a() { python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    if "loss" in r: print(r["step"], r["a2a_bytes_all"], r["a2a_most_rank"], r["a2a_most"])' "$1"; }
-./moe --steps 4 --threads 1 --quiet --log moe_t.jsonl > moe_t.out 2>&1 || bad "moe threads" "$(tail -3 moe_t.out)"
+    if "loss" in r: print(r["step"], r["a2a_bytes_all"], r["a2a_most_rank"], r["a2a_most"])' "$1" 2>&1 |
+    tr '\n' ';'; }
+./moe --steps 4 --threads 1 --quiet --log moe_t.jsonl > moe_t.out 2>&1 ||
+  bad "moe threads" "$(tail -3 moe_t.out)"
 mpirun_ 60 -np 4 ./moe --steps 4 --threads 1 --quiet --log moe_p.jsonl > moe_p.out 2>&1 ||
   bad "moe under mpirun" "exit $?: $(tail -3 moe_p.out)"
-if [ -s moe_p.jsonl ] && [ "$(a2a moe_t.jsonl 2>&1)" = "$(a2a moe_p.jsonl 2>&1)" ]; then
-  ok "all-to-all bytes under mpirun" "every rank's, as in the thread run: $(a2a moe_p.jsonl | tr '\n' ';')"
+if [ -s moe_p.jsonl ] && [ "$(a2a moe_t.jsonl)" = "$(a2a moe_p.jsonl)" ]; then
+  ok "all-to-all bytes under mpirun" "every rank's, as in the thread run: $(a2a moe_p.jsonl)"
 else
-  bad "all-to-all bytes under mpirun" "threads $(a2a moe_t.jsonl 2>&1 | tr '\n' ';') processes $(a2a moe_p.jsonl 2>&1 | tr '\n' ';')"
+  bad "all-to-all bytes under mpirun" "threads $(a2a moe_t.jsonl) processes $(a2a moe_p.jsonl)"
 fi
 
 # ---- faults ----
