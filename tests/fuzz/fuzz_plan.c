@@ -22,6 +22,14 @@ void fuzz_plan(const ptc_options *o, const char *file, const char *src, size_t l
         }
         return;
     }
+    char verr[512];
+    if (diag.nerrors != 0 || ptc_verify(g, verr, sizeof verr) != 0) {
+        fprintf(stderr,
+                "front end returned a graph after %d errors, or one that does not "
+                "verify\n",
+                diag.nerrors);
+        abort();
+    }
     int nranks = o->mesh.naxes ? ptc_mesh_nranks(&o->mesh) : 1;
     int64_t logical_params = ptc_graph_param_count(g);
     if (ptc_flags_apply(o, g, out) == 0 && o->train && nranks <= max_ranks) {
