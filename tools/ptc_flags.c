@@ -567,6 +567,12 @@ ptc_frontend_opts ptc_flags_frontend_opts(const ptc_options *o)
     return fo;
 }
 
+/* Model chunks per pipeline rank: --virtual-stages under the interleaved schedule (2 unset). */
+static int virtual_stages(const ptc_options *o)
+{
+    return o->pp_schedule == PTC_PP_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2) : 1;
+}
+
 ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o)
 {
     return (ptc_compile_opts){
@@ -582,9 +588,7 @@ ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o)
         .pins = o->pins,
         .npins = o->npins,
         .microbatches = o->microbatches,
-        .virtual_stages = o->pp_schedule == PTC_PP_INTERLEAVED
-                              ? (o->virtual_stages ? o->virtual_stages : 2)
-                              : 1,
+        .virtual_stages = virtual_stages(o),
         .stage_layers = o->stage_layers,
         .nstage_layers = o->nstage_layers,
         .recompute = o->recompute,
@@ -595,7 +599,6 @@ ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o)
 
 ptc_lower_opts ptc_flags_lower_opts(const ptc_options *o, const ptc_graph *g)
 {
-    ptc_compile_opts co = ptc_flags_compile_opts(o);
     return (ptc_lower_opts){.zero = o->zero,
                             .seq_parallel = o->seq_parallel,
                             .keep_grad_outputs = g->mesh.naxes == 0,
@@ -603,7 +606,7 @@ ptc_lower_opts ptc_flags_lower_opts(const ptc_options *o, const ptc_graph *g)
                             .fuse = !o->no_fuse,
                             .mesh = o->mesh,
                             .pp_schedule = o->pp_schedule,
-                            .virtual_stages = co.virtual_stages};
+                            .virtual_stages = virtual_stages(o)};
 }
 
 /* Every pin matches a parameter, and a parameter of enough dimensions for the one it shards. */

@@ -671,7 +671,7 @@ static int rule_of(part *p, int ni, ptc_placement *in, rule_out *ro)
                                      ? storage(p, n->in[k], in[k]) /* (its first use) */
                                      : in[k],
                           merged;
-            in[k] = ptc_shard_zero_merges(p, n, held, &merged) ? held : pl_r();
+            in[k] = ptc_shard_merges_with_ep(p, n, held, &merged) ? held : pl_r();
         }
         /* a shard with a remainder (ZeRO state and gradients) is only understood by the rules
          * of elementwise ops and sumsq; any other op sees it as what it gathers to */

@@ -39,7 +39,8 @@ typedef struct rule_out {
 int ptc_shard_rule(part *p, int ni, const ptc_placement *in, rule_out *ro);
 /* Node n of the ep pass's graph, with its operand placed x on this (dp) axis, becomes one
  * collective over ep and dp (shard_rules.c), its result placed *out. */
-bool ptc_shard_zero_merges(const part *p, const ptc_node *n, ptc_placement x, ptc_placement *out);
+bool ptc_shard_merges_with_ep(const part *p, const ptc_node *n, ptc_placement x,
+                              ptc_placement *out);
 /* Custom emission for ops whose rank program is more than one local op (vocabulary-parallel
  * cross-entropy, reductions over a sharded axis, ...). */
 int ptc_shard_emit_custom(part *p, int ni, const ptc_placement *in, rule_out *ro);

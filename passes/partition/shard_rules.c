@@ -749,40 +749,38 @@ static int rule_sumsq(part *p, int ni, const ptc_placement *in, rule_out *ro)
     return 0;
 }
 
-/* An allreduce over an expert-parallel axis (data parallel there) of a value that is Partial on
- * this data-parallel axis too: one allreduce over both axes, one group, instead of two (the
- * gradients of everything but the experts, the loss). Not under ZeRO 2 and 3, which scatter
- * gradients over dp. */
-static bool merges_with_ep(const part *p, const ptc_node *n, ptc_placement x)
+/* The ep pass's collectives that the data-parallel pass widens to one collective over dp and ep
+ * (the group dp+ep; ep is data parallel for all but the experts), x the operand's placement
+ * here, *out the result's:
+ *   - an allreduce of a value Partial here too (the gradients of everything but the experts,
+ *     the loss), to Replicate; not under ZeRO 2 and 3, which scatter gradients over dp;
+ *   - ZeRO over dp x ep, where the ep pass gathers a parameter's ep shard or scatters its
+ *     gradient over ep and this axis shards the same dimension again: an allgather of a value
+ *     this axis shards plainly on the dimension it gathers, to Replicate; under ZeRO 2 and 3 a
+ *     reduce-scatter of a value Partial here, to the shard ZeRO gives its result on this axis,
+ *     when that is a plain shard of the dimension it splits. One collective moves what two in a
+ *     row would: ptc_plan_group orders the members as the layout is, ep's coordinate major. */
+bool ptc_shard_merges_with_ep(const part *p, const ptc_node *n, ptc_placement x,
+                              ptc_placement *out)
 {
     const ptc_graph *g = part_graph(p);
-    return n->op == PTC_OP_ALLREDUCE && n->attrs.reduce == 0 && n->attrs.mesh_axis2 < 0 &&
-           part_axis_kind(p) == PART_DATA && part_zero(p) < 2 && x.kind == PTC_PLACE_PARTIAL &&
-           strcmp(g->mesh.names[n->attrs.mesh_axis], "ep") == 0;
-}
-
-/* ZeRO over dp x ep (expert parallelism is data parallel for all but the experts), seen from
- * the data-parallel axis: the ep pass gathers a parameter's ep shard or scatters its gradient
- * over ep, and this axis shards the same dimension again. One collective over both axes moves
- * what two in a row would (ptc_plan_group orders the members as the layout is: ep's coordinate
- * major): an allgather of a value this axis shards plainly on the dimension it gathers, to
- * Replicate; under ZeRO 2 and 3 a reduce-scatter of a value Partial here, to the shard ZeRO
- * gives its result on this axis, when that is a plain shard of the dimension it splits. */
-bool ptc_shard_zero_merges(const part *p, const ptc_node *n, ptc_placement x, ptc_placement *out)
-{
-    const ptc_graph *g = part_graph(p);
-    if ((n->op != PTC_OP_ALLGATHER && n->op != PTC_OP_REDUCE_SCATTER) || n->attrs.n > 1 ||
-        n->attrs.mesh_axis2 >= 0 || part_axis_kind(p) != PART_DATA || part_zero(p) < 1 ||
+    if (n->attrs.mesh_axis2 >= 0 || part_axis_kind(p) != PART_DATA ||
         strcmp(g->mesh.names[n->attrs.mesh_axis], "ep") != 0)
         return false;
-    if (n->op == PTC_OP_ALLGATHER) {
-        *out = pl_r();
-        return x.kind == PTC_PLACE_SHARD && x.dim == n->attrs.axis && pl_groups(x) == 1 &&
-               !x.rem;
+    *out = pl_r();
+    switch (n->op) {
+    case PTC_OP_ALLREDUCE:
+        return n->attrs.reduce == 0 && part_zero(p) < 2 && x.kind == PTC_PLACE_PARTIAL;
+    case PTC_OP_ALLGATHER:
+        return n->attrs.n <= 1 && part_zero(p) >= 1 && x.kind == PTC_PLACE_SHARD &&
+               x.dim == n->attrs.axis && pl_groups(x) == 1 && !x.rem;
+    case PTC_OP_REDUCE_SCATTER:
+        *out = part_zero_placement(p, &g->values[n->out[0]].type);
+        return n->attrs.n <= 1 && part_zero(p) >= 2 && x.kind == PTC_PLACE_PARTIAL &&
+               out->kind == PTC_PLACE_SHARD && out->dim == n->attrs.axis &&
+               pl_groups(*out) == 1 && !out->rem;
+    default: return false;
     }
-    *out = part_zero_placement(p, &g->values[n->out[0]].type);
-    return part_zero(p) >= 2 && x.kind == PTC_PLACE_PARTIAL && out->kind == PTC_PLACE_SHARD &&
-           out->dim == n->attrs.axis && pl_groups(*out) == 1 && !out->rem;
 }
 
 /* Collectives and shard ops of an inner axis, seen from an outer one: linear, and a shard passes
@@ -791,13 +789,7 @@ static int rule_inner_comm(part *p, int ni, const ptc_placement *in, rule_out *r
 {
     const ptc_node *n = node(p, ni);
     ptc_placement x = undecided(in[0]) ? pl_r() : in[0], y;
-    if (merges_with_ep(p, n, x)) {
-        ro->req[0] = x;
-        ro->out[0] = pl_r();
-        ro->emit = EMIT_CUSTOM;
-        return 0;
-    }
-    if (ptc_shard_zero_merges(p, n, x, &y)) {
+    if (ptc_shard_merges_with_ep(p, n, x, &y)) {
         ro->req[0] = x;
         ro->out[0] = y;
         ro->emit = EMIT_CUSTOM;

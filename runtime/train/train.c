@@ -365,9 +365,7 @@ static int open_data(run *r, char *err, size_t errn)
 static int gather_a2a(run *r, int64_t t)
 {
     shared *sh = r->sh;
-    int64_t sent, plan, mine[2];
-    ptrt_exec_all_to_all(r->x, &sent, &plan);
-    mine[0] = r->a2a_step, mine[1] = plan;
+    int64_t mine[2] = {r->a2a_step, r->a2a_plan};
     int64_t *all = ptc_xmalloc(sizeof(int64_t) * 2 * (size_t)sh->nranks);
     if (sh->nranks > 1) {
         char err[1024];
@@ -415,8 +413,6 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
         all += s[2];
     }
     double frac = all > 0 ? dropped / all : 0;
-    int64_t sent, plan;
-    ptrt_exec_all_to_all(r->x, &sent, &plan);
     char a2a[80] = "", a2a_json[256] = "";
     if (r->a2a_plan_sum > 0) { /* (what a balanced routing sends is the plan's) */
         ptc_fmt(a2a, sizeof a2a, " all-to-all %.2fx plan (most: rank %d, %.2fx)",
@@ -424,7 +420,7 @@ static void moe_balance(const run *r, char *line, size_t n, char *json, size_t j
         ptc_fmt(a2a_json, sizeof a2a_json,
                 ", \"a2a_bytes\": %lld, \"a2a_planned_bytes\": %lld, \"a2a_bytes_all\": %lld, "
                 "\"a2a_planned_bytes_all\": %lld, \"a2a_most_rank\": %d, \"a2a_most\": %.9g",
-                (long long)r->a2a_step, (long long)plan, (long long)r->a2a_sum,
+                (long long)r->a2a_step, (long long)r->a2a_plan, (long long)r->a2a_sum,
                 (long long)r->a2a_plan_sum, r->a2a_worst_rank, r->a2a_worst);
     }
     ptc_fmt(line, n, " | experts max/mean %.2f dropped %.1f%%%s", worst, 100 * frac, a2a);
@@ -636,11 +632,11 @@ static void loop(run *r)
     int64_t warm = o->steps - sh->first + 1 >= 6 ? 3 : 1;
     for (int64_t t = sh->first; t <= o->steps; t++) {
         double ts = now(), loss, norm, lr = ptrt_lr_at(o, peak, t);
-        int64_t sent0, sent1, plan;
-        ptrt_exec_all_to_all(r->x, &sent0, &plan);
+        int64_t sent0, sent1;
+        ptrt_exec_all_to_all(r->x, &sent0, &r->a2a_plan);
         if (one_step(r, t, lr, &loss, &norm) < 0)
             return;
-        ptrt_exec_all_to_all(r->x, &sent1, &plan);
+        ptrt_exec_all_to_all(r->x, &sent1, &r->a2a_plan);
         r->a2a_step = sent1 - sent0;
         if (sh->a2a && gather_a2a(r, t) < 0)
             return;

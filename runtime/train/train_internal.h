@@ -52,7 +52,8 @@ typedef struct run {
     ptrt_data *data, *val;
     int32_t *gtok, *gtgt; /* the global batch (rows [row0, row1) of it: this rank's) */
     int row0, row1;
-    int64_t a2a_step; /* bytes its all_to_all_v sent in the last training step */
+    int64_t a2a_step, a2a_plan; /* bytes its all_to_all_v sent in the last training step, and
+                                   the plan's figure for a step */
     /* rank 0, over every rank's last step (gather_a2a): the bytes sent and the plan's figures
      * summed, and the rank that sent the most against its plan */
     int64_t a2a_sum, a2a_plan_sum;
