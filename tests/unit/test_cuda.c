@@ -1036,6 +1036,10 @@ Test(cuda, nvrtc_and_ptxas_every_example)
     }
     par_opts ep2 = {.axes = {"ep"}, .sizes = {2}}; /* expert parallelism's row kernels (moe_pack, ...) */
     nvrtc_check("examples/moe_tiny.ptm", "moe_tiny_ep2", &ep2, 0);
+    /* a capacity: the routing kernels' exact ceiling in 128-bit integers, which NVRTC takes only
+     * with --device-int128 (the emulation's host compiler took it; a GPU found the difference) */
+    ptc_define cap[] = {{"capacity_factor", 1.0}};
+    nvrtc_check_with("examples/moe_tiny.ptm", "moe_tiny_capacity", NULL, 0, cap, 1);
 }
 
 /* 16-bit plans: their attention on tensor cores (mma.sync and the packing conversions are PTX

@@ -237,9 +237,11 @@ static char *compile(const char *src, const char *name, int sm, char *err, size_
     char *ptx = NULL, *log = NULL;
     char arch[40];
     snprintf(arch, sizeof arch, "--gpu-architecture=compute_%d", sm);
-    const char *opts[] = {arch, "--std=c++17", "--restrict"};
+    /* --device-int128: the moe routing kernels' capacity is an exact ceiling in 128-bit
+     * integers (cuda_moe.c), which NVRTC on Linux takes only with it */
+    const char *opts[] = {arch, "--std=c++17", "--restrict", "--device-int128"};
     NVRTC_CHECK(nv.nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL));
-    int rc = nv.nvrtcCompileProgram(prog, 3, opts);
+    int rc = nv.nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
     if (rc != 0) {
         size_t n = 0;
         nv.nvrtcGetProgramLogSize(prog, &n);
