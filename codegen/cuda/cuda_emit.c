@@ -27,6 +27,10 @@ typedef struct em {
     /* a group of flat loops emitted as one (see emit_group): the slot that stands for a
      * parameter (-1: its own name), and the table that stands for a float constant */
     int *slot, *ftab;
+    /* inside a packed loop: its packet (loads and stores of its streams are pk_<i>[pk_u]);
+     * pk_on: the kernel has packed loops (and ptc_pk, whether its arrays are aligned) */
+    const struct packet *pk;
+    bool pk_on;
 } em;
 
 static void ind(em *e)
@@ -369,6 +373,221 @@ static int64_t const_extent(const ptc_kir *k, int x, int64_t otherwise)
     return k->x[x].kind == PTC_KX_ICONST ? k->x[x].i : otherwise;
 }
 
+/* ---- packets: 16 bytes of an array a thread ----
+ *
+ * A loop over a row's elements (a block's threads in step, or a block reduction) whose body
+ * touches its arrays at base + v, v the loop's variable, takes vec consecutive elements a thread:
+ * each such array's elements are loaded 16 bytes at a time into registers, the body runs vec
+ * times over them (unrolled), and its stores leave 16 bytes at a time. Loaded 2 bytes a thread,
+ * GPT-2's bf16 rows kept an H200 at a fifth of its memory bandwidth
+ * (bench/results/gpu_profile_kinds_9959d00.txt). Every element is computed by the same
+ * expressions as before; only the thread that takes it, and a sum's order, change. A kernel
+ * looks at its arrays' addresses once (ptc_pk): where one is not 16-byte aligned, its loops run
+ * an element a thread as before. */
+
+#define PACKET_STREAMS 16
+
+typedef struct packet {
+    int vec; /* elements a thread takes at once; 0: the loop is not packed */
+    int n;   /* streams: an array at base + v, 16 bytes at a time into/out of pk_<i> */
+    int param[PACKET_STREAMS], index[PACKET_STREAMS];
+    bool store[PACKET_STREAMS];
+} packet;
+
+static int elem_bytes(ptc_dtype dt)
+{
+    return dt == PTC_BF16 || dt == PTC_F16 ? 2 : 4;
+}
+
+static bool uses_var(const ptc_kir *k, int x, int v)
+{
+    if (x < 0)
+        return false;
+    const ptc_kx *e = &k->x[x];
+    return (e->kind == PTC_KX_VAR && e->var == v) || uses_var(k, e->a, v) ||
+           uses_var(k, e->b, v) || uses_var(k, e->c, v);
+}
+
+/* every value of x (integer) is a multiple of m */
+static bool multiple_of(const ptc_kir *k, int x, int64_t m)
+{
+    const ptc_kx *e = &k->x[x];
+    switch (e->kind) {
+    case PTC_KX_ICONST: return e->i % m == 0;
+    case PTC_KX_ADD:
+    case PTC_KX_SUB:
+    case PTC_KX_REM: return multiple_of(k, e->a, m) && multiple_of(k, e->b, m);
+    case PTC_KX_MUL: return multiple_of(k, e->a, m) || multiple_of(k, e->b, m);
+    default: return false;
+    }
+}
+
+/* x is v + B, v once, B a sum of terms that do not use v nor a var bound by the loop's body
+ * (inner) and a multiple of m */
+static bool unit_stride(const ptc_kir *k, int x, int v, const uint8_t *inner, int64_t m)
+{
+    const ptc_kx *e = &k->x[x];
+    if (e->kind == PTC_KX_VAR)
+        return e->var == v;
+    if (e->kind != PTC_KX_ADD)
+        return false;
+    bool ia = uses_var(k, e->a, v);
+    if (ia == uses_var(k, e->b, v))
+        return false;
+    int rest = ia ? e->b : e->a;
+    for (int i = 0; i < k->nvars; i++)
+        if (inner[i] && uses_var(k, rest, i))
+            return false;
+    return unit_stride(k, ia ? e->a : e->b, v, inner, m) && multiple_of(k, rest, m);
+}
+
+static int stream_of(const ptc_kir *k, const packet *pk, int param, int index, bool store)
+{
+    for (int i = 0; i < pk->n; i++)
+        if (pk->param[i] == param && pk->store[i] == store && x_eq(k, pk->index[i], index))
+            return i;
+    return -1;
+}
+
+/* collects x's loads at base + v (aligned to m elements) as streams; false: x cannot be packed
+ * (a reduction in it, too many streams, or a load of an array the body has stored by then) */
+static bool packet_loads(const ptc_kir *k, int x, int v, const uint8_t *inner,
+                         const uint8_t *stored, int64_t m, packet *pk)
+{
+    if (x < 0)
+        return true;
+    const ptc_kx *e = &k->x[x];
+    if (is_reduce(e))
+        return false;
+    if (e->kind == PTC_KX_LOAD) {
+        if (stored[storage(k, e->param)])
+            return false;
+        if (unit_stride(k, e->a, v, inner, m) && stream_of(k, pk, e->param, e->a, false) < 0) {
+            if (pk->n == PACKET_STREAMS)
+                return false;
+            pk->param[pk->n] = e->param, pk->index[pk->n] = e->a, pk->store[pk->n++] = false;
+        }
+    }
+    return packet_loads(k, e->a, v, inner, stored, m, pk) &&
+           packet_loads(k, e->b, v, inner, stored, m, pk) &&
+           packet_loads(k, e->c, v, inner, stored, m, pk);
+}
+
+/* The packet of a loop over v of extent x (statements body, or the reduced expression value if
+ * body < 0) with m elements a thread: every store at base + v with its base a multiple of m,
+ * no inner loop or reduction, no load of an array after a store to it. */
+static bool packet_with(const ptc_kir *k, int v, int body, int value, int64_t m, packet *pk)
+{
+    uint8_t *inner = ptc_xcalloc((size_t)k->nvars + (size_t)k->nparams + 1, 1);
+    uint8_t *stored = inner + k->nvars;
+    bool ok = true;
+    pk->n = 0;
+    if (body < 0)
+        ok = packet_loads(k, value, v, inner, stored, m, pk);
+    for (int s = body; s >= 0 && ok; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind == PTC_KS_FOR) {
+            ok = false;
+            break;
+        }
+        ok = packet_loads(k, st->value, v, inner, stored, m, pk);
+        if (st->kind == PTC_KS_LET) {
+            inner[st->var] = 1;
+            continue;
+        }
+        ok = ok && packet_loads(k, st->index, v, inner, stored, m, pk) &&
+             unit_stride(k, st->index, v, inner, m);
+        if (ok && stream_of(k, pk, st->param, st->index, true) < 0) {
+            ok = pk->n < PACKET_STREAMS;
+            if (ok)
+                pk->param[pk->n] = st->param, pk->index[pk->n] = st->index,
+                pk->store[pk->n++] = true;
+        }
+        stored[storage(k, st->param)] = 1;
+    }
+    free(inner);
+    return ok && pk->n > 0;
+}
+
+/* the packet of a loop over v of extent x (body, or value; see packet_with): 8 elements a thread
+ * where an array is 16-bit, else 4; pk->vec 0 where the loop cannot be packed */
+static void packet_of(const ptc_kir *k, int v, int extent, int body, int value, packet *pk)
+{
+    pk->vec = 0;
+    int64_t w = const_extent(k, extent, -1);
+    if (w <= 0 || !packet_with(k, v, body, value, 4, pk))
+        return;
+    int m = 4;
+    for (int i = 0; i < pk->n; i++)
+        if (elem_bytes(k->params[pk->param[i]].dtype) == 2)
+            m = 8;
+    if (m == 8 && !packet_with(k, v, body, value, 8, pk))
+        return;
+    if (w % m == 0)
+        pk->vec = m;
+}
+
+/* the packet of a row's loop st (the threads of a block in step over independent iterations) */
+static void packet_of_for(const ptc_kir *k, const ptc_ks *st, packet *pk)
+{
+    pk->vec = 0;
+    if (iterations_independent(k, st))
+        packet_of(k, st->var, st->extent, st->body, -1, pk);
+}
+
+/* the packet of reduction x at a row's top level */
+static void packet_of_reduce(const ptc_kir *k, int x, packet *pk)
+{
+    const ptc_kx *e = &k->x[x];
+    packet_of(k, e->var, e->a, -1, e->b, pk);
+}
+
+/* the streams of reductions at a row's top level in x (not those nested in another) */
+static void packed_reductions(const ptc_kir *k, int x, uint8_t *used)
+{
+    if (x < 0)
+        return;
+    const ptc_kx *e = &k->x[x];
+    if (!is_reduce(e)) {
+        packed_reductions(k, e->a, used);
+        packed_reductions(k, e->b, used);
+        packed_reductions(k, e->c, used);
+        return;
+    }
+    packet pk;
+    packet_of_reduce(k, x, &pk);
+    for (int i = 0; pk.vec && i < pk.n; i++)
+        used[storage(k, pk.param[i])] = used[pk.param[i]] = 1;
+    packed_reductions(k, e->a, used);
+}
+
+/* marks the parameters that a packed loop of k streams; whether there is one */
+static bool kernel_packets(const ptc_kir *k, uint8_t *used)
+{
+    bool any = false;
+    for (int s = k->body; s >= 0; s = k->s[s].next) {
+        const ptc_ks *st = &k->s[s];
+        if (st->kind != PTC_KS_FOR || !st->parallel || !row_loop(k, st))
+            continue;
+        for (int r = st->body; r >= 0; r = k->s[r].next) {
+            const ptc_ks *b = &k->s[r];
+            packet pk = {0};
+            if (b->kind == PTC_KS_FOR)
+                packet_of_for(k, b, &pk);
+            for (int i = 0; pk.vec && i < pk.n; i++)
+                used[storage(k, pk.param[i])] = used[pk.param[i]] = 1;
+            if (b->kind != PTC_KS_FOR) {
+                packed_reductions(k, b->value, used);
+                if (b->kind == PTC_KS_STORE)
+                    packed_reductions(k, b->index, used);
+            }
+        }
+    }
+    for (int i = 0; i < k->nparams; i++)
+        any = any || used[i];
+    return any;
+}
+
 /* the widest loop or reduction at the top level of a row's body */
 static int64_t row_width(const ptc_kir *k, int s);
 
@@ -377,8 +596,12 @@ static int64_t x_width(const ptc_kir *k, int x)
     if (x < 0)
         return 1;
     const ptc_kx *e = &k->x[x];
-    int64_t w = is_reduce(e) ? const_extent(k, e->a, 256) : 1;
-    if (!is_reduce(e)) {
+    int64_t w = 1;
+    if (is_reduce(e)) {
+        packet pk;
+        packet_of_reduce(k, x, &pk);
+        w = const_extent(k, e->a, 256) / (pk.vec ? pk.vec : 1);
+    } else {
         int64_t a = x_width(k, e->a), b = x_width(k, e->b), c = x_width(k, e->c);
         w = a > b ? a : b;
         w = w > c ? w : c;
@@ -391,7 +614,14 @@ static int64_t row_width(const ptc_kir *k, int s)
     int64_t w = 1;
     for (; s >= 0; s = k->s[s].next) {
         const ptc_ks *st = &k->s[s];
-        int64_t v = st->kind == PTC_KS_FOR ? const_extent(k, st->extent, 256) : x_width(k, st->value);
+        int64_t v;
+        if (st->kind == PTC_KS_FOR) {
+            packet pk;
+            packet_of_for(k, st, &pk);
+            v = const_extent(k, st->extent, 256) / (pk.vec ? pk.vec : 1);
+        } else {
+            v = x_width(k, st->value);
+        }
         if (st->kind == PTC_KS_STORE) {
             int64_t i = x_width(k, st->index);
             v = v > i ? v : i;
@@ -503,6 +733,11 @@ static void put_x(em *e, int x)
               : dt == PTC_F16  ? "ptc_f16_f("
                                : "(long long)",
               f);
+        int i = e->pk ? stream_of(k, e->pk, p->param, p->a, false) : -1;
+        if (i >= 0) {
+            fprintf(f, "pk_%d[pk_u]%s", i, dt == PTC_BF16 || dt == PTC_F16 ? ")" : "");
+            return;
+        }
         fputs("PTC_LD(", f);
         put_param(e, p->param);
         fputs(", ", f);
@@ -563,6 +798,103 @@ static void put_x(em *e, int x)
     }
 }
 
+/* the loads (or stores) of packet pk's streams, with the loop's variable at pk_v */
+static void stream_moves(em *e, const packet *pk, int var, bool store)
+{
+    const ptc_kir *k = e->k;
+    bool any = false;
+    for (int i = 0; i < pk->n; i++)
+        any = any || pk->store[i] == store;
+    if (!any)
+        return;
+    ind(e);
+    fputs("{\n", e->f);
+    e->indent++;
+    ind(e);
+    fprintf(e->f, "const long long v_%s = pk_v;\n", k->vars[var].name);
+    for (int i = 0; i < pk->n; i++) {
+        if (pk->store[i] != store)
+            continue;
+        ind(e);
+        if (store) {
+            fputs("PTC_STV(", e->f);
+            put_param(e, pk->param[i]);
+            fputs(", ", e->f);
+            put_x(e, pk->index[i]);
+            fprintf(e->f, ", pk_%d, %d);\n", i, pk->vec);
+        } else {
+            fprintf(e->f, "PTC_LDV(pk_%d, ", i);
+            put_param(e, pk->param[i]);
+            fputs(", ", e->f);
+            put_x(e, pk->index[i]);
+            fprintf(e->f, ", %d);\n", pk->vec);
+        }
+    }
+    e->indent--;
+    ind(e);
+    fputs("}\n", e->f);
+}
+
+/* Opens packed loop pk over var < extent, a thread's first packet at element vec * from, the next
+ * vec * step further: its streams loaded, then the unrolled loop over the packet's elements,
+ * var bound to each. close_packet stores the streams and closes both loops. */
+static void open_packet(em *e, const packet *pk, int var, int extent, const char *from,
+                        const char *step)
+{
+    const ptc_kir *k = e->k;
+    ind(e);
+    fprintf(e->f, "for (long long pk_v = (long long)%s * %d; pk_v < ", from, pk->vec);
+    put_x(e, extent);
+    fprintf(e->f, "; pk_v += (long long)%s * %d) {\n", step, pk->vec);
+    e->indent++;
+    for (int i = 0; i < pk->n; i++) {
+        ind(e);
+        fprintf(e->f, "__align__(16) %s pk_%d[%d];\n", elem_ctype(k->params[pk->param[i]].dtype),
+                i, pk->vec);
+    }
+    stream_moves(e, pk, var, false);
+    ind(e);
+    fprintf(e->f, "PTC_UNROLL for (int pk_u = 0; pk_u < %d; pk_u++) {\n", pk->vec);
+    e->indent++;
+    ind(e);
+    fprintf(e->f, "PTC_UNUSED const long long v_%s = pk_v + pk_u;\n", k->vars[var].name);
+    e->pk = pk;
+}
+
+static void close_packet(em *e, const packet *pk, int var)
+{
+    e->pk = NULL;
+    e->indent--;
+    ind(e);
+    fputs("}\n", e->f);
+    stream_moves(e, pk, var, true);
+    e->indent--;
+    ind(e);
+    fputs("}\n", e->f);
+}
+
+/* a line of the branch on ptc_pk around a packed loop and the loop an element a thread ("if
+ * (ptc_pk) {", "} else {", "}"): close levels of indentation end before it, open begin after */
+static void pk_branch(em *e, const char *text, int close, int open)
+{
+    e->indent -= close;
+    ind(e);
+    fputs(text, e->f);
+    e->indent += open;
+}
+
+/* a step of reduction x: y, its operand at this iteration, into r<x> */
+static void reduce_step(em *e, int x)
+{
+    const ptc_kx *p = &e->k->x[x];
+    ind(e);
+    fprintf(e->f, "float y = ");
+    put_x(e, p->b);
+    fputs(";\n", e->f);
+    ind(e);
+    fprintf(e->f, p->kind == PTC_KX_SUM ? "r%d += y;\n" : "r%d = y > r%d ? y : r%d;\n", x, x, x);
+}
+
 static void before(em *e, const uint8_t *rd, const uint8_t *wr);
 
 /* Emits the reductions of expression x (outside those nested in another reduction, which are
@@ -591,21 +923,28 @@ static void emit_reductions(em *e, int x, ctx cx)
     }
     ind(e);
     fprintf(e->f, "float r%d = %s;\n", x, sum ? "0.0f" : "PTC_LOWEST");
+    packet pk = {0};
+    if (block && e->pk_on)
+        packet_of_reduce(e->k, x, &pk);
+    if (pk.vec) {
+        pk_branch(e, "if (ptc_pk) {\n", 0, 1);
+        open_packet(e, &pk, p->var, p->a, "threadIdx.x", "blockDim.x");
+        reduce_step(e, x);
+        close_packet(e, &pk, p->var);
+        pk_branch(e, "} else {\n", 1, 1);
+    }
     ind(e);
     fprintf(e->f, "for (long long v_%s = %s; v_%s < ", v, block ? "threadIdx.x" : "0", v);
     put_x(e, p->a);
     fprintf(e->f, "; v_%s += %s) {\n", v, block ? "blockDim.x" : "1");
     e->indent++;
     emit_reductions(e, p->b, CX_THREAD);
-    ind(e);
-    fprintf(e->f, "float y = ");
-    put_x(e, p->b);
-    fputs(";\n", e->f);
-    ind(e);
-    fprintf(e->f, sum ? "r%d += y;\n" : "r%d = y > r%d ? y : r%d;\n", x, x, x);
+    reduce_step(e, x);
     e->indent--;
     ind(e);
     fputs("}\n", e->f);
+    if (pk.vec)
+        pk_branch(e, "}\n", 1, 0);
     if (block) {
         ind(e);
         fprintf(e->f, "r%d = %s(r%d, ptc_smem);\n", x, sum ? "ptc_block_sum" : "ptc_block_max", x);
@@ -909,9 +1248,21 @@ static void emit_for(em *e, const ptc_ks *st, ctx cx)
             close_loop(e);
             close_loop(e);
         } else {
+            packet pk = {0};
+            if (e->pk_on)
+                packet_of_for(k, st, &pk);
+            if (pk.vec) {
+                pk_branch(e, "if (ptc_pk) {\n", 0, 1);
+                open_packet(e, &pk, st->var, st->extent, "threadIdx.x", "blockDim.x");
+                emit_list(e, st->body, CX_THREAD);
+                close_packet(e, &pk, st->var);
+                pk_branch(e, "} else {\n", 1, 1);
+            }
             open_loop(e, st, "threadIdx.x", "blockDim.x");
             emit_list(e, st->body, CX_THREAD);
             close_loop(e);
+            if (pk.vec)
+                pk_branch(e, "}\n", 1, 0);
         }
         return;
     }
@@ -931,7 +1282,18 @@ static void emit_store(em *e, const ptc_ks *st, ctx cx)
         fputs("if (threadIdx.x == 0)\n", e->f);
         e->indent++;
     }
+    int i = e->pk ? stream_of(e->k, e->pk, st->param, st->index, true) : -1;
     ind(e);
+    if (i >= 0) { /* into the packet's registers (close_packet stores them) */
+        fprintf(e->f, "pk_%d[pk_u] = %s", i,
+                p->dtype == PTC_F32    ? "("
+                : p->dtype == PTC_BF16 ? "ptc_f_bf16("
+                : p->dtype == PTC_F16  ? "ptc_f_f16("
+                                       : "(int)(");
+        put_x(e, st->value);
+        fputs(");\n", e->f);
+        return;
+    }
     fputs("PTC_ST(", e->f);
     put_param(e, st->param);
     fputs(", ", e->f);
@@ -1031,6 +1393,17 @@ void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
         ind(&e);
         fputs("__shared__ float ptc_smem[32];\n", f);
     }
+    uint8_t *used = ptc_xcalloc((size_t)k->nparams + 1, 1);
+    e.pk_on = kernel_packets(k, used);
+    if (e.pk_on) { /* whether the packed loops' arrays start at 16-byte boundaries */
+        ind(&e);
+        fputs("const bool ptc_pk = ((", f);
+        for (int i = 0, n = 0; i < k->nparams; i++)
+            if (used[i])
+                fprintf(f, "%sPTC_ADDR(p_%s)", n++ ? " | " : "", k->params[i].name);
+        fputs(") & 15) == 0;\n", f);
+    }
+    free(used);
     emit_list(&e, k->body, CX_TOP);
     free(e.rd);
     fputs("}\n", f);
@@ -1061,7 +1434,25 @@ void ptc_cuda_emit_prelude(FILE *f)
           "#define PTC_LD(p, i) (p)[i]\n"
           "#define PTC_ST(p, i, v) ((p)[i] = (v))\n"
           "/* p[4i .. 4i + 3] in one 16-byte load (p 16-byte aligned) */\n"
-          "#define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])\n"
+          "#define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])\n",
+          f);
+    fputs("/* PTC_LDV(d, p, i, n): p[i .. i + n - 1] into the array d, 16 bytes a load (p + i\n"
+          " * 16-byte aligned, d n elements of 16 bytes or 32); PTC_STV(p, i, d, n) the other way */\n"
+          "#define PTC_LDV(d, p, i, n) \\\n"
+          "    do { \\\n"
+          "        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \\\n"
+          "            reinterpret_cast<uint4 *>(d)[ptc_q] = \\\n"
+          "                reinterpret_cast<const uint4 *>((p) + (i))[ptc_q]; \\\n"
+          "    } while (0)\n"
+          "#define PTC_STV(p, i, d, n) \\\n"
+          "    do { \\\n"
+          "        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \\\n"
+          "            reinterpret_cast<uint4 *>((p) + (i))[ptc_q] = \\\n"
+          "                reinterpret_cast<const uint4 *>(d)[ptc_q]; \\\n"
+          "    } while (0)\n"
+          "#define PTC_ADDR(p) ((unsigned long long)(p))\n"
+          "#define PTC_UNROLL _Pragma(\"unroll\")\n"
+          "#define PTC_UNUSED [[maybe_unused]] /* a packed loop's variable where only streams use it */\n"
           "#endif\n"
           "/* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest\n"
           " * even, NaN to the quiet NaN of its sign (as common/half.c) */\n"

@@ -93,6 +93,25 @@ typedef struct float4 {
     ((float4){PTC_LD(p, 4 * (i)), PTC_LD(p, 4 * (i) + 1), PTC_LD(p, 4 * (i) + 2),                 \
               PTC_LD(p, 4 * (i) + 3)})
 
+/* PTC_LDV(d, p, i, n): p[i .. i + n - 1] into the array d (16-byte loads on the GPU), checked
+ * as n loads; PTC_STV(p, i, d, n) the other way. p + i not at a 16-byte boundary fails the
+ * launch, as the GPU's load would fault (ptc_emu_aligned16, by build below). */
+#define PTC_LDV(d, p, i, n)                                                                        \
+    do {                                                                                           \
+        ptc_emu_aligned16(&(p)[i], #p);                                                            \
+        for (int ptc_q = 0; ptc_q < (n); ptc_q++)                                                  \
+            (d)[ptc_q] = PTC_LD(p, (i) + ptc_q);                                                   \
+    } while (0)
+#define PTC_STV(p, i, d, n)                                                                        \
+    do {                                                                                           \
+        ptc_emu_aligned16(&(p)[i], #p);                                                            \
+        for (int ptc_q = 0; ptc_q < (n); ptc_q++)                                                  \
+            PTC_ST(p, (i) + ptc_q, (d)[ptc_q]);                                                    \
+    } while (0)
+#define PTC_ADDR(p) ((unsigned long long)(uintptr_t)(p))
+#define PTC_UNROLL
+#define PTC_UNUSED __attribute__((unused))
+
 typedef struct ptc_emu_dim3 {
     unsigned x, y, z;
 } ptc_emu_dim3;
@@ -189,6 +208,17 @@ static void ptc_emu_race(const char *what, long long at, const char *fmt, ...)
     if (n > 0 && (size_t)n < sizeof ptc_emu_err)
         vsnprintf(ptc_emu_err + n, sizeof ptc_emu_err - (size_t)n, fmt, ap);
     va_end(ap);
+}
+
+/* a 16-byte access (PTC_LDV, PTC_STV) at p: off a 16-byte boundary, the launch fails */
+static void ptc_emu_aligned16(const void *p, const char *what)
+{
+    if (((uintptr_t)p & 15) == 0 || ptc_emu_raced)
+        return;
+    ptc_emu_raced = 1;
+    snprintf(ptc_emu_err, sizeof ptc_emu_err,
+             "a 16-byte access to %s at %p, not at a 16-byte boundary (a fault on the GPU)", what,
+             p);
 }
 
 /* p's entry for an access by block b (a shared word's afresh when b is a new block); NULL,
@@ -432,9 +462,19 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
 }
 
 #else /* ---- a block's threads as POSIX threads (ASan builds, or PTC_CUDA_EMU_THREADS) ---- */
+#include <stdio.h>
+#include <stdlib.h>
 #define __shared__ static
 #define PTC_LD(p, i) (p)[i]
 #define PTC_ST(p, i, v) ((p)[i] = (v))
+/* a 16-byte access (PTC_LDV, PTC_STV) off a 16-byte boundary: the GPU would fault */
+static inline void ptc_emu_aligned16(const void *p, const char *what)
+{
+    if ((uintptr_t)p & 15) {
+        fprintf(stderr, "a 16-byte access to %s at %p, not at a 16-byte boundary\n", what, p);
+        abort();
+    }
+}
 static _Thread_local ptc_emu_dim3 threadIdx, blockIdx;
 static ptc_emu_dim3 blockDim, gridDim;
 static pthread_barrier_t ptc_emu_barrier, ptc_emu_warp_barrier[32];

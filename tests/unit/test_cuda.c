@@ -224,7 +224,9 @@ typedef struct bufs {
     float **owned; /* one per parameter, NULL for an alias */
 } bufs;
 
-static bufs make_bufs(const ptc_kir *k, unsigned seed)
+/* k's arrays, each starting shift elements past a 16-byte boundary (a packed loop's arrays then
+ * are not aligned for its 16-byte loads, and the kernel must take them an element a thread) */
+static bufs make_bufs(const ptc_kir *k, unsigned seed, int shift)
 {
     bufs b = {calloc((size_t)k->nparams, sizeof(void *)), calloc((size_t)k->nparams, sizeof(float *))};
     srand(seed);
@@ -234,18 +236,19 @@ static bufs make_bufs(const ptc_kir *k, unsigned seed)
             b.args[i] = b.args[p->alias];
             continue;
         }
-        b.owned[i] = calloc((size_t)(p->numel ? p->numel : 1), 4);
+        b.owned[i] = calloc((size_t)(p->numel ? p->numel : 1) + 4, 4);
+        char *at = (char *)b.owned[i] + (size_t)shift * ptc_dtype_size(p->dtype);
         for (int64_t j = 0; j < p->numel; j++) {
             if (p->dtype == PTC_F32)
-                b.owned[i][j] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
+                ((float *)at)[j] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
             else if (p->dtype == PTC_BF16)
-                ((uint16_t *)b.owned[i])[j] = ptc_bf16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
+                ((uint16_t *)at)[j] = ptc_bf16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
             else if (p->dtype == PTC_F16)
-                ((uint16_t *)b.owned[i])[j] = ptc_f16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
+                ((uint16_t *)at)[j] = ptc_f16_bits((float)rand() / RAND_MAX * 4.0f - 2.0f);
             else
-                ((int32_t *)b.owned[i])[j] = rand() % 3;
+                ((int32_t *)at)[j] = rand() % 3;
         }
-        b.args[i] = b.owned[i];
+        b.args[i] = at;
     }
     return b;
 }
@@ -258,15 +261,16 @@ static void free_bufs(const ptc_kir *k, bufs *b)
     free(b->args);
 }
 
-/* the emulated kernel at grid x block against the interpreter, on the same inputs */
-static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned block)
+/* the emulated kernel at grid x block against the interpreter, on the same inputs, its arrays
+ * shift elements past 16-byte boundaries */
+static void check_emulated_at(void *so, const ptc_kir *k, unsigned grid, unsigned block, int shift)
 {
     char sym[256], err[1024];
     snprintf(sym, sizeof sym, "k_%s__emu", k->name);
     emu_fn fn = emu_sym(so, sym);
     launch_fn launch = emu_launcher(so);
 
-    bufs want = make_bufs(k, 7), got = make_bufs(k, 7);
+    bufs want = make_bufs(k, 7, 0), got = make_bufs(k, 7, shift);
     cr_assert_eq(ptc_kir_run_checked(k, want.args, err, sizeof err), 0, "%s", err);
     cr_assert_eq(launch(fn, got.args, grid, block), 0, "%s: launch %u x %u: %s", k->name, grid,
                  block, emu_error(so));
@@ -274,10 +278,10 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
         const ptc_kparam *q = &k->params[i];
         if (!got.owned[i])
             continue;
-        const float *a = want.owned[i], *b = got.owned[i];
+        const float *a = want.args[i], *b = got.args[i];
         if (q->dtype != PTC_F32) { /* i32, and bf16: rounded alike, bit for bit */
             cr_expect_eq(memcmp(a, b, (size_t)q->numel * ptc_dtype_size(q->dtype)), 0,
-                         "%s: %s differs", k->name, q->name);
+                         "%s: %s differs (arrays %d elements off)", k->name, q->name, shift);
             continue;
         }
         double big = 0;
@@ -291,14 +295,20 @@ static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned b
         for (int64_t j = 0; j < q->numel && bad < 3; j++) {
             bool ok = isnan(a[j]) ? isnan(b[j]) : isinf(a[j]) ? a[j] == b[j] : fabs(a[j] - b[j]) <= tol;
             if (!ok) {
-                cr_expect(ok, "%s (grid %u, block %u): %s[%lld] = %.9g, interpreter %.9g",
-                          k->name, grid, block, q->name, (long long)j, b[j], a[j]);
+                cr_expect(ok, "%s (grid %u, block %u, arrays %d elements off): %s[%lld] = %.9g, "
+                          "interpreter %.9g", k->name, grid, block, shift, q->name,
+                          (long long)j, b[j], a[j]);
                 bad++;
             }
         }
     }
     free_bufs(k, &want);
     free_bufs(k, &got);
+}
+
+static void check_emulated(void *so, const ptc_kir *k, unsigned grid, unsigned block)
+{
+    check_emulated_at(so, k, grid, block, 0);
 }
 
 static void check_unit(ptc_kir *const *ks, int n, const char *name)
@@ -315,6 +325,8 @@ static void check_unit(ptc_kir *const *ks, int n, const char *name)
         check_emulated(so, ks[i], (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
         check_emulated(so, ks[i], 3, 32);
         check_emulated(so, ks[i], 2, 96);
+        /* arrays off 16-byte boundaries: packed loops (16-byte loads) run an element a thread */
+        check_emulated_at(so, ks[i], 2, 96, 1);
     }
     dlclose(so);
     free(unit);
@@ -434,7 +446,7 @@ Test(cuda, mixed_precision_kernels_keep_the_contract)
                     break;
                 }
             char err[1024];
-            bufs b = make_bufs(p->kernels[j], 7);
+            bufs b = make_bufs(p->kernels[j], 7, 0);
             cr_expect_eq(ptc_kir_run_checked(p->kernels[j], b.args, err, sizeof err), 0, "%s", err);
             free_bufs(p->kernels[j], &b);
         }
@@ -1195,6 +1207,56 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
         free(buf);
         ptc_kir_free(k);
     }
+}
+
+/* A row's loop takes 16 bytes of each array a thread (cuda_emit.c's packets) where every store
+ * and the loads it streams sit at base + j, the base a multiple of the packet; a load elsewhere
+ * stays a load of one element; a loop that reads an array after storing it, stores elsewhere or
+ * is not a multiple of the packet long is left an element a thread. Each kernel then runs
+ * emulated, its arrays at 16-byte boundaries and one element off them, against the
+ * interpreter. */
+Test(cuda, rows_packed_where_16_byte_loads_fit)
+{
+    static const struct {
+        const char *row; /* inside `for r < 4 parallel { ... }` */
+        bool packed;
+    } cases[] = {
+        {"for j < 16 { y[r * 16 + j] = x[r * 16 + j] * 2.0 }", true},
+        {"for j < 16 { yb[r * 16 + j] = xb[r * 16 + j] + x[r * 16 + j] }", true},
+        {"for j < 16 { y[r * 16 + j] = y[r * 16 + j] + x[r * 16 + j + 1] }", true},
+        {"for j < 16 { yb[r * 16 + j] = xb[(r % 2) * 32 + 8 + j] * xb[j] }", true},
+        {"n[r] = sum(i < 64: w[r * 64 + i] * w[r * 64 + i]) + maxr(i < 64: wb[r * 64 + i])", true},
+        {"for j < 16 { y[r * 16 + j] = x[r * 16 + j] y[r * 16 + j] = y[r * 16 + j] * 2.0 }", false},
+        {"for j < 16 { y[r * 16 + 15 - j] = x[r * 16 + j] }", false},
+        {"for j < 16 { y[r * 16 + j + 2] = x[r * 16 + j] }", false},
+        {"for j < 14 { y[r * 16 + j] = x[r * 16 + j] }", false},
+        {"n[r] = sum(i < 62: w[r * 64 + i])", false},
+        {"for j < 16 { yb[r * 20 + j] = xb[r * 16 + j] }", false},
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    ptc_kir *ks[N];
+    for (int c = 0; c < N; c++) {
+        char text[1024], err[512];
+        snprintf(text, sizeof text,
+                 "kernel pk%d(x: f32[80], xb: bf16[80], w: f32[256], wb: bf16[256], "
+                 "y: out f32[80], yb: out bf16[80], n: out f32[4]) {\n"
+                 "for r < 4 parallel {\n%s\n}\n}\n",
+                 c, cases[c].row);
+        ks[c] = ptc_kir_parse_text(text, err, sizeof err);
+        cr_assert_not_null(ks[c], "%s\n%s", err, text);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        ptc_cuda_emit_kernel(ks[c], f);
+        fclose(f);
+        bool packed = strstr(buf, "if (ptc_pk) {") != NULL;
+        cr_expect(packed == cases[c].packed, "case %d (%s): %s\n%s", c, cases[c].row,
+                  packed ? "packed" : "not packed", buf);
+        free(buf);
+    }
+    check_unit(ks, N, "packets");
+    for (int c = 0; c < N; c++)
+        ptc_kir_free(ks[c]);
 }
 
 /* The emulation's race check (cuda_emu.h), on hand-written kernels of the patterns it is for:

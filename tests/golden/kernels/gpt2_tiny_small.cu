@@ -14,6 +14,23 @@
 #define PTC_ST(p, i, v) ((p)[i] = (v))
 /* p[4i .. 4i + 3] in one 16-byte load (p 16-byte aligned) */
 #define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])
+/* PTC_LDV(d, p, i, n): p[i .. i + n - 1] into the array d, 16 bytes a load (p + i
+ * 16-byte aligned, d n elements of 16 bytes or 32); PTC_STV(p, i, d, n) the other way */
+#define PTC_LDV(d, p, i, n) \
+    do { \
+        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \
+            reinterpret_cast<uint4 *>(d)[ptc_q] = \
+                reinterpret_cast<const uint4 *>((p) + (i))[ptc_q]; \
+    } while (0)
+#define PTC_STV(p, i, d, n) \
+    do { \
+        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \
+            reinterpret_cast<uint4 *>((p) + (i))[ptc_q] = \
+                reinterpret_cast<const uint4 *>(d)[ptc_q]; \
+    } while (0)
+#define PTC_ADDR(p) ((unsigned long long)(p))
+#define PTC_UNROLL _Pragma("unroll")
+#define PTC_UNUSED [[maybe_unused]] /* a packed loop's variable where only streams use it */
 #endif
 /* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
  * even, NaN to the quiet NaN of its sign (as common/half.c) */
@@ -98,33 +115,109 @@ PTC_DEVICE float ptc_block_max(float v, float *sm)
     return m;
 }
 
-/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_f0_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, float *p_y0, float *PTC_RESTRICT p_y1)
+/* launch: sm_80: grid 16, block 32, sm_90: grid 16, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_f0_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, float *p_y0, float *PTC_RESTRICT p_y1)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_x3) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, (v_j + (((v_r / 1LL) % 8LL) * 64LL))));
-            PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t2);
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 64LL) + v_j), 4);
+                    PTC_LDV(pk_1, p_x1, (v_j + (((v_r / 1LL) % 8LL) * 64LL)), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    const float v_t2 = (pk_0[pk_u] + pk_1[pk_u]);
+                    pk_2[pk_u] = (v_t2);
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y0, ((v_r * 64LL) + v_j), pk_2, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+                const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, (v_j + (((v_r / 1LL) % 8LL) * 64LL))));
+                PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t2);
+            }
         }
         __syncthreads();
         float r28 = 0.0f;
-        for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
-            float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t3));
-            r28 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t3 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t3), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t3 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r28 += y;
+                }
+            }
+        } else {
+            for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
+                float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t3));
+                r28 += y;
+            }
         }
         r28 = ptc_block_sum(r28, ptc_smem);
         const float v_t4 = (r28 / 64.0f);
         float r40 = 0.0f;
-        for (long long v_t5 = threadIdx.x; v_t5 < 64LL; v_t5 += blockDim.x) {
-            float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4));
-            r40 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t5 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t5), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t5 = pk_v + pk_u;
+                    float y = ((pk_0[pk_u] - v_t4) * (pk_0[pk_u] - v_t4));
+                    r40 += y;
+                }
+            }
+        } else {
+            for (long long v_t5 = threadIdx.x; v_t5 < 64LL; v_t5 += blockDim.x) {
+                float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t5)) - v_t4));
+                r40 += y;
+            }
         }
         r40 = ptc_block_sum(r40, ptc_smem);
         const float v_t6 = (r40 / 64.0f);
         const float v_t7 = (1.0f / sqrtf((v_t6 + 9.99999975e-06f)));
-        for (long long v_t8 = threadIdx.x; v_t8 < 64LL; v_t8 += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 64LL) + v_t8), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t8)) - v_t4) * v_t7) * PTC_LD(p_x2, v_t8)) + PTC_LD(p_x3, v_t8)));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_t8 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t8), 4);
+                    PTC_LDV(pk_1, p_x2, v_t8, 4);
+                    PTC_LDV(pk_2, p_x3, v_t8, 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t8 = pk_v + pk_u;
+                    pk_3[pk_u] = (((((pk_0[pk_u] - v_t4) * v_t7) * pk_1[pk_u]) + pk_2[pk_u]));
+                }
+                {
+                    const long long v_t8 = pk_v;
+                    PTC_STV(p_y1, ((v_r * 64LL) + v_t8), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_t8 = threadIdx.x; v_t8 < 64LL; v_t8 += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 64LL) + v_t8), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t8)) - v_t4) * v_t7) * PTC_LD(p_x2, v_t8)) + PTC_LD(p_x3, v_t8)));
+            }
         }
     }
 }
@@ -135,18 +228,82 @@ void k_f0_add_layernorm__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_f1_add_split(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
+/* launch: sm_80: grid 16, block 32, sm_90: grid 16, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_f1_add_split(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
 {
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1) | PTC_ADDR(p_y2)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        for (long long v_t1 = threadIdx.x; v_t1 < 64LL; v_t1 += blockDim.x) {
-            PTC_ST(p_y0, ((v_r * 64LL) + v_t1), (PTC_LD(p_x0, ((v_r * 192LL) + (0LL + v_t1))) + PTC_LD(p_x1, (0LL + v_t1))));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                {
+                    const long long v_t1 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 192LL) + (0LL + v_t1)), 4);
+                    PTC_LDV(pk_1, p_x1, (0LL + v_t1), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t1 = pk_v + pk_u;
+                    pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+                }
+                {
+                    const long long v_t1 = pk_v;
+                    PTC_STV(p_y0, ((v_r * 64LL) + v_t1), pk_2, 4);
+                }
+            }
+        } else {
+            for (long long v_t1 = threadIdx.x; v_t1 < 64LL; v_t1 += blockDim.x) {
+                PTC_ST(p_y0, ((v_r * 64LL) + v_t1), (PTC_LD(p_x0, ((v_r * 192LL) + (0LL + v_t1))) + PTC_LD(p_x1, (0LL + v_t1))));
+            }
         }
-        for (long long v_t2 = threadIdx.x; v_t2 < 64LL; v_t2 += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 64LL) + v_t2), (PTC_LD(p_x0, ((v_r * 192LL) + (64LL + v_t2))) + PTC_LD(p_x1, (64LL + v_t2))));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                {
+                    const long long v_t2 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 192LL) + (64LL + v_t2)), 4);
+                    PTC_LDV(pk_1, p_x1, (64LL + v_t2), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t2 = pk_v + pk_u;
+                    pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+                }
+                {
+                    const long long v_t2 = pk_v;
+                    PTC_STV(p_y1, ((v_r * 64LL) + v_t2), pk_2, 4);
+                }
+            }
+        } else {
+            for (long long v_t2 = threadIdx.x; v_t2 < 64LL; v_t2 += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 64LL) + v_t2), (PTC_LD(p_x0, ((v_r * 192LL) + (64LL + v_t2))) + PTC_LD(p_x1, (64LL + v_t2))));
+            }
         }
-        for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
-            PTC_ST(p_y2, ((v_r * 64LL) + v_t3), (PTC_LD(p_x0, ((v_r * 192LL) + (128LL + v_t3))) + PTC_LD(p_x1, (128LL + v_t3))));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                {
+                    const long long v_t3 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 192LL) + (128LL + v_t3)), 4);
+                    PTC_LDV(pk_1, p_x1, (128LL + v_t3), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t3 = pk_v + pk_u;
+                    pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+                }
+                {
+                    const long long v_t3 = pk_v;
+                    PTC_STV(p_y2, ((v_r * 64LL) + v_t3), pk_2, 4);
+                }
+            }
+        } else {
+            for (long long v_t3 = threadIdx.x; v_t3 < 64LL; v_t3 += blockDim.x) {
+                PTC_ST(p_y2, ((v_r * 64LL) + v_t3), (PTC_LD(p_x0, ((v_r * 192LL) + (128LL + v_t3))) + PTC_LD(p_x1, (128LL + v_t3))));
+            }
         }
     }
 }
@@ -157,34 +314,113 @@ void k_f1_add_split__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_f2_add_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, const float *PTC_RESTRICT p_x4, float *p_y0, float *PTC_RESTRICT p_y1)
+/* launch: sm_80: grid 16, block 32, sm_90: grid 16, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_f2_add_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, const float *PTC_RESTRICT p_x4, float *p_y0, float *PTC_RESTRICT p_y1)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_x3) | PTC_ADDR(p_x4) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, v_j));
-            const float v_t3 = (PTC_LD(p_x2, ((v_r * 64LL) + v_j)) + v_t2);
-            PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t3);
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 64LL) + v_j), 4);
+                    PTC_LDV(pk_1, p_x1, v_j, 4);
+                    PTC_LDV(pk_2, p_x2, ((v_r * 64LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    const float v_t2 = (pk_0[pk_u] + pk_1[pk_u]);
+                    const float v_t3 = (pk_2[pk_u] + v_t2);
+                    pk_3[pk_u] = (v_t3);
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y0, ((v_r * 64LL) + v_j), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+                const float v_t2 = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) + PTC_LD(p_x1, v_j));
+                const float v_t3 = (PTC_LD(p_x2, ((v_r * 64LL) + v_j)) + v_t2);
+                PTC_ST(p_y0, ((v_r * 64LL) + v_j), v_t3);
+            }
         }
         __syncthreads();
         float r27 = 0.0f;
-        for (long long v_t4 = threadIdx.x; v_t4 < 64LL; v_t4 += blockDim.x) {
-            float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t4));
-            r27 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t4 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t4), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t4 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r27 += y;
+                }
+            }
+        } else {
+            for (long long v_t4 = threadIdx.x; v_t4 < 64LL; v_t4 += blockDim.x) {
+                float y = PTC_LD(p_y0, ((v_r * 64LL) + v_t4));
+                r27 += y;
+            }
         }
         r27 = ptc_block_sum(r27, ptc_smem);
         const float v_t5 = (r27 / 64.0f);
         float r39 = 0.0f;
-        for (long long v_t6 = threadIdx.x; v_t6 < 64LL; v_t6 += blockDim.x) {
-            float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5));
-            r39 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t6 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t6), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t6 = pk_v + pk_u;
+                    float y = ((pk_0[pk_u] - v_t5) * (pk_0[pk_u] - v_t5));
+                    r39 += y;
+                }
+            }
+        } else {
+            for (long long v_t6 = threadIdx.x; v_t6 < 64LL; v_t6 += blockDim.x) {
+                float y = ((PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5) * (PTC_LD(p_y0, ((v_r * 64LL) + v_t6)) - v_t5));
+                r39 += y;
+            }
         }
         r39 = ptc_block_sum(r39, ptc_smem);
         const float v_t7 = (r39 / 64.0f);
         const float v_t8 = (1.0f / sqrtf((v_t7 + 9.99999975e-06f)));
-        for (long long v_t9 = threadIdx.x; v_t9 < 64LL; v_t9 += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 64LL) + v_t9), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t9)) - v_t5) * v_t8) * PTC_LD(p_x3, v_t9)) + PTC_LD(p_x4, v_t9)));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_t9 = pk_v;
+                    PTC_LDV(pk_0, p_y0, ((v_r * 64LL) + v_t9), 4);
+                    PTC_LDV(pk_1, p_x3, v_t9, 4);
+                    PTC_LDV(pk_2, p_x4, v_t9, 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t9 = pk_v + pk_u;
+                    pk_3[pk_u] = (((((pk_0[pk_u] - v_t5) * v_t8) * pk_1[pk_u]) + pk_2[pk_u]));
+                }
+                {
+                    const long long v_t9 = pk_v;
+                    PTC_STV(p_y1, ((v_r * 64LL) + v_t9), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_t9 = threadIdx.x; v_t9 < 64LL; v_t9 += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 64LL) + v_t9), ((((PTC_LD(p_y0, ((v_r * 64LL) + v_t9)) - v_t5) * v_t8) * PTC_LD(p_x3, v_t9)) + PTC_LD(p_x4, v_t9)));
+            }
         }
     }
 }
@@ -195,15 +431,42 @@ void k_f2_add_add_layernorm__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_f3_add_gelu(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0, float *PTC_RESTRICT p_y1)
+/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_f3_add_gelu(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0, float *PTC_RESTRICT p_y1)
 {
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            const float v_t2 = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) + PTC_LD(p_x1, v_j));
-            const float v_t3 = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
-            PTC_ST(p_y0, ((v_r * 256LL) + v_j), v_t2);
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), v_t3);
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_j), 4);
+                    PTC_LDV(pk_1, p_x1, v_j, 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    const float v_t2 = (pk_0[pk_u] + pk_1[pk_u]);
+                    const float v_t3 = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
+                    pk_2[pk_u] = (v_t2);
+                    pk_3[pk_u] = (v_t3);
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y0, ((v_r * 256LL) + v_j), pk_2, 4);
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                const float v_t2 = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) + PTC_LD(p_x1, v_j));
+                const float v_t3 = ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))));
+                PTC_ST(p_y0, ((v_r * 256LL) + v_j), v_t2);
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), v_t3);
+            }
         }
     }
 }
@@ -214,40 +477,109 @@ void k_f3_add_gelu__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_f4_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
+/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_f4_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0;
     const float v_t0 = (PTC_LD(p_x2, 0LL) / 16.0f);
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
-        for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
-            float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
-            r27 = y > r27 ? y : r27;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t5 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_t5), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t5 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r27 = y > r27 ? y : r27;
+                }
+            }
+        } else {
+            for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
+                float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
+                r27 = y > r27 ? y : r27;
+            }
         }
         r27 = ptc_block_max(r27, ptc_smem);
         const float v_t6 = r27;
         const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    pk_1[pk_u] = (expf((pk_0[pk_u] - v_t6)));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_1, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
+            }
         }
         __syncthreads();
         float r54 = 0.0f;
-        for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
-            float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
-            r54 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t9 = pk_v;
+                    PTC_LDV(pk_0, p_y1, ((v_r * 256LL) + v_t9), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t9 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r54 += y;
+                }
+            }
+        } else {
+            for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
+                float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
+                r54 += y;
+            }
         }
         r54 = ptc_block_sum(r54, ptc_smem);
         const float v_t10 = r54;
         if (threadIdx.x == 0)
             PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_y1, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    pk_1[pk_u] = ((((pk_0[pk_u] * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_1, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+            }
         }
     }
 }
@@ -258,14 +590,40 @@ void k_f4_cross_entropy_with_grad__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_f5_gelu_again_gelu_grad(float *p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *p_y1)
+/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_f5_gelu_again_gelu_grad(float *p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *p_y1)
 {
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            const float v_t2 = PTC_LD(p_x0, ((v_r * 256LL) + v_j));
-            PTC_ST(p_y0, ((v_r * 256LL) + v_j), ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))));
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * PTC_LD(p_x1, ((v_r * 256LL) + v_j))));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_j), 4);
+                    PTC_LDV(pk_2, p_x1, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    const float v_t2 = pk_0[pk_u];
+                    pk_1[pk_u] = (((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))));
+                    pk_3[pk_u] = ((((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * pk_2[pk_u]));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y0, ((v_r * 256LL) + v_j), pk_1, 4);
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                const float v_t2 = PTC_LD(p_x0, ((v_r * 256LL) + v_j));
+                PTC_ST(p_y0, ((v_r * 256LL) + v_j), ((0.5f * v_t2) * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))));
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((0.5f * (1.0f + tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))))) + (((0.5f * v_t2) * (1.0f - (tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2))))) * tanhf((0.797884583f * (v_t2 + (0.0447149985f * ((v_t2 * v_t2) * v_t2)))))))) * (0.797884583f * (1.0f + (0.134145007f * (v_t2 * v_t2)))))) * PTC_LD(p_x1, ((v_r * 256LL) + v_j))));
+            }
         }
     }
 }
@@ -728,22 +1086,53 @@ void k_op3_0__emu(void *const *a)
     k_op3_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_op4_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_s)
+/* launch: sm_80: grid 16, block 32, sm_90: grid 16, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_y0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j0 = threadIdx.x; v_j0 < 64LL; v_j0 += blockDim.x) {
-            float y = PTC_LD(p_x0, ((v_r * 64LL) + v_j0));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j0 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 64LL) + v_j0), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j0 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j0 = threadIdx.x; v_j0 < 64LL; v_j0 += blockDim.x) {
+                float y = PTC_LD(p_x0, ((v_r * 64LL) + v_j0));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         const float v_t2 = (r9 * 0.015625f);
         float r21 = 0.0f;
-        for (long long v_j1 = threadIdx.x; v_j1 < 64LL; v_j1 += blockDim.x) {
-            float y = ((PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2) * (PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2));
-            r21 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j1 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 64LL) + v_j1), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j1 = pk_v + pk_u;
+                    float y = ((pk_0[pk_u] - v_t2) * (pk_0[pk_u] - v_t2));
+                    r21 += y;
+                }
+            }
+        } else {
+            for (long long v_j1 = threadIdx.x; v_j1 < 64LL; v_j1 += blockDim.x) {
+                float y = ((PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2) * (PTC_LD(p_x0, ((v_r * 64LL) + v_j1)) - v_t2));
+                r21 += y;
+            }
         }
         r21 = ptc_block_sum(r21, ptc_smem);
         const float v_t4 = (1.0f / sqrtf(((r21 * 0.015625f) + 9.99999975e-06f)));
@@ -753,21 +1142,80 @@ PTC_KERNEL __launch_bounds__(64) k_op4_0(const float *PTC_RESTRICT p_x0, const f
         if (threadIdx.x == 0)
             PTC_ST(p_s, ((v_r * 2LL) + 1LL), v_t4);
         float r44 = 0.0f;
-        for (long long v_j2 = threadIdx.x; v_j2 < 64LL; v_j2 += blockDim.x) {
-            float y = (PTC_LD(p_x2, ((v_r * 64LL) + v_j2)) * PTC_LD(p_x1, v_j2));
-            r44 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                {
+                    const long long v_j2 = pk_v;
+                    PTC_LDV(pk_0, p_x2, ((v_r * 64LL) + v_j2), 4);
+                    PTC_LDV(pk_1, p_x1, v_j2, 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j2 = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_1[pk_u]);
+                    r44 += y;
+                }
+            }
+        } else {
+            for (long long v_j2 = threadIdx.x; v_j2 < 64LL; v_j2 += blockDim.x) {
+                float y = (PTC_LD(p_x2, ((v_r * 64LL) + v_j2)) * PTC_LD(p_x1, v_j2));
+                r44 += y;
+            }
         }
         r44 = ptc_block_sum(r44, ptc_smem);
         const float v_t6 = (r44 * 0.015625f);
         float r63 = 0.0f;
-        for (long long v_j3 = threadIdx.x; v_j3 < 64LL; v_j3 += blockDim.x) {
-            float y = ((PTC_LD(p_x2, ((v_r * 64LL) + v_j3)) * PTC_LD(p_x1, v_j3)) * ((PTC_LD(p_x0, ((v_r * 64LL) + v_j3)) - v_t2) * v_t4));
-            r63 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                {
+                    const long long v_j3 = pk_v;
+                    PTC_LDV(pk_0, p_x2, ((v_r * 64LL) + v_j3), 4);
+                    PTC_LDV(pk_1, p_x1, v_j3, 4);
+                    PTC_LDV(pk_2, p_x0, ((v_r * 64LL) + v_j3), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j3 = pk_v + pk_u;
+                    float y = ((pk_0[pk_u] * pk_1[pk_u]) * ((pk_2[pk_u] - v_t2) * v_t4));
+                    r63 += y;
+                }
+            }
+        } else {
+            for (long long v_j3 = threadIdx.x; v_j3 < 64LL; v_j3 += blockDim.x) {
+                float y = ((PTC_LD(p_x2, ((v_r * 64LL) + v_j3)) * PTC_LD(p_x1, v_j3)) * ((PTC_LD(p_x0, ((v_r * 64LL) + v_j3)) - v_t2) * v_t4));
+                r63 += y;
+            }
         }
         r63 = ptc_block_sum(r63, ptc_smem);
         const float v_t8 = (r63 * 0.015625f);
-        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            PTC_ST(p_y0, ((v_r * 64LL) + v_j), (v_t4 * (((PTC_LD(p_x2, ((v_r * 64LL) + v_j)) * PTC_LD(p_x1, v_j)) - v_t6) - (((PTC_LD(p_x0, ((v_r * 64LL) + v_j)) - v_t2) * v_t4) * v_t8))));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                __align__(16) float pk_2[4];
+                __align__(16) float pk_3[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x2, ((v_r * 64LL) + v_j), 4);
+                    PTC_LDV(pk_1, p_x1, v_j, 4);
+                    PTC_LDV(pk_2, p_x0, ((v_r * 64LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    pk_3[pk_u] = ((v_t4 * (((pk_0[pk_u] * pk_1[pk_u]) - v_t6) - (((pk_2[pk_u] - v_t2) * v_t4) * v_t8))));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y0, ((v_r * 64LL) + v_j), pk_3, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+                PTC_ST(p_y0, ((v_r * 64LL) + v_j), (v_t4 * (((PTC_LD(p_x2, ((v_r * 64LL) + v_j)) * PTC_LD(p_x1, v_j)) - v_t6) - (((PTC_LD(p_x0, ((v_r * 64LL) + v_j)) - v_t2) * v_t4) * v_t8))));
+            }
         }
     }
 }
@@ -979,11 +1427,27 @@ void k_op16_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 8192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 8192LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 8192LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 8192LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 8192LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 8192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 8192LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -1018,11 +1482,27 @@ void k_op17_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 4096LL) + v_j)) * PTC_LD(p_x0, ((v_r * 4096LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 4096LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 4096LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 4096LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 4096LL) + v_j)) * PTC_LD(p_x0, ((v_r * 4096LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -1048,15 +1528,31 @@ void k_op20_0__emu(void *const *a)
     k_op20_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
-PTC_KERNEL __launch_bounds__(64) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 32, sm_90: grid 1, block 32 */
+PTC_KERNEL __launch_bounds__(32) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) * PTC_LD(p_x0, ((v_r * 64LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 64LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 64LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 64LL) + v_j)) * PTC_LD(p_x0, ((v_r * 64LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -1103,15 +1599,31 @@ void k_op23_0__emu(void *const *a)
     k_op23_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 192, sm_90: grid 1, block 192 */
-PTC_KERNEL __launch_bounds__(192) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 192LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 192LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 192LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 192LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 192LL) + v_j)) * PTC_LD(p_x0, ((v_r * 192LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -1124,15 +1636,31 @@ void k_op24_0__emu(void *const *a)
     k_op24_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) * PTC_LD(p_x0, ((v_r * 256LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 256LL) + v_j)) * PTC_LD(p_x0, ((v_r * 256LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)

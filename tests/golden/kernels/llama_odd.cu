@@ -14,6 +14,23 @@
 #define PTC_ST(p, i, v) ((p)[i] = (v))
 /* p[4i .. 4i + 3] in one 16-byte load (p 16-byte aligned) */
 #define PTC_LD4(p, i) (reinterpret_cast<const float4 *>(p)[i])
+/* PTC_LDV(d, p, i, n): p[i .. i + n - 1] into the array d, 16 bytes a load (p + i
+ * 16-byte aligned, d n elements of 16 bytes or 32); PTC_STV(p, i, d, n) the other way */
+#define PTC_LDV(d, p, i, n) \
+    do { \
+        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \
+            reinterpret_cast<uint4 *>(d)[ptc_q] = \
+                reinterpret_cast<const uint4 *>((p) + (i))[ptc_q]; \
+    } while (0)
+#define PTC_STV(p, i, d, n) \
+    do { \
+        for (int ptc_q = 0; ptc_q < (int)(sizeof(d) / 16); ptc_q++) \
+            reinterpret_cast<uint4 *>((p) + (i))[ptc_q] = \
+                reinterpret_cast<const uint4 *>(d)[ptc_q]; \
+    } while (0)
+#define PTC_ADDR(p) ((unsigned long long)(p))
+#define PTC_UNROLL _Pragma("unroll")
+#define PTC_UNUSED [[maybe_unused]] /* a packed loop's variable where only streams use it */
 #endif
 /* bf16 storage (2 bytes, the high half of an f32): loads widen, stores round to nearest
  * even, NaN to the quiet NaN of its sign (as common/half.c) */
@@ -128,40 +145,109 @@ void k_f0_add_rmsnorm__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 8, block 256, sm_90: grid 8, block 256 */
-PTC_KERNEL __launch_bounds__(256) k_f1_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
+/* launch: sm_80: grid 8, block 64, sm_90: grid 8, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_f1_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0;
     const float v_t0 = (PTC_LD(p_x2, 0LL) / 8.0f);
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
         const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
-        for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
-            float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
-            r27 = y > r27 ? y : r27;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t5 = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_t5), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t5 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r27 = y > r27 ? y : r27;
+                }
+            }
+        } else {
+            for (long long v_t5 = threadIdx.x; v_t5 < 256LL; v_t5 += blockDim.x) {
+                float y = PTC_LD(p_x0, ((v_r * 256LL) + v_t5));
+                r27 = y > r27 ? y : r27;
+            }
         }
         r27 = ptc_block_max(r27, ptc_smem);
         const float v_t6 = r27;
         const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    pk_1[pk_u] = (expf((pk_0[pk_u] - v_t6)));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_1, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), expf((PTC_LD(p_x0, ((v_r * 256LL) + v_j)) - v_t6)));
+            }
         }
         __syncthreads();
         float r54 = 0.0f;
-        for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
-            float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
-            r54 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_t9 = pk_v;
+                    PTC_LDV(pk_0, p_y1, ((v_r * 256LL) + v_t9), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_t9 = pk_v + pk_u;
+                    float y = pk_0[pk_u];
+                    r54 += y;
+                }
+            }
+        } else {
+            for (long long v_t9 = threadIdx.x; v_t9 < 256LL; v_t9 += blockDim.x) {
+                float y = PTC_LD(p_y1, ((v_r * 256LL) + v_t9));
+                r54 += y;
+            }
         }
         r54 = ptc_block_sum(r54, ptc_smem);
         const float v_t10 = r54;
         if (threadIdx.x == 0)
             PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
-        for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
-            PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                __align__(16) float pk_1[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_y1, ((v_r * 256LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    pk_1[pk_u] = ((((pk_0[pk_u] * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+                }
+                {
+                    const long long v_j = pk_v;
+                    PTC_STV(p_y1, ((v_r * 256LL) + v_j), pk_1, 4);
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 256LL; v_j += blockDim.x) {
+                PTC_ST(p_y1, ((v_r * 256LL) + v_j), (((PTC_LD(p_y1, ((v_r * 256LL) + v_j)) * v_t11) - ((v_j == v_t4) ? 1.0f : 0.0f)) * v_t0));
+            }
         }
     }
 }
@@ -864,11 +950,27 @@ void k_op15_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 3584LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 3584LL) + v_j)) * PTC_LD(p_x0, ((v_r * 3584LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 3584LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 3584LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 3584LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 3584LL) + v_j)) * PTC_LD(p_x0, ((v_r * 3584LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -912,15 +1014,31 @@ void k_op19_0__emu(void *const *a)
     k_op19_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 1, block 224, sm_90: grid 1, block 224 */
-PTC_KERNEL __launch_bounds__(224) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
+/* launch: sm_80: grid 1, block 64, sm_90: grid 1, block 64 */
+PTC_KERNEL __launch_bounds__(64) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 196LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 196LL) + v_j)) * PTC_LD(p_x0, ((v_r * 196LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 196LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 196LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 196LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 196LL) + v_j)) * PTC_LD(p_x0, ((v_r * 196LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
@@ -968,11 +1086,27 @@ void k_op22_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
+    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        for (long long v_j = threadIdx.x; v_j < 1792LL; v_j += blockDim.x) {
-            float y = (PTC_LD(p_x0, ((v_r * 1792LL) + v_j)) * PTC_LD(p_x0, ((v_r * 1792LL) + v_j)));
-            r9 += y;
+        if (ptc_pk) {
+            for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 1792LL; pk_v += (long long)blockDim.x * 4) {
+                __align__(16) float pk_0[4];
+                {
+                    const long long v_j = pk_v;
+                    PTC_LDV(pk_0, p_x0, ((v_r * 1792LL) + v_j), 4);
+                }
+                PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                    PTC_UNUSED const long long v_j = pk_v + pk_u;
+                    float y = (pk_0[pk_u] * pk_0[pk_u]);
+                    r9 += y;
+                }
+            }
+        } else {
+            for (long long v_j = threadIdx.x; v_j < 1792LL; v_j += blockDim.x) {
+                float y = (PTC_LD(p_x0, ((v_r * 1792LL) + v_j)) * PTC_LD(p_x0, ((v_r * 1792LL) + v_j)));
+                r9 += y;
+            }
         }
         r9 = ptc_block_sum(r9, ptc_smem);
         if (threadIdx.x == 0)
