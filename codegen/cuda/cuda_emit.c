@@ -27,10 +27,8 @@ typedef struct em {
     /* a group of flat loops emitted as one (see emit_group): the slot that stands for a
      * parameter (-1: its own name), and the table that stands for a float constant */
     int *slot, *ftab;
-    /* inside a packed loop: its packet (loads and stores of its streams are pk_<i>[pk_u]);
-     * pk_on: the kernel has packed loops (and ptc_pk, whether its arrays are aligned) */
+    /* inside a packed loop: its packet (loads and stores of its streams are pk_<i>[pk_u]) */
     const struct packet *pk;
-    bool pk_on;
 } em;
 
 static void ind(em *e)
@@ -381,9 +379,10 @@ static int64_t const_extent(const ptc_kir *k, int x, int64_t otherwise)
  * times over them (unrolled), and its stores leave 16 bytes at a time. Loaded 2 bytes a thread,
  * GPT-2's bf16 rows kept an H200 at a fifth of its memory bandwidth
  * (bench/results/gpu_profile_kinds_9959d00.txt). Every element is computed by the same
- * expressions as before; only the thread that takes it, and a sum's order, change. A kernel
- * looks at its arrays' addresses once (ptc_pk): where one is not 16-byte aligned, its loops run
- * an element a thread as before. */
+ * expressions as before; only the thread that takes it, and a sum's order, change. A loop over
+ * all of a kernel's iterations (a thread each) is packed the same way. Each packed loop looks at
+ * its arrays' addresses first: where one is not 16-byte aligned, it runs an element a thread as
+ * before. */
 
 #define PACKET_STREAMS 16
 
@@ -542,52 +541,6 @@ static void packet_of_reduce(const ptc_kir *k, int x, packet *pk)
     packet_of(k, e->var, e->a, -1, e->b, pk);
 }
 
-/* the streams of reductions at a row's top level in x (not those nested in another) */
-static void packed_reductions(const ptc_kir *k, int x, uint8_t *used)
-{
-    if (x < 0)
-        return;
-    const ptc_kx *e = &k->x[x];
-    if (!is_reduce(e)) {
-        packed_reductions(k, e->a, used);
-        packed_reductions(k, e->b, used);
-        packed_reductions(k, e->c, used);
-        return;
-    }
-    packet pk;
-    packet_of_reduce(k, x, &pk);
-    for (int i = 0; pk.vec && i < pk.n; i++)
-        used[storage(k, pk.param[i])] = used[pk.param[i]] = 1;
-    packed_reductions(k, e->a, used);
-}
-
-/* marks the parameters that a packed loop of k streams; whether there is one */
-static bool kernel_packets(const ptc_kir *k, uint8_t *used)
-{
-    bool any = false;
-    for (int s = k->body; s >= 0; s = k->s[s].next) {
-        const ptc_ks *st = &k->s[s];
-        if (st->kind != PTC_KS_FOR || !st->parallel || !row_loop(k, st))
-            continue;
-        for (int r = st->body; r >= 0; r = k->s[r].next) {
-            const ptc_ks *b = &k->s[r];
-            packet pk = {0};
-            if (b->kind == PTC_KS_FOR)
-                packet_of_for(k, b, &pk);
-            for (int i = 0; pk.vec && i < pk.n; i++)
-                used[storage(k, pk.param[i])] = used[pk.param[i]] = 1;
-            if (b->kind != PTC_KS_FOR) {
-                packed_reductions(k, b->value, used);
-                if (b->kind == PTC_KS_STORE)
-                    packed_reductions(k, b->index, used);
-            }
-        }
-    }
-    for (int i = 0; i < k->nparams; i++)
-        any = any || used[i];
-    return any;
-}
-
 /* the widest loop or reduction at the top level of a row's body */
 static int64_t row_width(const ptc_kir *k, int s);
 
@@ -656,7 +609,10 @@ void ptc_cuda_launch(const ptc_kir *k, const ptc_cuda_arch *arch, int *grid, int
         if (st->kind != PTC_KS_FOR || !st->parallel)
             continue;
         int64_t n = const_extent(k, st->extent, INT32_MAX);
-        int64_t g = row_loop(k, st) ? n : (n + b - 1) / b;
+        packet pk = {0};
+        if (!row_loop(k, st))
+            packet_of(k, st->var, st->extent, st->body, -1, &pk);
+        int64_t g = row_loop(k, st) ? n : (n / (pk.vec ? pk.vec : 1) + b - 1) / b;
         blocks = g > blocks ? g : blocks;
     }
     int64_t wave = (int64_t)arch->sms * (2048 / b);
@@ -873,14 +829,32 @@ static void close_packet(em *e, const packet *pk, int var)
     fputs("}\n", e->f);
 }
 
-/* a line of the branch on ptc_pk around a packed loop and the loop an element a thread ("if
- * (ptc_pk) {", "} else {", "}"): close levels of indentation end before it, open begin after */
-static void pk_branch(em *e, const char *text, int close, int open)
+/* "if (<pk's arrays at 16-byte boundaries>) {" before a packed loop, "} else {" before the loop
+ * an element a thread, "}" after it */
+static void packet_if(em *e, const packet *pk)
 {
-    e->indent -= close;
     ind(e);
-    fputs(text, e->f);
-    e->indent += open;
+    fputs("if (((", e->f);
+    for (int i = 0; i < pk->n; i++) {
+        int first = 0;
+        while (pk->param[first] != pk->param[i])
+            first++;
+        if (first < i)
+            continue;
+        fputs(i ? " | PTC_ADDR(" : "PTC_ADDR(", e->f);
+        put_param(e, pk->param[i]);
+        fputc(')', e->f);
+    }
+    fputs(") & 15) == 0) {\n", e->f);
+    e->indent++;
+}
+
+static void packet_else(em *e, bool end)
+{
+    e->indent--;
+    ind(e);
+    fputs(end ? "}\n" : "} else {\n", e->f);
+    e->indent += !end;
 }
 
 /* a step of reduction x: y, its operand at this iteration, into r<x> */
@@ -924,14 +898,14 @@ static void emit_reductions(em *e, int x, ctx cx)
     ind(e);
     fprintf(e->f, "float r%d = %s;\n", x, sum ? "0.0f" : "PTC_LOWEST");
     packet pk = {0};
-    if (block && e->pk_on)
+    if (block)
         packet_of_reduce(e->k, x, &pk);
     if (pk.vec) {
-        pk_branch(e, "if (ptc_pk) {\n", 0, 1);
+        packet_if(e, &pk);
         open_packet(e, &pk, p->var, p->a, "threadIdx.x", "blockDim.x");
         reduce_step(e, x);
         close_packet(e, &pk, p->var);
-        pk_branch(e, "} else {\n", 1, 1);
+        packet_else(e, false);
     }
     ind(e);
     fprintf(e->f, "for (long long v_%s = %s; v_%s < ", v, block ? "threadIdx.x" : "0", v);
@@ -944,7 +918,7 @@ static void emit_reductions(em *e, int x, ctx cx)
     ind(e);
     fputs("}\n", e->f);
     if (pk.vec)
-        pk_branch(e, "}\n", 1, 0);
+        packet_else(e, true);
     if (block) {
         ind(e);
         fprintf(e->f, "r%d = %s(r%d, ptc_smem);\n", x, sum ? "ptc_block_sum" : "ptc_block_max", x);
@@ -1229,11 +1203,24 @@ static void emit_for(em *e, const ptc_ks *st, ctx cx)
             memset(e->wr, 0, (size_t)k->nparams);
             emit_list(e, st->body, CX_BLOCK);
             close_loop(e);
-        } else {
+        } else { /* a thread per iteration (or per packet of them) */
+            packet pk;
+            packet_of(k, st->var, st->extent, st->body, -1, &pk);
+            if (pk.vec) {
+                packet_if(e, &pk);
+                open_packet(e, &pk, st->var, st->extent,
+                            "((long long)blockIdx.x * blockDim.x + threadIdx.x)",
+                            "((long long)gridDim.x * blockDim.x)");
+                emit_list(e, st->body, CX_FLAT);
+                close_packet(e, &pk, st->var);
+                packet_else(e, false);
+            }
             open_loop(e, st, "(long long)blockIdx.x * blockDim.x + threadIdx.x",
                       "(long long)gridDim.x * blockDim.x");
             emit_list(e, st->body, CX_FLAT);
             close_loop(e);
+            if (pk.vec)
+                packet_else(e, true);
         }
         return;
     }
@@ -1248,21 +1235,20 @@ static void emit_for(em *e, const ptc_ks *st, ctx cx)
             close_loop(e);
             close_loop(e);
         } else {
-            packet pk = {0};
-            if (e->pk_on)
-                packet_of_for(k, st, &pk);
+            packet pk;
+            packet_of_for(k, st, &pk);
             if (pk.vec) {
-                pk_branch(e, "if (ptc_pk) {\n", 0, 1);
+                packet_if(e, &pk);
                 open_packet(e, &pk, st->var, st->extent, "threadIdx.x", "blockDim.x");
                 emit_list(e, st->body, CX_THREAD);
                 close_packet(e, &pk, st->var);
-                pk_branch(e, "} else {\n", 1, 1);
+                packet_else(e, false);
             }
             open_loop(e, st, "threadIdx.x", "blockDim.x");
             emit_list(e, st->body, CX_THREAD);
             close_loop(e);
             if (pk.vec)
-                pk_branch(e, "}\n", 1, 0);
+                packet_else(e, true);
         }
         return;
     }
@@ -1393,17 +1379,6 @@ void ptc_cuda_emit_kernel(const ptc_kir *k, FILE *f)
         ind(&e);
         fputs("__shared__ float ptc_smem[32];\n", f);
     }
-    uint8_t *used = ptc_xcalloc((size_t)k->nparams + 1, 1);
-    e.pk_on = kernel_packets(k, used);
-    if (e.pk_on) { /* whether the packed loops' arrays start at 16-byte boundaries */
-        ind(&e);
-        fputs("const bool ptc_pk = ((", f);
-        for (int i = 0, n = 0; i < k->nparams; i++)
-            if (used[i])
-                fprintf(f, "%sPTC_ADDR(p_%s)", n++ ? " | " : "", k->params[i].name);
-        fputs(") & 15) == 0;\n", f);
-    }
-    free(used);
     emit_list(&e, k->body, CX_TOP);
     free(e.rd);
     fputs("}\n", f);

@@ -1209,8 +1209,9 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
     }
 }
 
-/* A row's loop takes 16 bytes of each array a thread (cuda_emit.c's packets) where every store
- * and the loads it streams sit at base + j, the base a multiple of the packet; a load elsewhere
+/* A row's loop (or a kernel's loop, a thread per iteration) takes 16 bytes of each array a thread
+ * (cuda_emit.c's packets) where every store and the loads it streams sit at base + j, the base a
+ * multiple of the packet; a load elsewhere
  * stays a load of one element; a loop that reads an array after storing it, stores elsewhere or
  * is not a multiple of the packet long is left an element a thread. Each kernel then runs
  * emulated, its arrays at 16-byte boundaries and one element off them, against the
@@ -1218,7 +1219,7 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
 Test(cuda, rows_packed_where_16_byte_loads_fit)
 {
     static const struct {
-        const char *row; /* inside `for r < 4 parallel { ... }` */
+        const char *row; /* inside `for r < 4 parallel { ... }`; "|..." the kernel's body */
         bool packed;
     } cases[] = {
         {"for j < 16 { y[r * 16 + j] = x[r * 16 + j] * 2.0 }", true},
@@ -1232,16 +1233,19 @@ Test(cuda, rows_packed_where_16_byte_loads_fit)
         {"for j < 14 { y[r * 16 + j] = x[r * 16 + j] }", false},
         {"n[r] = sum(i < 62: w[r * 64 + i])", false},
         {"for j < 16 { yb[r * 20 + j] = xb[r * 16 + j] }", false},
+        /* a thread per iteration of the kernel's loop */
+        {"|for i < 80 parallel { yb[i] = xb[i] * x[i] y[i] = x[i] + xb[(i * 7) % 80] }", true},
+        {"|for i < 78 parallel { y[i] = x[i] * 2.0 }", false},
     };
     enum { N = sizeof cases / sizeof cases[0] };
     ptc_kir *ks[N];
     for (int c = 0; c < N; c++) {
         char text[1024], err[512];
+        bool flat = cases[c].row[0] == '|';
         snprintf(text, sizeof text,
                  "kernel pk%d(x: f32[80], xb: bf16[80], w: f32[256], wb: bf16[256], "
-                 "y: out f32[80], yb: out bf16[80], n: out f32[4]) {\n"
-                 "for r < 4 parallel {\n%s\n}\n}\n",
-                 c, cases[c].row);
+                 "y: out f32[80], yb: out bf16[80], n: out f32[4]) {\n%s%s%s\n}\n",
+                 c, flat ? "" : "for r < 4 parallel {\n", cases[c].row + flat, flat ? "" : "\n}");
         ks[c] = ptc_kir_parse_text(text, err, sizeof err);
         cr_assert_not_null(ks[c], "%s\n%s", err, text);
         char *buf = NULL;
@@ -1249,7 +1253,7 @@ Test(cuda, rows_packed_where_16_byte_loads_fit)
         FILE *f = open_memstream(&buf, &len);
         ptc_cuda_emit_kernel(ks[c], f);
         fclose(f);
-        bool packed = strstr(buf, "if (ptc_pk) {") != NULL;
+        bool packed = strstr(buf, "if (((PTC_ADDR(") != NULL;
         cr_expect(packed == cases[c].packed, "case %d (%s): %s\n%s", c, cases[c].row,
                   packed ? "packed" : "not packed", buf);
         free(buf);

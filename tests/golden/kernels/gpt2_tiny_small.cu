@@ -119,9 +119,8 @@ PTC_DEVICE float ptc_block_max(float v, float *sm)
 PTC_KERNEL __launch_bounds__(32) k_f0_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, float *p_y0, float *PTC_RESTRICT p_y1)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_x3) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -149,7 +148,7 @@ PTC_KERNEL __launch_bounds__(32) k_f0_add_layernorm(float *p_x0, const float *PT
         }
         __syncthreads();
         float r28 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -171,7 +170,7 @@ PTC_KERNEL __launch_bounds__(32) k_f0_add_layernorm(float *p_x0, const float *PT
         r28 = ptc_block_sum(r28, ptc_smem);
         const float v_t4 = (r28 / 64.0f);
         float r40 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -193,7 +192,7 @@ PTC_KERNEL __launch_bounds__(32) k_f0_add_layernorm(float *p_x0, const float *PT
         r40 = ptc_block_sum(r40, ptc_smem);
         const float v_t6 = (r40 / 64.0f);
         const float v_t7 = (1.0f / sqrtf((v_t6 + 9.99999975e-06f)));
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0) | PTC_ADDR(p_x2) | PTC_ADDR(p_x3) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -231,9 +230,8 @@ void k_f0_add_layernorm__emu(void *const *a)
 /* launch: sm_80: grid 16, block 32, sm_90: grid 16, block 32 */
 PTC_KERNEL __launch_bounds__(32) k_f1_add_split(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_y1, float *PTC_RESTRICT p_y2)
 {
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1) | PTC_ADDR(p_y2)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -257,7 +255,7 @@ PTC_KERNEL __launch_bounds__(32) k_f1_add_split(const float *PTC_RESTRICT p_x0, 
                 PTC_ST(p_y0, ((v_r * 64LL) + v_t1), (PTC_LD(p_x0, ((v_r * 192LL) + (0LL + v_t1))) + PTC_LD(p_x1, (0LL + v_t1))));
             }
         }
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -281,7 +279,7 @@ PTC_KERNEL __launch_bounds__(32) k_f1_add_split(const float *PTC_RESTRICT p_x0, 
                 PTC_ST(p_y1, ((v_r * 64LL) + v_t2), (PTC_LD(p_x0, ((v_r * 192LL) + (64LL + v_t2))) + PTC_LD(p_x1, (64LL + v_t2))));
             }
         }
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y2)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -318,9 +316,8 @@ void k_f1_add_split__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(32) k_f2_add_add_layernorm(float *p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, const float *PTC_RESTRICT p_x3, const float *PTC_RESTRICT p_x4, float *p_y0, float *PTC_RESTRICT p_y1)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_x3) | PTC_ADDR(p_x4) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -352,7 +349,7 @@ PTC_KERNEL __launch_bounds__(32) k_f2_add_add_layernorm(float *p_x0, const float
         }
         __syncthreads();
         float r27 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -374,7 +371,7 @@ PTC_KERNEL __launch_bounds__(32) k_f2_add_add_layernorm(float *p_x0, const float
         r27 = ptc_block_sum(r27, ptc_smem);
         const float v_t5 = (r27 / 64.0f);
         float r39 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -396,7 +393,7 @@ PTC_KERNEL __launch_bounds__(32) k_f2_add_add_layernorm(float *p_x0, const float
         r39 = ptc_block_sum(r39, ptc_smem);
         const float v_t7 = (r39 / 64.0f);
         const float v_t8 = (1.0f / sqrtf((v_t7 + 9.99999975e-06f)));
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y0) | PTC_ADDR(p_x3) | PTC_ADDR(p_x4) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -434,9 +431,8 @@ void k_f2_add_add_layernorm__emu(void *const *a)
 /* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
 PTC_KERNEL __launch_bounds__(64) k_f3_add_gelu(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0, float *PTC_RESTRICT p_y1)
 {
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -481,14 +477,13 @@ void k_f3_add_gelu__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(64) k_f4_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0;
     const float v_t0 = (PTC_LD(p_x2, 0LL) / 16.0f);
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -511,7 +506,7 @@ PTC_KERNEL __launch_bounds__(64) k_f4_cross_entropy_with_grad(float *p_x0, const
         const float v_t6 = r27;
         const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -535,7 +530,7 @@ PTC_KERNEL __launch_bounds__(64) k_f4_cross_entropy_with_grad(float *p_x0, const
         }
         __syncthreads();
         float r54 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -559,7 +554,7 @@ PTC_KERNEL __launch_bounds__(64) k_f4_cross_entropy_with_grad(float *p_x0, const
         if (threadIdx.x == 0)
             PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -593,9 +588,8 @@ void k_f4_cross_entropy_with_grad__emu(void *const *a)
 /* launch: sm_80: grid 16, block 64, sm_90: grid 16, block 64 */
 PTC_KERNEL __launch_bounds__(64) k_f5_gelu_again_gelu_grad(float *p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0, float *p_y1)
 {
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0) | PTC_ADDR(p_y1)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_y0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -634,7 +628,7 @@ void k_f5_gelu_again_gelu_grad__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
+/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_f6_adamw_x28(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *p_x2, float *p_x3, float *p_x4, const float *PTC_RESTRICT p_x5, const float *PTC_RESTRICT p_x6, const float *PTC_RESTRICT p_x7, float *p_x8, float *p_x9, float *p_x10, const float *PTC_RESTRICT p_x11, float *p_x12, float *p_x13, float *p_x14, const float *PTC_RESTRICT p_x15, float *p_x16, float *p_x17, float *p_x18, const float *PTC_RESTRICT p_x19, float *p_x20, float *p_x21, float *p_x22, const float *PTC_RESTRICT p_x23, float *p_x24, float *p_x25, float *p_x26, const float *PTC_RESTRICT p_x27, float *p_x28, float *p_x29, float *p_x30, const float *PTC_RESTRICT p_x31, float *p_x32, float *p_x33, float *p_x34, const float *PTC_RESTRICT p_x35, float *p_x36, float *p_x37, float *p_x38, const float *PTC_RESTRICT p_x39, float *p_x40, float *p_x41, float *p_x42, const float *PTC_RESTRICT p_x43, float *p_x44, float *p_x45, float *p_x46, const float *PTC_RESTRICT p_x47, float *p_x48, float *p_x49, float *p_x50, const float *PTC_RESTRICT p_x51, float *p_x52, float *p_x53, float *p_x54, const float *PTC_RESTRICT p_x55, float *p_x56, float *p_x57, float *p_x58, const float *PTC_RESTRICT p_x59, float *p_x60, float *p_x61, float *p_x62, const float *PTC_RESTRICT p_x63, float *p_x64, float *p_x65, float *p_x66, const float *PTC_RESTRICT p_x67, float *p_x68, float *p_x69, float *p_x70, const float *PTC_RESTRICT p_x71, float *p_x72, float *p_x73, float *p_x74, const float *PTC_RESTRICT p_x75, float *p_x76, float *p_x77, float *p_x78, const float *PTC_RESTRICT p_x79, float *p_x80, float *p_x81, float *p_x82, const float *PTC_RESTRICT p_x83, float *p_x84, float *p_x85, float *p_x86, const float *PTC_RESTRICT p_x87, float *p_x88, float *p_x89, float *p_x90, const float *PTC_RESTRICT p_x91, float *p_x92, float *p_x93, float *p_x94, const float *PTC_RESTRICT p_x95, float *p_x96, float *p_x97, float *p_x98, const float *PTC_RESTRICT p_x99, float *p_x100, float *p_x101, float *p_x102, const float *PTC_RESTRICT p_x103, float *p_x104, float *p_x105, float *p_x106, const float *PTC_RESTRICT p_x107, float *p_x108, float *p_x109, float *p_x110, const float *PTC_RESTRICT p_x111, float *p_x112, float *p_x113, float *p_x114, float *p_y0, float *p_y1, float *p_y2, float *p_y3, float *p_y4, float *p_y5, float *p_y6, float *p_y7, float *p_y8, float *p_y9, float *p_y10, float *p_y11, float *p_y12, float *p_y13, float *p_y14, float *p_y15, float *p_y16, float *p_y17, float *p_y18, float *p_y19, float *p_y20, float *p_y21, float *p_y22, float *p_y23, float *p_y24, float *p_y25, float *p_y26, float *p_y27, float *p_y28, float *p_y29, float *p_y30, float *p_y31, float *p_y32, float *p_y33, float *p_y34, float *p_y35, float *p_y36, float *p_y37, float *p_y38, float *p_y39, float *p_y40, float *p_y41, float *p_y42, float *p_y43, float *p_y44, float *p_y45, float *p_y46, float *p_y47, float *p_y48, float *p_y49, float *p_y50, float *p_y51, float *p_y52, float *p_y53, float *p_y54, float *p_y55, float *p_y56, float *p_y57, float *p_y58, float *p_y59, float *p_y60, float *p_y61, float *p_y62, float *p_y63, float *p_y64, float *p_y65, float *p_y66, float *p_y67, float *p_y68, float *p_y69, float *p_y70, float *p_y71, float *p_y72, float *p_y73, float *p_y74, float *p_y75, float *p_y76, float *p_y77, float *p_y78, float *p_y79, float *p_y80, float *p_y81, float *p_y82, float *p_y83)
 {
     const float v_t0 = PTC_LD(p_x5, 0LL);
@@ -1029,11 +1023,25 @@ void k_attn0_bwd_q__emu(void *const *a)
     k_attn0_bwd_q((const attn0_T *)a[0], (const attn0_T *)a[1], (const attn0_T *)a[2], (const attn0_T *)a[3], (const float *)a[4], (const float *)a[5], (attn0_T *)a[6]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 1024LL; v_e += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 64LL)) * 64LL) + (v_e % 64LL)) : 0LL)) : PTC_NAN));
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_e = pk_v + pk_u;
+                pk_0[pk_u] = ((((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 64LL)) * 64LL) + (v_e % 64LL)) : 0LL)) : PTC_NAN));
+            }
+            {
+                const long long v_e = pk_v;
+                PTC_STV(p_y0, v_e, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 1024LL; v_e += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 64LL))) ? ((long long)PTC_LD(p_x1, (v_e / 64LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 64LL)) * 64LL) + (v_e % 64LL)) : 0LL)) : PTC_NAN));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1042,11 +1050,25 @@ void k_op0_0__emu(void *const *a)
     k_op0_0((const float *)a[0], (const int *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 2, block 256, sm_90: grid 2, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op1_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 512LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, PTC_LD(p_x0, (((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))));
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 512LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_0[pk_u] = (PTC_LD(p_x0, (((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 512LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, PTC_LD(p_x0, (((v_i / 512LL) * 4096LL) + ((v_i % 512LL) + 0LL))));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1090,10 +1112,9 @@ void k_op3_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_x2) | PTC_ADDR(p_y0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 16LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1115,7 +1136,7 @@ PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const f
         r9 = ptc_block_sum(r9, ptc_smem);
         const float v_t2 = (r9 * 0.015625f);
         float r21 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1142,7 +1163,7 @@ PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const f
         if (threadIdx.x == 0)
             PTC_ST(p_s, ((v_r * 2LL) + 1LL), v_t4);
         float r44 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x2) | PTC_ADDR(p_x1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -1166,7 +1187,7 @@ PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const f
         r44 = ptc_block_sum(r44, ptc_smem);
         const float v_t6 = (r44 * 0.015625f);
         float r63 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x2) | PTC_ADDR(p_x1) | PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -1191,7 +1212,7 @@ PTC_KERNEL __launch_bounds__(32) k_op4_0(const float *PTC_RESTRICT p_x0, const f
         }
         r63 = ptc_block_sum(r63, ptc_smem);
         const float v_t8 = (r63 * 0.015625f);
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x2) | PTC_ADDR(p_x1) | PTC_ADDR(p_x0) | PTC_ADDR(p_y0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -1285,11 +1306,32 @@ void k_op7_0__emu(void *const *a)
     k_op7_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op8_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1298,11 +1340,25 @@ void k_op8_0__emu(void *const *a)
     k_op8_0((const float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 12, block 256, sm_90: grid 12, block 256 */
+/* launch: sm_80: grid 3, block 256, sm_90: grid 3, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op9_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3072LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)) : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x1, (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)) : PTC_LD(p_x2, (((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)))));
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 3072LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_0[pk_u] = ((((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)) : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x1, (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)) : PTC_LD(p_x2, (((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)))));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3072LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 192LL) - 0LL)) ? (((v_i % 192LL) - 0LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 0LL)) : 0LL)) : (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? PTC_LD(p_x1, (((0LL <= ((v_i % 192LL) - 64LL)) ? (((v_i % 192LL) - 64LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 64LL)) : 0LL)) : PTC_LD(p_x2, (((0LL <= ((v_i % 192LL) - 128LL)) ? (((v_i % 192LL) - 128LL) < 64LL) : (1LL < 0LL)) ? (((v_i / 192LL) * 64LL) + ((v_i % 192LL) - 128LL)) : 0LL)))));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1329,11 +1385,32 @@ void k_op10_0__emu(void *const *a)
     k_op10_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op11_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1360,11 +1437,25 @@ void k_op12_0__emu(void *const *a)
     k_op12_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op13_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)) : 0.0f));
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 4096LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_0[pk_u] = ((((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)) : 0.0f));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 4096LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= ((v_i % 4096LL) - 0LL)) ? (((v_i % 4096LL) - 0LL) < 512LL) : (1LL < 0LL)) ? (((v_i / 4096LL) * 512LL) + ((v_i % 4096LL) - 0LL)) : 0LL)) : 0.0f));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1373,11 +1464,25 @@ void k_op13_0__emu(void *const *a)
     k_op13_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
+/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op14_0(float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, 0.0f);
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 16384LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_0[pk_u] = (0.0f);
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, 0.0f);
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1410,11 +1515,32 @@ void k_op14_1__emu(void *const *a)
     k_op14_1((const int *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 64, block 256, sm_90: grid 64, block 256 */
+/* launch: sm_80: grid 16, block 256, sm_90: grid 16, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op16_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 16384LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 16384LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -1427,10 +1553,9 @@ void k_op16_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_s)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 2LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 8192LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1482,10 +1607,9 @@ void k_op17_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op19_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 4096LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1532,10 +1656,9 @@ void k_op20_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(32) k_op21_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 64LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1603,10 +1726,9 @@ void k_op23_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(64) k_op24_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 192LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1640,10 +1762,9 @@ void k_op24_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(64) k_op25_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {

@@ -149,14 +149,13 @@ void k_f0_add_rmsnorm__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(64) k_f1_cross_entropy_with_grad(float *p_x0, const int *PTC_RESTRICT p_x1, const float *PTC_RESTRICT p_x2, float *PTC_RESTRICT p_y0, float *p_y1)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0;
     const float v_t0 = (PTC_LD(p_x2, 0LL) / 8.0f);
     for (long long v_r = blockIdx.x; v_r < 8LL; v_r += gridDim.x) {
         const long long v_t2 = (long long)PTC_LD(p_x1, v_r);
         const int v_t3 = ((v_t2 < 0LL) ? (1LL < 0LL) : (v_t2 < 256LL));
         const long long v_t4 = (v_t3 ? v_t2 : 0LL);
         float r27 = PTC_LOWEST;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -179,7 +178,7 @@ PTC_KERNEL __launch_bounds__(64) k_f1_cross_entropy_with_grad(float *p_x0, const
         const float v_t6 = r27;
         const float v_t7 = PTC_LD(p_x0, ((v_r * 256LL) + v_t4));
         __syncthreads();
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0) | PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -203,7 +202,7 @@ PTC_KERNEL __launch_bounds__(64) k_f1_cross_entropy_with_grad(float *p_x0, const
         }
         __syncthreads();
         float r54 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -227,7 +226,7 @@ PTC_KERNEL __launch_bounds__(64) k_f1_cross_entropy_with_grad(float *p_x0, const
         if (threadIdx.x == 0)
             PTC_ST(p_y0, v_r, (v_t3 ? ((logf(v_t10) + v_t6) - v_t7) : (0.0f / 0.0f)));
         const float v_t11 = (1.0f / v_t10);
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_y1)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 256LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 __align__(16) float pk_1[4];
@@ -258,7 +257,7 @@ void k_f1_cross_entropy_with_grad__emu(void *const *a)
 }
 #endif
 
-/* launch: sm_80: grid 14, block 256, sm_90: grid 14, block 256 */
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_f2_adamw_x21(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *p_x2, float *p_x3, float *p_x4, const float *PTC_RESTRICT p_x5, const float *PTC_RESTRICT p_x6, const float *PTC_RESTRICT p_x7, float *p_x8, float *p_x9, float *p_x10, const float *PTC_RESTRICT p_x11, float *p_x12, float *p_x13, float *p_x14, const float *PTC_RESTRICT p_x15, float *p_x16, float *p_x17, float *p_x18, const float *PTC_RESTRICT p_x19, float *p_x20, float *p_x21, float *p_x22, const float *PTC_RESTRICT p_x23, float *p_x24, float *p_x25, float *p_x26, const float *PTC_RESTRICT p_x27, float *p_x28, float *p_x29, float *p_x30, const float *PTC_RESTRICT p_x31, float *p_x32, float *p_x33, float *p_x34, const float *PTC_RESTRICT p_x35, float *p_x36, float *p_x37, float *p_x38, const float *PTC_RESTRICT p_x39, float *p_x40, float *p_x41, float *p_x42, const float *PTC_RESTRICT p_x43, float *p_x44, float *p_x45, float *p_x46, const float *PTC_RESTRICT p_x47, float *p_x48, float *p_x49, float *p_x50, const float *PTC_RESTRICT p_x51, float *p_x52, float *p_x53, float *p_x54, const float *PTC_RESTRICT p_x55, float *p_x56, float *p_x57, float *p_x58, const float *PTC_RESTRICT p_x59, float *p_x60, float *p_x61, float *p_x62, const float *PTC_RESTRICT p_x63, float *p_x64, float *p_x65, float *p_x66, const float *PTC_RESTRICT p_x67, float *p_x68, float *p_x69, float *p_x70, const float *PTC_RESTRICT p_x71, float *p_x72, float *p_x73, float *p_x74, const float *PTC_RESTRICT p_x75, float *p_x76, float *p_x77, float *p_x78, const float *PTC_RESTRICT p_x79, float *p_x80, float *p_x81, float *p_x82, const float *PTC_RESTRICT p_x83, float *p_x84, float *p_x85, float *p_x86, float *p_y0, float *p_y1, float *p_y2, float *p_y3, float *p_y4, float *p_y5, float *p_y6, float *p_y7, float *p_y8, float *p_y9, float *p_y10, float *p_y11, float *p_y12, float *p_y13, float *p_y14, float *p_y15, float *p_y16, float *p_y17, float *p_y18, float *p_y19, float *p_y20, float *p_y21, float *p_y22, float *p_y23, float *p_y24, float *p_y25, float *p_y26, float *p_y27, float *p_y28, float *p_y29, float *p_y30, float *p_y31, float *p_y32, float *p_y33, float *p_y34, float *p_y35, float *p_y36, float *p_y37, float *p_y38, float *p_y39, float *p_y40, float *p_y41, float *p_y42, float *p_y43, float *p_y44, float *p_y45, float *p_y46, float *p_y47, float *p_y48, float *p_y49, float *p_y50, float *p_y51, float *p_y52, float *p_y53, float *p_y54, float *p_y55, float *p_y56, float *p_y57, float *p_y58, float *p_y59, float *p_y60, float *p_y61, float *p_y62)
 {
     const float v_t0 = PTC_LD(p_x5, 0LL);
@@ -649,8 +648,22 @@ void k_attn0_bwd_q__emu(void *const *a)
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op0_0(const float *PTC_RESTRICT p_x0, const int *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 112LL; v_e += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 14LL)) * 14LL) + (v_e % 14LL)) : 0LL)) : PTC_NAN));
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 112LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_e = pk_v + pk_u;
+                pk_0[pk_u] = ((((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 14LL)) * 14LL) + (v_e % 14LL)) : 0LL)) : PTC_NAN));
+            }
+            {
+                const long long v_e = pk_v;
+                PTC_STV(p_y0, v_e, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_e = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_e < 112LL; v_e += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_e, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? PTC_LD(p_x0, (((0LL <= (long long)PTC_LD(p_x1, (v_e / 14LL))) ? ((long long)PTC_LD(p_x1, (v_e / 14LL)) < 256LL) : (1LL < 0LL)) ? (((long long)PTC_LD(p_x1, (v_e / 14LL)) * 14LL) + (v_e % 14LL)) : 0LL)) : PTC_NAN));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -722,11 +735,30 @@ void k_op3_0__emu(void *const *a)
     k_op3_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op4_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i)))))));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_1[pk_u] = ((pk_0[pk_u] * (1.0f / (1.0f + expf((-pk_0[pk_u]))))));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_1, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i)))))));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -735,11 +767,32 @@ void k_op4_0__emu(void *const *a)
     k_op4_0((const float *)a[0], (float *)a[1]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op5_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] * pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) * PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -830,11 +883,32 @@ void k_op8_1__emu(void *const *a)
     k_op8_1((const float *)a[0], (const float *)a[1], (const float *)a[2], (float *)a[3]);
 }
 #endif
-/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
+/* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op10_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (((1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))) * (1.0f + (PTC_LD(p_x0, v_i) * (1.0f - (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))))))) * PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 1024LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((((1.0f / (1.0f + expf((-pk_0[pk_u])))) * (1.0f + (pk_0[pk_u] * (1.0f - (1.0f / (1.0f + expf((-pk_0[pk_u])))))))) * pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 1024LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (((1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))) * (1.0f + (PTC_LD(p_x0, v_i) * (1.0f - (1.0f / (1.0f + expf((-PTC_LD(p_x0, v_i))))))))) * PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -846,8 +920,29 @@ void k_op10_0__emu(void *const *a)
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op11_0(const float *PTC_RESTRICT p_x0, const float *PTC_RESTRICT p_x1, float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 112LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -899,8 +994,29 @@ void k_op13_0__emu(void *const *a)
 /* launch: sm_80: grid 1, block 256, sm_90: grid 1, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op14_0(float *p_x0, const float *PTC_RESTRICT p_x1, float *p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+    if (((PTC_ADDR(p_x0) | PTC_ADDR(p_x1) | PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 112LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            __align__(16) float pk_1[4];
+            __align__(16) float pk_2[4];
+            {
+                const long long v_i = pk_v;
+                PTC_LDV(pk_0, p_x0, v_i, 4);
+                PTC_LDV(pk_1, p_x1, v_i, 4);
+            }
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_2[pk_u] = ((pk_0[pk_u] + pk_1[pk_u]));
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_2, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 112LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, (PTC_LD(p_x0, v_i) + PTC_LD(p_x1, v_i)));
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -909,11 +1025,25 @@ void k_op14_0__emu(void *const *a)
     k_op14_0((float *)a[0], (const float *)a[1], (float *)a[2]);
 }
 #endif
-/* launch: sm_80: grid 14, block 256, sm_90: grid 14, block 256 */
+/* launch: sm_80: grid 4, block 256, sm_90: grid 4, block 256 */
 PTC_KERNEL __launch_bounds__(256) k_op15_0(float *PTC_RESTRICT p_y0)
 {
-    for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3584LL; v_i += (long long)gridDim.x * blockDim.x) {
-        PTC_ST(p_y0, v_i, 0.0f);
+    if (((PTC_ADDR(p_y0)) & 15) == 0) {
+        for (long long pk_v = (long long)((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4; pk_v < 3584LL; pk_v += (long long)((long long)gridDim.x * blockDim.x) * 4) {
+            __align__(16) float pk_0[4];
+            PTC_UNROLL for (int pk_u = 0; pk_u < 4; pk_u++) {
+                PTC_UNUSED const long long v_i = pk_v + pk_u;
+                pk_0[pk_u] = (0.0f);
+            }
+            {
+                const long long v_i = pk_v;
+                PTC_STV(p_y0, v_i, pk_0, 4);
+            }
+        }
+    } else {
+        for (long long v_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; v_i < 3584LL; v_i += (long long)gridDim.x * blockDim.x) {
+            PTC_ST(p_y0, v_i, 0.0f);
+        }
     }
 }
 #ifdef PTC_CUDA_EMULATE
@@ -950,10 +1080,9 @@ void k_op15_1__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op17_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 3584LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1018,10 +1147,9 @@ void k_op19_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(64) k_op20_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 196LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
@@ -1086,10 +1214,9 @@ void k_op22_0__emu(void *const *a)
 PTC_KERNEL __launch_bounds__(256) k_op23_0(const float *PTC_RESTRICT p_x0, float *PTC_RESTRICT p_y0)
 {
     __shared__ float ptc_smem[32];
-    const bool ptc_pk = ((PTC_ADDR(p_x0)) & 15) == 0;
     for (long long v_r = blockIdx.x; v_r < 1LL; v_r += gridDim.x) {
         float r9 = 0.0f;
-        if (ptc_pk) {
+        if (((PTC_ADDR(p_x0)) & 15) == 0) {
             for (long long pk_v = (long long)threadIdx.x * 4; pk_v < 1792LL; pk_v += (long long)blockDim.x * 4) {
                 __align__(16) float pk_0[4];
                 {
