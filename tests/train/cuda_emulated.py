@@ -9,7 +9,9 @@ gradients (--dump-grads) within 1e-4 of each tensor's largest (2e-2 in 16 bits),
 and mesh below. Plans of several ranks run them as threads; their collectives go through NCCL
 where each rank has its own (emulated) GPU, through the device communicator in the GPU's memory
 where all share one (runtime/comm/inproc.h, ptrt_inproc_new_on), else through host memory
-(runtime/comm/staged.h): each case checks the run chose the one it should.
+(runtime/comm/staged.h): each case checks the run chose the one it should. Where NVRTC is
+installed, each unit the emulation builds is compiled by NVRTC too (PTC_CUDA_EMULATED_NVRTC), and
+one it refuses fails the case as it would fail on a GPU.
 
 Under mpirun (where the machine has it and the build has MPI), the ranks run as processes: NCCL
 across processes (each group's ncclUniqueId through MPI, the emulated NCCL moving its bytes over
@@ -191,7 +193,26 @@ def mpi_cases(wd):
                   'run on threads (worst %.2e)' % (what, worst))
 
 
+def nvrtc_installed():
+    """Whether the CUDA backend would find NVRTC (cudalib.c: $CUDA_HOME/lib64, the toolkit's
+    /usr/local/cuda/lib64, the loader's path)."""
+    dirs = [os.path.join(os.environ['CUDA_HOME'], 'lib64')] if os.environ.get('CUDA_HOME') else []
+    dirs.append('/usr/local/cuda/lib64')
+    names = ('libnvrtc.so.13', 'libnvrtc.so.12', 'libnvrtc.so')
+    if any(os.path.exists(os.path.join(d, n)) for d in dirs for n in names):
+        return True
+    ldconfig = subprocess.run(['ldconfig', '-p'], capture_output=True, text=True)
+    return any(n + ' ' in ldconfig.stdout for n in names)
+
+
 def main():
+    if DEVICE == 'cuda-emulated':
+        # every unit the emulation builds goes through NVRTC too (cuda_emulated.c's nvrtc_too):
+        # the host compiler took C that NVRTC refused, and only a GPU found it (2026-11-27)
+        if nvrtc_installed():
+            os.environ['PTC_CUDA_EMULATED_NVRTC'] = '1'
+        else:
+            print('note: no NVRTC here; the emulated kernels are not also compiled by NVRTC')
     with tempfile.TemporaryDirectory() as wd:
         for case in CASES:
             name, model, flags = case[:3]

@@ -837,11 +837,28 @@ static void remove_built(void)
     }
 }
 
+/* PTC_CUDA_EMULATED_NVRTC=1 (tests/train/cuda_emulated.py sets it where NVRTC is installed):
+ * each unit the emulation builds is first compiled by NVRTC for the emulated GPU's architecture
+ * too, and a unit NVRTC refuses fails as it would on a GPU. The host compiler takes C that NVRTC
+ * does not: the moe routing kernels' unsigned __int128, which NVRTC takes only with
+ * --device-int128, ran here and failed on the first H200 that ran it (2026-11-27). */
+static int nvrtc_too(const char *src, const char *name, int sm, char *err, size_t errn)
+{
+    const char *v = getenv("PTC_CUDA_EMULATED_NVRTC");
+    if (!v || !*v || !strcmp(v, "0"))
+        return 0;
+    if (ptrt_cuda_open(PTRT_CUDA_NVRTC, err, errn) < 0)
+        return -1;
+    int cached = 0;
+    char *ptx = ptrt_nvrtc_compile(src, name, sm, NULL, &cached, err, errn);
+    free(ptx);
+    return ptx ? 0 : -1;
+}
+
 /* the unit and cuda_emu.h into a temporary directory, cc into a shared object there; once per
  * distinct unit and process */
 static char *emu_compile(const char *src, const char *name, int sm, char *err, size_t errn)
 {
-    (void)name, (void)sm;
     ptc_hash64_state h;
     ptc_hash64_init(&h, 0x656d75ull);
     ptc_hash64_update(&h, src, strlen(src));
@@ -851,7 +868,7 @@ static char *emu_compile(const char *src, const char *name, int sm, char *err, s
     for (int i = 0; i < nbuilt && !image; i++)
         if (built[i].hash == key)
             image = ptc_xstrdup(built[i].image);
-    if (!image && (image = build(src, err, errn))) {
+    if (!image && nvrtc_too(src, name, sm, err, errn) == 0 && (image = build(src, err, errn))) {
         if (nbuilt == 0)
             atexit(remove_built);
         PTC_GROW(built, capbuilt, nbuilt);
