@@ -39,6 +39,11 @@ typedef struct ptc_recompute_pin {
     ptc_recompute policy;
 } ptc_recompute_pin;
 
+/* How many microbatches a pipeline schedule keeps in flight on rank r of pp, M microbatches:
+ * 1F1B's min(pp - r, M) (also the interleaved schedule's, per chunk-microbatch: see
+ * ptc_pp_stage_inflight), GPipe's M, zero bubble H1's min(pp, M) (its weight gradients wait) */
+typedef enum { PTC_INFLIGHT_1F1B, PTC_INFLIGHT_ALL, PTC_INFLIGHT_PP } ptc_pp_inflight;
+
 typedef struct ptc_compile_opts {
     bool train;        /* build the whole training step (autodiff + optimizer), not just forward */
     ptc_mesh mesh;     /* naxes 0: single device */
@@ -60,6 +65,9 @@ typedef struct ptc_compile_opts {
     /* pipeline: the mesh's "pp" axis cut into pp x virtual_stages stages (virtual stages > 1:
      * the interleaved schedule's model chunks); --stages: layers per (virtual) stage */
     int virtual_stages;
+    /* the microbatches each pipeline rank keeps in flight under the schedule, which the stage
+     * cut weighs (pipeline.c) */
+    ptc_pp_inflight pp_inflight;
     const int *stage_layers;
     int nstage_layers;
     ptc_recompute recompute;
@@ -101,6 +109,9 @@ int ptc_pass_optimizer(ptc_pass_ctx *ctx);
 int ptc_pass_partition(ptc_pass_ctx *ctx);
 int ptc_pass_moe_ep(ptc_pass_ctx *ctx);
 int ptc_pass_pipeline(ptc_pass_ctx *ctx);
+/* The microbatches whose activations pipeline stage s of S (pp ranks of S / pp chunks) keeps at
+ * once under rule (the interleaved schedule's with S > pp), as the stage cut weighs them */
+double ptc_pp_stage_inflight(ptc_pp_inflight rule, int microbatches, int pp, int S, int s);
 
 /* The graph builder as passes use it: ptc_build, except that a failure (a bug in the pass: its
  * nodes must be valid) becomes the pass's internal error in err, *failed is set, and every later

@@ -16,9 +16,10 @@
  * contiguous runs of units: the first holds pre, the last post. Without --stages the cut
  * minimises the largest stage's compute (forward + backward flops and bytes, from ir/cost.c), and
  * among cuts within 2% of that spreads compute and memory evenly: model states (parameters,
- * gradients and Adam moments: 16 bytes a parameter) and, with microbatches, the gradient
- * accumulators of weights read on more than one stage (split_tied_sums) - so the embedding and
- * the head weigh in with their compute and their memory.
+ * gradients and Adam moments: 16 bytes a parameter), with microbatches the gradient accumulators
+ * of weights read on more than one stage (split_tied_sums), and the activations each stage keeps
+ * times the microbatches its schedule keeps in flight - so the embedding and the head weigh in
+ * with their compute and their memory, and 1F1B's first stages with their activations.
  *
  * Recompute (Korthikanti et al. 2022): full marks every forward node of a layer except those whose
  * result leaves the layer (the next layer's input is kept); selective marks the attention core.
@@ -70,6 +71,7 @@ typedef struct unit {
     size_t len;        /* the layer prefix's length */
     double cost;       /* forward + backward work (flops + bytes / 4) */
     double mem;        /* model state bytes */
+    double act;        /* forward results the backward reads (not recomputed): one microbatch's */
 } unit;
 
 typedef struct pl {
@@ -322,6 +324,54 @@ static void unit_costs(pl *P)
     free(rd);
 }
 
+/* The activations each unit keeps for the backward, one microbatch's: forward results a node
+ * outside the forward reads, unless recomputed (mark_recompute runs first). A value's type is the
+ * whole step's (the partitioner places it over the axis mb), so a microbatch keeps a share. */
+static void unit_activations(pl *P)
+{
+    ptc_graph *g = P->g;
+    bool *kept = ptc_xcalloc((size_t)(g->nvalues ? g->nvalues : 1), 1);
+    for (int i = 0; i < g->nnodes; i++) {
+        const ptc_node *n = &g->nodes[i];
+        if (P->fwd[i])
+            continue;
+        for (int k = 0; k < n->nin; k++) {
+            int d = g->values[n->in[k]].def;
+            if (P->fwd[d] && P->unit[d] >= 0 && !g->nodes[d].recompute)
+                kept[n->in[k]] = true;
+        }
+    }
+    int m = P->o->microbatches > 1 ? P->o->microbatches : 1;
+    for (int v = 0; v < g->nvalues; v++)
+        if (kept[v]) {
+            const ptc_type *t = &g->values[v].type;
+            P->units[P->unit[g->values[v].def]].act +=
+                (double)ptc_type_numel(t) * ptc_dtype_size(t->dtype) / m;
+        }
+    free(kept);
+}
+
+/* The microbatches whose activations stage s of S (pp ranks, S / pp chunks each) keeps at once:
+ * every one under GPipe; at most pp - r on rank r = s mod pp under 1F1B (Narayanan et al. 2021);
+ * pp on every rank under zero bubble's H1 (a microbatch's weight gradients wait for the bubbles);
+ * under the interleaved schedule the rank's warm-up, (pp - r - 1) * 2 + (V - 1) * pp
+ * chunk-forwards, and one more, over its V chunks. plan/schedule.c's simulation finds the same
+ * counts (test_schedule holds them together). */
+double ptc_pp_stage_inflight(ptc_pp_inflight rule, int microbatches, int pp, int S, int s)
+{
+    int m = microbatches > 1 ? microbatches : 1, r = s % pp, V = S / pp;
+    int k = rule == PTC_INFLIGHT_ALL ? m : rule == PTC_INFLIGHT_PP ? pp : pp - r;
+    if (V <= 1 || rule != PTC_INFLIGHT_1F1B)
+        return k < m ? k : m;
+    int n = (pp - r - 1) * 2 + (V - 1) * pp + 1;
+    return (double)(n < V * m ? n : V * m) / V;
+}
+
+static double stage_inflight(const pl *P, int pp, int S, int s)
+{
+    return ptc_pp_stage_inflight(P->o->pp_inflight, P->o->microbatches, pp, S, s);
+}
+
 /* The accumulators a stage of units [v, u) holds for the weights it reads but does not hold
  * (none without microbatches: the one gradient is sent as it is made). */
 static double shared_bytes(const pl *P, int v, int u)
@@ -345,19 +395,26 @@ static double shared_bytes(const pl *P, int v, int u)
 /* Contiguous cut of the units into S stages: first[s] is stage s's first unit. Minimises the
  * largest stage cost (the pipeline's throughput), then, among cuts whose stages all cost at most
  * 2% more than that, spreads compute and memory evenly: the least sum over stages of
- * (cost share + memory share)^2, a stage's memory its model states and the accumulators of the
- * gradients of the shared weights it reads but does not hold. Every stage gets at least one
- * unit. Both are exact dynamic programs over (stages, units). */
-static void balance(const pl *P, int S, int *first)
+ * (cost share + memory share)^2, a stage's memory its model states, the accumulators of the
+ * gradients of the shared weights it reads but does not hold, and its activations times the
+ * microbatches it keeps in flight (1F1B's first stage keeps pp of them, its last one). Every stage
+ * gets at least one unit. Both are exact dynamic programs over (stages, units). */
+static void balance(const pl *P, int pp, int S, int *first)
 {
     int U = P->nunits;
     double *pc = ptc_xcalloc((size_t)U + 1, sizeof(double)),
-           *pm = ptc_xcalloc((size_t)U + 1, sizeof(double));
+           *pm = ptc_xcalloc((size_t)U + 1, sizeof(double)),
+           *pa = ptc_xcalloc((size_t)U + 1, sizeof(double));
     for (int u = 0; u < U; u++) {
         pc[u + 1] = pc[u] + P->units[u].cost;
         pm[u + 1] = pm[u] + P->units[u].mem;
+        pa[u + 1] = pa[u] + P->units[u].act;
     }
-    double tc = pc[U] > 0 ? pc[U] : 1, tm = pm[U] > 0 ? pm[U] : 1;
+    double inflight = 0; /* the stages' mean: the activations' weight in the memory share */
+    for (int s = 0; s < S; s++)
+        inflight += stage_inflight(P, pp, S, s) / S;
+    double tc = pc[U] > 0 ? pc[U] : 1, tm = pm[U] + pa[U] * inflight;
+    tm = tm > 0 ? tm : 1;
     /* best[s][u]: the smallest largest-cost of cutting units [0, u) into s stages */
     size_t W = (size_t)U + 1;
     double *best = ptc_xmalloc(sizeof(double) * W * (size_t)(S + 1));
@@ -390,7 +447,9 @@ static void balance(const pl *P, int S, int *first)
                 double c = sq[(size_t)(s - 1) * W + (size_t)v];
                 if (c >= 1e300 || pc[u] - pc[v] > bound)
                     continue;
-                double w = (pc[u] - pc[v]) / tc + mem[(size_t)v * W + (size_t)u] / tm;
+                double mm = mem[(size_t)v * W + (size_t)u] +
+                            stage_inflight(P, pp, S, s - 1) * (pa[u] - pa[v]);
+                double w = (pc[u] - pc[v]) / tc + mm / tm;
                 if (c + w * w < sq[(size_t)s * W + (size_t)u]) {
                     sq[(size_t)s * W + (size_t)u] = c + w * w;
                     from[(size_t)s * W + (size_t)u] = v;
@@ -405,6 +464,7 @@ static void balance(const pl *P, int S, int *first)
     }
     free(pc);
     free(pm);
+    free(pa);
     free(mem);
     free(best);
     free(sq);
@@ -436,7 +496,7 @@ static void note(ptc_pass_ctx *ctx, const char *fmt, ...)
     va_end(ap);
 }
 
-static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
+static int cut_stages(pl *P, ptc_pass_ctx *ctx, int pp, int S)
 {
     const ptc_compile_opts *o = P->o;
     int nlayers = P->nunits > 2 ? P->nunits - 2 : 0;
@@ -487,7 +547,7 @@ static int cut_stages(pl *P, ptc_pass_ctx *ctx, int S)
             free(first);
             return -1;
         }
-        balance(P, S, first);
+        balance(P, pp, S, first);
     }
     first[S] = P->nunits;
     int *stage_of = ptc_xmalloc(sizeof(int) * (size_t)P->nunits);
@@ -839,10 +899,12 @@ int ptc_pass_pipeline(ptc_pass_ctx *ctx)
     find_units(&P);
     unit_costs(&P);
     int rc = 0;
-    if (S > 1)
-        rc = cut_stages(&P, ctx, S);
-    if (rc == 0 && recompute)
+    if (recompute) /* first: what is recomputed is not kept, which the cut weighs */
         mark_recompute(&P, ctx);
+    if (S > 1) {
+        unit_activations(&P);
+        rc = cut_stages(&P, ctx, pp, S);
+    }
     free(P.fwd);
     free(P.free_);
     free(P.unit);

@@ -589,6 +589,9 @@ ptc_compile_opts ptc_flags_compile_opts(const ptc_options *o)
         .npins = o->npins,
         .microbatches = o->microbatches,
         .virtual_stages = virtual_stages(o),
+        .pp_inflight = o->pp_schedule == PTC_PP_GPIPE   ? PTC_INFLIGHT_ALL
+                       : o->pp_schedule == PTC_PP_ZB_H1 ? PTC_INFLIGHT_PP
+                                                        : PTC_INFLIGHT_1F1B,
         .stage_layers = o->stage_layers,
         .nstage_layers = o->nstage_layers,
         .recompute = o->recompute,

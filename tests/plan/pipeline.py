@@ -262,6 +262,30 @@ def shared_weight_cut(work):
           '3,4,1' % (held, sent, held1, sent1))
 
 
+def activation_cut():
+    """The cut weighs each stage's activations by the microbatches its schedule keeps in flight
+    (1F1B: pp - r on rank r). gpt2_tiny with a 2048-token vocabulary (the head is the largest
+    stage), 4 layers, pp=4, 4 microbatches: stage 0 takes a layer beside the embedding, and the
+    fullest rank holds less than with the cut that weighed model states alone (0,2,2,0)."""
+    args = ['-D', 'batch=16', '-D', 'vocab=2048', '-D', 'layers=4', '--mesh', 'pp=4',
+            '--microbatches', '4', os.path.join(ROOT, 'examples', 'gpt2_tiny.ptm')]
+
+    def plan(*extra):
+        p = plan_json(*extra, *args)
+        held = [x['memory_bytes']['parameters'] + x['memory_bytes']['gradients'] +
+                x['memory_bytes']['optimizer_state'] + x['memory_bytes']['peak_activations']
+                for x in p['programs']]
+        return p, max(held)
+
+    p, most = plan()
+    cut = [n for n in p['notes'].split('\n') if 'stages cut' in n]
+    check(len(cut) == 1 and '0 [pre..h.0]' in cut[0] and '1 [h.1]' in cut[0],
+          'activations in flight at pp=4, M=4: stage 0 takes h.0 beside the embedding: %s' % cut)
+    _, most_states = plan('--stages', '0,2,2,0')
+    check(most < most_states, 'and the fullest rank holds %d bytes, against %d for the cut '
+          '0,2,2,0' % (most, most_states))
+
+
 def errors():
     r = ptc('--microbatches', '3', '--emit', 'plan', TINY, ok=False)
     check(r.returncode == 1 and "const 'batch'" in r.stderr and 'microbatches 3' in r.stderr,
@@ -287,5 +311,6 @@ if __name__ == '__main__':
         traces(work)
         corpus_training(work)
         shared_weight_cut(work)
+        activation_cut()
     print('%d failure(s)' % len(failures))
     sys.exit(1 if failures else 0)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "passes.h"
 #include "schedule.h"
 
 static const int Ps[] = {1, 2, 3, 4, 8};
@@ -105,4 +106,36 @@ Test(schedule, zb_h1_cuts_the_bubble_to_a_third)
             ptc_pp_plan_free(&zb);
             ptc_pp_plan_free(&f);
         }
+}
+
+/* The pipeline pass weighs each stage's activations by the microbatches its schedule keeps in
+ * flight (passes/pipeline.c's ptc_pp_stage_inflight): the counts the simulation finds, for every
+ * schedule (the interleaved one's over a rank's chunks). */
+Test(schedule, the_stage_cut_counts_the_microbatches_in_flight_the_schedule_keeps)
+{
+    static const ptc_pp_inflight rule[PTC_NPP_SCHEDULES] = {
+        [PTC_PP_GPIPE] = PTC_INFLIGHT_ALL, [PTC_PP_1F1B] = PTC_INFLIGHT_1F1B,
+        [PTC_PP_INTERLEAVED] = PTC_INFLIGHT_1F1B, [PTC_PP_ZB_H1] = PTC_INFLIGHT_PP};
+    for (int kind = 0; kind < PTC_NPP_SCHEDULES; kind++)
+        for (int P = 2; P <= 8; P++)
+            for (int V = 1; V <= 3; V++)
+                for (int M = 1; M <= 16; M++) {
+                    if ((kind == PTC_PP_INTERLEAVED) != (V > 1) ||
+                        (kind == PTC_PP_INTERLEAVED && M % P))
+                        continue;
+                    ptc_pp_plan pp;
+                    char err[256];
+                    cr_assert_eq(ptc_pp_plan_build(&pp, kind, P, M, V, err, sizeof err), 0, "%s",
+                                 err);
+                    for (int r = 0; r < P; r++) {
+                        double n = 0; /* over the rank's chunks: stages r, r + P, ... */
+                        for (int c = 0; c < V; c++)
+                            n += ptc_pp_stage_inflight(rule[kind], M, P, P * V, c * P + r);
+                        cr_expect(fabs(n - pp.max_inflight[r]) < 1e-9,
+                                  "%s P=%d V=%d M=%d rank %d: the cut counts %g in flight, the "
+                                  "simulation %d", ptc_pp_schedule_name(kind), P, V, M, r, n,
+                                  pp.max_inflight[r]);
+                    }
+                    ptc_pp_plan_free(&pp);
+                }
 }
