@@ -851,8 +851,9 @@ static int nvrtc_too(const char *src, const char *name, int sm, char *err, size_
         return -1;
     int cached = 0;
     char *ptx = ptrt_nvrtc_compile(src, name, sm, NULL, &cached, err, errn);
+    bool ok = ptx != NULL;
     free(ptx);
-    return ptx ? 0 : -1;
+    return ok ? 0 : -1;
 }
 
 /* the unit and cuda_emu.h into a temporary directory, cc into a shared object there; once per

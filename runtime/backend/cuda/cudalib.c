@@ -231,17 +231,23 @@ void ptrt_cuda_lib_version(ptrt_cuda_lib lib, char *buf, size_t n)
 
 /* ---- NVRTC ---- */
 
+/* NVRTC's options after the architecture (the disk cache's key hashes them too).
+ * --device-int128: the moe routing kernels' capacity is an exact ceiling in 128-bit integers
+ * (cuda_moe.c), which NVRTC on Linux takes only with it. */
+static const char *const nvrtc_opts[] = {"--std=c++17", "--restrict", "--device-int128"};
+#define NVRTC_NOPTS ((int)(sizeof nvrtc_opts / sizeof nvrtc_opts[0]))
+
 static char *compile(const char *src, const char *name, int sm, char *err, size_t errn)
 {
     void *prog = NULL;
     char *ptx = NULL, *log = NULL;
     char arch[40];
     snprintf(arch, sizeof arch, "--gpu-architecture=compute_%d", sm);
-    /* --device-int128: the moe routing kernels' capacity is an exact ceiling in 128-bit
-     * integers (cuda_moe.c), which NVRTC on Linux takes only with it */
-    const char *opts[] = {arch, "--std=c++17", "--restrict", "--device-int128"};
+    const char *opts[NVRTC_NOPTS + 1] = {arch};
+    for (int i = 0; i < NVRTC_NOPTS; i++)
+        opts[i + 1] = nvrtc_opts[i];
     NVRTC_CHECK(nv.nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL));
-    int rc = nv.nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    int rc = nv.nvrtcCompileProgram(prog, NVRTC_NOPTS + 1, opts);
     if (rc != 0) {
         size_t n = 0;
         nv.nvrtcGetProgramLogSize(prog, &n);
@@ -281,6 +287,8 @@ char *ptrt_nvrtc_compile(const char *src, const char *name, int sm, const char *
     ptc_hash64_update(&h, src, strlen(src));
     int key[3] = {sm, major, minor};
     ptc_hash64_update(&h, key, sizeof key);
+    for (int i = 0; i < NVRTC_NOPTS; i++) /* with its NUL: "a", "bc" is not "ab", "c" */
+        ptc_hash64_update(&h, nvrtc_opts[i], strlen(nvrtc_opts[i]) + 1);
     char buf[4096], *dir = NULL, path[4200] = "";
     if (!cache_dir)
         dir = ptc_file_cache_dir("cuda", buf, sizeof buf);

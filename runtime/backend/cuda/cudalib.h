@@ -195,8 +195,9 @@ void ptrt_cuda_set_search_path(const char *dirs);
 
 /* CUDA C source -> PTX for sm (80, 90) through NVRTC, cached on disk under cache_dir (NULL: the
  * default, $XDG_CACHE_HOME/ptc/cuda; "": no cache) by a key of the source's hash, the
- * architecture and NVRTC's version. Returns the PTX (malloc'd, NUL-terminated), or NULL with
- * NVRTC's error and log. *cached tells whether it came from the cache. */
+ * architecture, NVRTC's version and the options it is given. Returns the PTX (malloc'd,
+ * NUL-terminated), or NULL with NVRTC's error and log. *cached tells whether it came from the
+ * cache. */
 char *ptrt_nvrtc_compile(const char *src, const char *name, int sm, const char *cache_dir,
                          int *cached, char *err, size_t errn);
 
