@@ -28,7 +28,8 @@
 /* A long column sum (over more than 2 x this many rows: sum_to of a bias, the norms' parameter
  * gradients) takes two kernels: a thread per (chunk of this many rows, column) adds its chunk
  * into scratch, then a thread per column adds the chunks. The CUDA emitter runs a reduction this
- * short on one thread (cuda_emit.c: row_loop), so a warp reads 32 columns of a row at once. */
+ * short on one thread (cuda_loops.c: ptc_cuda_row_loop), so a warp reads 32 columns of a row
+ * at once. */
 #define PTC_OPK_COLSUM_ROWS 32
 #define PTC_OPK_MAX_ARGS 16 /* parameters of one kernel */
 

@@ -1210,7 +1210,7 @@ Test(cuda, thread_loops_only_where_iterations_are_independent)
 }
 
 /* A row's loop (or a kernel's loop, a thread per iteration) takes 16 bytes of each array a thread
- * (cuda_emit.c's packets) where every store and the loads it streams sit at base + j, the base a
+ * (cuda_loops.c's packets) where every store and the loads it streams sit at base + j, the base a
  * multiple of the packet; a load elsewhere
  * stays a load of one element; a loop that reads an array after storing it, stores elsewhere or
  * is not a multiple of the packet long is left an element a thread. Each kernel then runs
