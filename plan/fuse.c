@@ -54,6 +54,10 @@ typedef struct fz {
     int nold;
     int *last_read; /* root -> last instruction reading it (any view); ninstrs: live at exit */
     bool *keep;     /* root -> observable after the program (param, state, loss, outputs) */
+    struct khashes {
+        uint64_t *h; /* ptc_kir_hash of the plan's kernels [0, n): each printed once */
+        int n, cap;
+    } *kh;
 } fz;
 
 static bool is_f32(const fz *z, int b)
@@ -1136,14 +1140,21 @@ static void op_names(const fz *z, const group *g, char *buf, size_t n)
 }
 
 /* the plan's kernel equal to k (by text, names aside), or k added */
-static int add_kernel(ptc_plan *p, ptc_kir *k)
+static int add_kernel(fz *z, ptc_kir *k)
 {
+    ptc_plan *p = z->p;
+    struct khashes *kh = z->kh;
+    if (kh->cap < p->nkernels + 1)
+        kh->h = ptc_xrealloc(kh->h, sizeof *kh->h * (size_t)(kh->cap = 2 * p->nkernels + 16));
+    for (; kh->n < p->nkernels; kh->n++)
+        kh->h[kh->n] = ptc_kir_hash(p->kernels[kh->n]);
     uint64_t h = ptc_kir_hash(k);
     for (int i = 0; i < p->nkernels; i++)
-        if (ptc_kir_hash(p->kernels[i]) == h) {
+        if (kh->h[i] == h) {
             ptc_kir_free(k);
             return i;
         }
+    kh->h[kh->n++] = h;
     return ptc_plan_add_kernel(p, k);
 }
 
@@ -1154,7 +1165,7 @@ static void emit_fused(fz *z, kb *b, ptc_phase phase, const ptc_instr *like)
         ptc_assert_fail(__FILE__, __LINE__, msg);
     ptc_instr in = *like;
     in.kind = PTC_INSTR_FUSED;
-    in.kernel = add_kernel(z->p, b->k);
+    in.kernel = add_kernel(z, b->k);
     in.phase = (uint8_t)phase;
     in.nin = b->nin;
     in.nout = b->nout;
@@ -1319,9 +1330,9 @@ static void compact(ptc_plan *p, ptc_program *pg)
     free(map);
 }
 
-static void fuse_program(ptc_plan *p, ptc_program *pg)
+static void fuse_program(ptc_plan *p, ptc_program *pg, struct khashes *kh)
 {
-    fz z = {.p = p, .pg = pg, .old = pg->instrs, .nold = pg->ninstrs};
+    fz z = {.p = p, .pg = pg, .old = pg->instrs, .nold = pg->ninstrs, .kh = kh};
     analyse(&z);
     int n = pg->ninstrs;
     group *groups = ptc_xmalloc(sizeof(group) * (size_t)(n ? n : 1));
@@ -1434,8 +1445,10 @@ static void fuse_program(ptc_plan *p, ptc_program *pg)
 
 void ptc_plan_fuse(ptc_plan *p)
 {
+    struct khashes kh = {0};
     for (int k = 0; k < p->nprograms; k++) {
         ptc_plan_fold_casts(&p->programs[k]);
-        fuse_program(p, &p->programs[k]);
+        fuse_program(p, &p->programs[k], &kh);
     }
+    free(kh.h);
 }
