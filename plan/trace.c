@@ -15,6 +15,59 @@ ptc_cost_model ptc_cost_model_default(void)
                             .latency_s = 10e-6};
 }
 
+int ptc_cost_model_parse(const char *spec, bool f32, ptc_cost_model *m, char *err, size_t errn)
+{
+    *m = ptc_cost_model_default();
+    /* H100 and H200 SXM data sheets: 989 TFLOP/s dense BF16/FP16 with tensor cores, 67 FP32;
+     * HBM3 3.35 TB/s, HBM3e 4.8 TB/s; NVLink 4 900 GB/s both ways together */
+    bool h100 = strcmp(spec, "h100") == 0, h200 = strcmp(spec, "h200") == 0;
+    if (strcmp(spec, "cpu") == 0)
+        return 0;
+    if (h100 || h200) {
+        *m = (ptc_cost_model){.flops_per_s = f32 ? 67e12 : 989e12,
+                              .bytes_per_s = h100 ? 3.35e12 : 4.8e12,
+                              .link_bytes_per_s = 450e9,
+                              .latency_s = 10e-6};
+        return 0;
+    }
+    static const char *const keys[] = {"flops", "mem", "link", "latency"};
+    double *fields[] = {&m->flops_per_s, &m->bytes_per_s, &m->link_bytes_per_s, &m->latency_s};
+    for (const char *s = spec; *s;) {
+        size_t len = strcspn(s, ","), klen = strcspn(s, "=");
+        int k = 0;
+        while (k < 4 && !(klen < len && strlen(keys[k]) == klen && !strncmp(s, keys[k], klen)))
+            k++;
+        char num[64], *end;
+        size_t nlen = klen < len ? len - klen - 1 : 0;
+        if (k == 4 || nlen == 0 || nlen >= sizeof num) {
+            ptc_fmt(err, errn,
+                    "'%.*s' is not KEY=VALUE with KEY flops, mem, link or latency (or use a "
+                    "preset: cpu, h100, h200)",
+                    (int)len, s);
+            return -1;
+        }
+        memcpy(num, s + klen + 1, nlen);
+        num[nlen] = 0;
+        double v = strtod(num, &end);
+        if (*end || !(v > 0) || v > 1e18 || (k == 3 && v > 10)) {
+            ptc_fmt(err, errn, "%s=%s: expected a positive number%s", keys[k], num,
+                    k == 3 ? " of seconds, at most 10" : " per second");
+            return -1;
+        }
+        *fields[k] = v;
+        s += len + (s[len] == ',');
+    }
+    return 0;
+}
+
+void ptc_cost_model_str(const ptc_cost_model *m, char *buf, size_t n)
+{
+    bool tf = m->flops_per_s >= 1e12, tb = m->bytes_per_s >= 1e12;
+    ptc_fmt(buf, n, "%.4g %cFLOP/s, %.4g %cB/s memory, %.4g GB/s links, %.4g us latency",
+            m->flops_per_s / (tf ? 1e12 : 1e9), tf ? 'T' : 'G', m->bytes_per_s / (tb ? 1e12 : 1e9),
+            tb ? 'T' : 'G', m->link_bytes_per_s / 1e9, m->latency_s * 1e6);
+}
+
 static double bytes_of(const ptc_program *pg, const int *ids, int n)
 {
     double b = 0;

@@ -30,6 +30,14 @@ typedef struct ptc_cost_model {
     double flops_per_s, bytes_per_s, link_bytes_per_s, latency_s;
 } ptc_cost_model;
 ptc_cost_model ptc_cost_model_default(void);
+/* The cost model spec names (--cost-model): "cpu" (the default above); "h100" or "h200", an SXM
+ * part's data-sheet rates (16-bit tensor-core flops, or FP32's without tensor cores when f32 is
+ * true: what a plan in fp32 runs its GEMMs at; HBM; NVLink one way; 10 us a message); or
+ * "flops=F,mem=B,link=L,latency=S" in per-second units and seconds, any left out keeping cpu's.
+ * Returns 0, or -1 with a message. */
+int ptc_cost_model_parse(const char *spec, bool f32, ptc_cost_model *m, char *err, size_t errn);
+/* "50 GFLOP/s, 20 GB/s memory, 10 GB/s links, 10 us latency" */
+void ptc_cost_model_str(const ptc_cost_model *m, char *buf, size_t n);
 
 /* How long instruction i of program pg takes under model m (seconds): the larger of its flops
  * and its memory traffic at the model's rates; communication its bytes per link plus latency. */

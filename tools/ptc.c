@@ -25,6 +25,7 @@
 #include "cuda.h"
 #include "cuda_emit.h"
 #include "planner.h"
+#include "ptc_auto.h"
 #include "ptc_flags.h"
 
 static void print_count(FILE *f, int64_t n)
@@ -333,6 +334,10 @@ static ptc_plan *make_plan(const ptc_graph *g, const ptc_options *o, int64_t log
         ptc_plan_free(plan);
         return NULL;
     }
+    if (ptc_check_device_memory(plan, o, stderr)) {
+        ptc_plan_free(plan);
+        return NULL;
+    }
     return plan;
 }
 
@@ -353,10 +358,10 @@ static int emit_cuda(const ptc_plan *plan)
     return 0;
 }
 
-/* --emit trace: the planned timeline of one step, simulated with the default cost model. */
-static int emit_trace(const ptc_plan *plan)
+/* --emit trace: the planned timeline of one step, simulated with --cost-model. */
+static int emit_trace(const ptc_plan *plan, const ptc_cost_model *cost)
 {
-    ptc_cost_model m = ptc_cost_model_default();
+    ptc_cost_model m = *cost;
     int n;
     double makespan;
     char err[512];
@@ -365,12 +370,10 @@ static int emit_trace(const ptc_plan *plan)
         fprintf(stderr, "ptc: error: --emit trace: %s\n", err);
         return 1;
     }
-    char title[256];
-    ptc_fmt(title, sizeof title,
-            "planned step of '%s' (simulated: %.0f GFLOP/s, %.0f GB/s memory, %.0f GB/s links, "
-            "%.0f us latency): %.3f ms",
-            plan->model, m.flops_per_s / 1e9, m.bytes_per_s / 1e9, m.link_bytes_per_s / 1e9,
-            m.latency_s * 1e6, makespan * 1e3);
+    char title[512], cm[160];
+    ptc_cost_model_str(&m, cm, sizeof cm);
+    ptc_fmt(title, sizeof title, "planned step of '%s' (simulated: %s): %.3f ms", plan->model, cm,
+            makespan * 1e3);
     ptc_trace_write(stdout, plan, ev, n, true, title);
     free(ev);
     return 0;
@@ -410,7 +413,7 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
     else if (o->emit && strcmp(o->emit, "memory") == 0)
         ptc_print_memory(plan, stdout);
     else if (o->emit && strcmp(o->emit, "trace") == 0)
-        rc = emit_trace(plan);
+        rc = emit_trace(plan, &o->cost);
     else if (o->emit && strcmp(o->emit, "kernels") == 0)
         for (int k = 0; k < plan->nkernels; k++)
             ptc_kir_print(plan->kernels[k], stdout);
@@ -464,7 +467,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
     } else if ((rc = ptc_flags_apply(&o, g, stderr)) == 0 && o.train) {
-        rc = compile_step(&g, &o, &diag, notes, sizeof notes);
+        /* the plan report goes where nothing else is printed */
+        if (o.auto_devices)
+            rc = ptc_auto_choose(&o, src, len, logical_params, o.emit ? stderr : stdout, stderr);
+        if (!rc)
+            rc = compile_step(&g, &o, &diag, notes, sizeof notes);
     }
     if (!rc)
         rc = emit(g, &o, logical_params, notes, &diag, src, len);

@@ -93,6 +93,17 @@ static const char usage_parallel[] =
     "                       mesh axis (dp, ep or tp): R (replicate), S0, S1 (shard dim), e.g. "
     "'h.*.attn.w_o=tp:R';\n"
     "                       a pattern must match at least one parameter\n"
+    "  --auto N             choose the plan of N devices: every mesh of N ranks (pp, dp, tp; ep\n"
+    "                       with moe layers), ZeRO stage, pipeline schedule and microbatches,\n"
+    "                       and recompute where memory asks for it; each candidate compiled,\n"
+    "                       memory planned and its step simulated (--cost-model). The fastest\n"
+    "                       that fits --device-memory wins: the candidates and the flags of\n"
+    "                       the one chosen are printed, then the other options act on it\n"
+    "  --device-memory SIZE the bytes one rank may allocate, e.g. 80GiB or 24GB: a plan whose\n"
+    "                       fullest rank plans more is an error (with --auto: is left out)\n"
+    "  --cost-model M       the machine --auto and --emit trace simulate: cpu (default; 50\n"
+    "                       GFLOP/s, 20 GB/s memory, 10 GB/s links, 10 us a message), h100,\n"
+    "                       h200 (data-sheet rates), or flops=F,mem=B,link=L,latency=S\n"
     "  --debug-drop-collective R:K\n"
     "                       test hook: rank R leaves out its K-th collective; the pre-launch\n"
     "                       check must reject the plan\n"
@@ -321,6 +332,11 @@ static int check_combinations(const ptc_options *o, FILE *errf)
                            "--pp-schedule interleaved needs --microbatches divisible by the %d "
                            "pipeline stages (got %d)",
                            pp, o->microbatches);
+    if (o->auto_devices && o->plan_flag)
+        return usage_error(errf,
+                           "--auto chooses the mesh, ZeRO stage, sequence parallelism, pipeline "
+                           "schedule, microbatches and recompute itself: leave out %s",
+                           o->plan_flag);
     return o->output ? check_output(o, errf) : 0;
 }
 
@@ -330,7 +346,7 @@ static bool takes_value(const char *a)
         "--emit",   "-D",     "--seed", "--input", "-o",      "--dump-after",
         "--runner", "--mesh", "--zero", "--precision", "--grad-dtype", "--place", "--optim", "--debug-drop-collective",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--stages", "--recompute",
-        "--recompute-layer", NULL};
+        "--recompute-layer", "--auto", "--device-memory", "--cost-model", NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
             return true;
@@ -354,9 +370,52 @@ static int parse_count(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
+/* A size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of 1000) or KiB,
+ * MiB, GiB, TiB (of 1024), e.g. 80GiB or 1.5e9: 0, or -1. */
+static int parse_bytes(const char *s, int64_t *out)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1},      {"B", 1},         {"KB", 1e3},          {"MB", 1e6},
+                 {"GB", 1e9},  {"TB", 1e12},     {"KiB", 1024.0},      {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0) || (!(*s >= '0' && *s <= '9') && *s != '.'))
+        return -1;
+    while (*end == ' ')
+        end++;
+    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++)
+        if (strcmp(end, units[k].unit) == 0) {
+            double b = v * units[k].scale;
+            if (b < 1 || b > 9e18)
+                return -1;
+            *out = (int64_t)b;
+            return 0;
+        }
+    return -1;
+}
+
+/* The flags that fix what --auto chooses itself. */
+static bool is_plan_flag(const char *a)
+{
+    static const char *const plan_flags[] = {
+        "--mesh",   "--zero",      "--microbatches",    "--pp-schedule", "--virtual-stages",
+        "--stages", "--recompute", "--recompute-layer", "--place",       "--seq-parallel",
+        NULL};
+    for (int k = 0; plan_flags[k]; k++)
+        if (strcmp(a, plan_flags[k]) == 0)
+            return true;
+    return false;
+}
+
 /* One flag a with its value val (NULL for flags without one). */
 static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *errf)
 {
+    if (!o->plan_flag && is_plan_flag(a))
+        o->plan_flag = a;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
         fputs(usage, out);
         fputs(usage_parallel, out);
@@ -417,6 +476,20 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
         if (parse_mesh(val, &o->mesh, errf))
             return 2;
         o->train = true;
+    } else if (strcmp(a, "--auto") == 0) {
+        if (parse_count(val, 1, 1 << 20, &o->auto_devices))
+            return usage_error(errf, "--auto expects a number of devices from 1 to %d, got '%s'",
+                               1 << 20, val);
+        o->train = true;
+    } else if (strcmp(a, "--device-memory") == 0) {
+        if (parse_bytes(val, &o->device_memory) < 0)
+            return usage_error(errf,
+                               "--device-memory expects a size such as 80GiB, 24GB or 1e9 "
+                               "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got '%s'",
+                               val);
+        o->train = true;
+    } else if (strcmp(a, "--cost-model") == 0) {
+        o->cost_model_spec = val;
     } else if (strcmp(a, "--microbatches") == 0) {
         if (parse_count(val, 1, 1 << 16, &o->microbatches))
             return usage_error(errf, "--microbatches expects an integer from 1 to %d, got '%s'",
@@ -547,6 +620,10 @@ int ptc_flags_parse(int argc, char **argv, ptc_options *o, FILE *out, FILE *errf
         if (rc)
             return rc;
     }
+    char err[256];
+    if (ptc_cost_model_parse(o->cost_model_spec ? o->cost_model_spec : "cpu",
+                             o->precision == PTC_F32, &o->cost, err, sizeof err) < 0)
+        return usage_error(errf, "--cost-model %s: %s", o->cost_model_spec, err);
     return check_combinations(o, errf);
 }
 

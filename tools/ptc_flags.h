@@ -17,6 +17,7 @@
 #include "ir.h"
 #include "passes.h"
 #include "planner.h"
+#include "trace.h"
 
 #define PTC_FLAGS_MAX_AXIS 1024 /* ranks on one mesh axis */
 #define PTC_FLAGS_MAX_PINS 64
@@ -58,6 +59,11 @@ typedef struct ptc_options {
     ptc_recompute recompute;
     ptc_recompute_pin recompute_pins[PTC_FLAGS_MAX_PINS];
     int nrecompute_pins;
+    int auto_devices;      /* --auto N: the planner chooses the parallel plan of N devices */
+    int64_t device_memory; /* --device-memory: the bytes one rank may plan (0: no limit) */
+    const char *cost_model_spec; /* --cost-model as given */
+    ptc_cost_model cost;   /* --cost-model, resolved for --precision (default: cpu) */
+    const char *plan_flag; /* the first flag given of those --auto chooses itself */
 } ptc_options;
 
 /* Parses argv (argv[0] is the program) into o. The strings of argv must outlive o; -D and --place
