@@ -1,8 +1,12 @@
 /* ptc_auto.c - the automatic planner and the device-memory check (see ptc_auto.h). */
+#define _GNU_SOURCE /* sched_getaffinity: the cores this process may run on */
 #include "ptc_auto.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "diag.h"
 #include "plan.h"
@@ -17,6 +21,8 @@ typedef struct cand {
     int64_t bytes;  /* the fullest rank's, allocated at start */
     double seconds; /* the simulated step */
     int status;
+    int order;      /* its place in the search: ties go to the first */
+    char why[200];  /* REFUSED: the compiler's message, its first line */
 } cand;
 
 typedef struct search {
@@ -24,10 +30,9 @@ typedef struct search {
     const char *src;
     size_t len;
     int64_t logical_params;
-    cand *c;
+    cand *c; /* evaluated */
     int n, cap;
-    char reasons[4][256]; /* the first distinct reasons candidates were refused */
-    int nreasons;
+    int chain_start; /* the first of the chain being run */
 } search;
 
 int64_t ptc_plan_fullest(const ptc_plan *p, int *program)
@@ -89,18 +94,6 @@ static void first_line(const char *msgs, char *buf, size_t n)
     ptc_fmt(buf, n, "%.*s", (int)strcspn(s, "\n"), s);
 }
 
-static void refused(search *S, cand *c, const char *msgs)
-{
-    char why[256];
-    first_line(msgs, why, sizeof why);
-    c->status = REFUSED;
-    for (int k = 0; k < S->nreasons; k++)
-        if (strcmp(S->reasons[k], why) == 0)
-            return;
-    if (S->nreasons < 4)
-        ptc_fmt(S->reasons[S->nreasons++], sizeof S->reasons[0], "%s", why);
-}
-
 /* Compiles candidate c as the command line would, to its memory plan, and simulates its step. */
 static void evaluate(search *S, cand *c)
 {
@@ -137,7 +130,8 @@ static void evaluate(search *S, cand *c)
         c->bytes = ptc_plan_fullest(p, &program);
         c->status = S->base->device_memory && c->bytes > S->base->device_memory ? OVER : FITS;
     } else {
-        refused(S, c, msgs);
+        c->status = REFUSED;
+        first_line(msgs, c->why, sizeof c->why);
     }
     free(ev);
     free(msgs);
@@ -148,6 +142,7 @@ static int add(search *S, cand c)
 {
     if (S->n == S->cap)
         S->c = ptc_xrealloc(S->c, sizeof *S->c * (size_t)(S->cap = S->cap ? 2 * S->cap : 64));
+    c.order = c.order * 4096 + (S->n - S->chain_start); /* (a chain is at most 3 x 11 long) */
     S->c[S->n] = c;
     evaluate(S, &S->c[S->n]);
     return S->c[S->n++].status;
@@ -165,32 +160,85 @@ static int recompute_ladder(search *S, cand c)
     return st;
 }
 
-static void search_mesh(search *S, cand c)
+/* The candidates of one mesh, ZeRO stage and SP (c), in the order that each one's result
+ * decides whether the next is worth compiling. */
+static void run_chain(search *S, cand c)
 {
-    int zmax = c.dp * c.ep > 1 ? 3 : 0;
-    static const int scheds[] = {PTC_PP_1F1B, PTC_PP_INTERLEAVED, PTC_PP_ZB_H1};
-    for (int z = 0; z <= zmax * 2 + 1; z++) {
-        c.zero = z / 2;
-        c.sp = z % 2; /* with tp > 1 both: the gathers it adds can cost more than it saves */
-        if (c.sp && c.tp == 1)
-            continue;
-        if (c.pp > 1) {
-            for (int k = 0; k < 3; k++)
-                for (int m = 1; m <= 4; m *= 2) { /* (a batch m cannot split, 2m neither) */
-                    c.sched = scheds[k];
-                    c.micro = m * c.pp;
-                    if (recompute_ladder(S, c) == REFUSED)
-                        break;
-                }
-            continue;
+    S->chain_start = S->n;
+    if (c.pp > 1) {
+        static const int scheds[] = {PTC_PP_1F1B, PTC_PP_INTERLEAVED, PTC_PP_ZB_H1};
+        for (int k = 0; k < 3; k++)
+            for (int m = 1; m <= 4; m *= 2) { /* (a batch m cannot split, 2m neither) */
+                c.sched = scheds[k];
+                c.micro = m * c.pp;
+                if (recompute_ladder(S, c) == REFUSED)
+                    break;
+            }
+        return;
+    }
+    /* more microbatches while the fewer need recompute to fit: accumulation may be faster */
+    c.sched = PTC_PP_1F1B;
+    for (c.micro = 1; c.micro <= 1024; c.micro *= 2) {
+        int st = recompute_ladder(S, c);
+        if (st == REFUSED || (st == FITS && S->c[S->n - 1].rec == PTC_RECOMPUTE_NONE))
+            break;
+    }
+}
+
+/* Runs the chains on up to the machine's cores: each worker a forked process (the compiler is
+ * not thread-safe, nor need it be) that sends its candidates back through a pipe. */
+static void run_chains(search *S, const cand *chains, int nchains)
+{
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                              : sysconf(_SC_NPROCESSORS_ONLN);
+    int nw = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
+    nw = nw < nchains ? nw : nchains;
+    int fds[64];
+    pid_t pids[64];
+    fflush(NULL);
+    for (int w = 0; w < nw && nw > 1; w++) {
+        int pfd[2];
+        if (pipe(pfd) < 0 || (pids[w] = fork()) < 0) {
+            nw = w; /* the rest in this process */
+            break;
         }
-        /* more microbatches while the fewer need recompute to fit: accumulation may be faster */
-        c.sched = PTC_PP_1F1B;
-        for (c.micro = 1; c.micro <= 1024; c.micro *= 2) {
-            int st = recompute_ladder(S, c);
-            if (st == REFUSED || (st == FITS && S->c[S->n - 1].rec == PTC_RECOMPUTE_NONE))
-                break;
+        if (pids[w] == 0) {
+            close(pfd[0]);
+            for (int k = w; k < nchains; k += nw)
+                run_chain(S, chains[k]);
+            bool ok = true;
+            for (size_t off = 0, n = sizeof *S->c * (size_t)S->n; ok && off < n;) {
+                ssize_t wr = write(pfd[1], (const char *)S->c + off, n - off);
+                ok = wr > 0;
+                off += ok ? (size_t)wr : 0;
+            }
+            _exit(ok ? 0 : 1);
         }
+        close(pfd[1]);
+        fds[w] = pfd[0];
+    }
+    bool lost = false;
+    for (int w = 0; w < nw && nw > 1; w++) {
+        cand c;
+        size_t got = 0;
+        ssize_t r;
+        while ((r = read(fds[w], (char *)&c + got, sizeof c - got)) > 0)
+            if ((got += (size_t)r) == sizeof c) {
+                if (S->n == S->cap)
+                    S->c = ptc_xrealloc(S->c,
+                                        sizeof *S->c * (size_t)(S->cap = S->cap ? 2 * S->cap : 64));
+                S->c[S->n++] = c;
+                got = 0;
+            }
+        close(fds[w]);
+        int st;
+        lost |= waitpid(pids[w], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    if (lost || nw <= 1) { /* a worker died (or there are none): everything here, again */
+        S->n = 0;
+        for (int k = 0; k < nchains; k++)
+            run_chain(S, chains[k]);
     }
 }
 
@@ -201,9 +249,11 @@ static int cmp_cand(const void *a, const void *b)
         return x->status - y->status;
     if (x->status == OVER)
         return (x->bytes > y->bytes) - (x->bytes < y->bytes);
-    if (x->seconds != y->seconds)
+    if (x->status == FITS && x->seconds != y->seconds)
         return (x->seconds > y->seconds) - (x->seconds < y->seconds);
-    return (x->bytes > y->bytes) - (x->bytes < y->bytes);
+    if (x->bytes != y->bytes)
+        return (x->bytes > y->bytes) - (x->bytes < y->bytes);
+    return x->order - y->order;
 }
 
 static void print_cand(FILE *f, const cand *c, const char *tail)
@@ -251,14 +301,38 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
                     FILE *errf)
 {
     search S = {.base = o, .src = src, .len = len, .logical_params = logical_params};
-    int N = o->auto_devices;
+    int N = o->auto_devices, nchains = 0;
     bool moe = has_moe(src, len, o);
+    cand *chains = NULL;
     for (int pp = 1; pp <= N; pp++)
         for (int tp = 1; N % pp == 0 && tp <= N / pp; tp++)
-            for (int ep = 1; (N / pp) % tp == 0 && ep <= N / pp / tp; ep++)
-                if ((N / pp / tp) % ep == 0 && (moe || ep == 1))
-                    search_mesh(&S, (cand){.pp = pp, .tp = tp, .ep = ep, .dp = N / pp / tp / ep});
+            for (int ep = 1; (N / pp) % tp == 0 && ep <= N / pp / tp; ep++) {
+                int dp = N / pp / tp / ep;
+                if ((N / pp / tp) % ep || (!moe && ep > 1))
+                    continue;
+                /* ZeRO 0-3 where dp or ep > 1; with tp > 1 SP on and off (the gathers it adds
+                 * can cost more than it saves) */
+                for (int z = 0; z <= (dp * ep > 1 ? 3 : 0) * 2 + 1; z++) {
+                    if (z % 2 && tp == 1)
+                        continue;
+                    chains = ptc_xrealloc(chains, sizeof *chains * (size_t)(nchains + 1));
+                    chains[nchains] = (cand){.pp = pp, .tp = tp, .ep = ep, .dp = dp,
+                                             .zero = z / 2, .sp = z % 2, .order = nchains};
+                    nchains++;
+                }
+            }
+    run_chains(&S, chains, nchains);
+    free(chains);
     qsort(S.c, (size_t)S.n, sizeof *S.c, cmp_cand);
+    char reasons[4][200]; /* the first distinct reasons candidates were refused */
+    int nreasons = 0;
+    for (int k = 0; k < S.n; k++) {
+        bool seen = S.c[k].status != REFUSED;
+        for (int j = 0; j < nreasons && !seen; j++)
+            seen = strcmp(reasons[j], S.c[k].why) == 0;
+        if (!seen && nreasons < 4)
+            ptc_fmt(reasons[nreasons++], sizeof reasons[0], "%s", S.c[k].why);
+    }
     int nfit = 0, nover = 0;
     for (int k = 0; k < S.n; k++)
         nfit += S.c[k].status == FITS, nover += S.c[k].status == OVER;
@@ -267,13 +341,14 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
     if (o->device_memory)
         ptc_human_bytes(o->device_memory, lim, sizeof lim);
     fprintf(out,
-            "auto plan of %d device%s (--cost-model: %s; --device-memory: %s): %d candidates, "
+            "auto plan of %d device%s (--cost-model: %s; --device-memory: %s): %d candidate%s, "
             "%d fit, %d over the memory, %d refused by the compiler\n",
-            N, N == 1 ? "" : "s", cm, lim, S.n, nfit, nover, S.n - nfit - nover);
+            N, N == 1 ? "" : "s", cm, lim, S.n, S.n == 1 ? "" : "s", nfit, nover,
+            S.n - nfit - nover);
     if (S.n - nfit - nover > 0) {
         fputs("  refused, for example:\n", out);
-        for (int k = 0; k < S.nreasons; k++)
-            fprintf(out, "    %s\n", S.reasons[k]);
+        for (int k = 0; k < nreasons; k++)
+            fprintf(out, "    %s\n", reasons[k]);
     }
     if (nfit + nover)
         fputs("     step (ms)  fullest rank  mesh                 zero  sp   schedule    "
@@ -297,14 +372,14 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
                     N, lim, b);
         } else {
             fprintf(errf, "ptc: error: --auto %d: the compiler refused every candidate (%s)\n", N,
-                    S.nreasons ? S.reasons[0] : "no candidates");
+                    nreasons ? reasons[0] : "no candidates");
         }
         rc = 1;
     } else {
         const cand *c = &S.c[0];
         fputs("chosen:", out);
         print_flags(out, c);
-        fputc('\n', out);
+        fputs(N == 1 ? " (one device: no flags)\n" : "\n", out);
         ptc_options chosen = cand_options(o, c);
         *o = chosen;
     }

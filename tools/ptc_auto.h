@@ -12,8 +12,11 @@
  *   - recompute none, then selective, then full, each only where the one before does not fit
  *     (recompute adds work and saves nothing else); with pp = 1, 1, 2, 4, ... microbatches
  *     (gradient accumulation) while the fewer need recompute to fit.
- * The one chosen is the fastest that fits, then the least memory. What it changes is how the step
- * runs, never what it computes: precision, the model and its batch are the user's.
+ * The one chosen is the fastest that fits, then the least memory, then the first searched. What it
+ * changes is how the step runs, never what it computes: precision, the model and its batch are the
+ * user's. The chains of candidates (a mesh, ZeRO stage and SP, whose ladders above run in order)
+ * are shared among forked workers, one per core this process may run on; the report is the same
+ * whatever their number.
  */
 #ifndef PTC_AUTO_H
 #define PTC_AUTO_H

@@ -11,6 +11,7 @@ plans, compiled one by one from the command line:
     search (every mesh of 4 ranks, ZeRO 0-3, sequence parallelism on and off, every schedule,
     GPipe too, 1, 2 and 4 microbatches, every recompute policy), each compiled by hand under the
     same --device-memory: no plan of the grid that fits is faster;
+  - the same report on one core as with a worker per core;
   - with no plan that fits: exit 1, the least memory any candidate needs; bad flags: exit 2;
   - the chosen plan trains: `ptc --auto 4 -o` gives the single device's losses.
 
@@ -153,6 +154,15 @@ def main():
     check(r.returncode == 0 and rows and float(rows[0].group(1)) <= t + 5e-4,
           'no limit: the choice %s ms, the grid\'s fastest %s ms (%s)'
           % (rows[0].group(1) if rows else None, t, ' '.join(fl)))
+
+    # the workers (one process per core) change nothing: one core prints the same
+    one = subprocess.run([PTC, '--auto', '4', '--device-memory', str(limit), MODEL],
+                         capture_output=True, text=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    again = run('--auto', '4', '--device-memory', str(limit), MODEL)
+    check(one.returncode == 0 and one.stdout == again.stdout,
+          'on one core (no workers) the planner prints what it prints on %d'
+          % len(os.sched_getaffinity(0)))
 
     # nothing fits
     r = run('--auto', '4', '--device-memory', '100KiB', MODEL)
