@@ -48,16 +48,19 @@ int64_t ptc_plan_fullest(const ptc_plan *p, int *program)
     return most;
 }
 
+/* the mesh axes in ptc's order, and c's size on each */
+static const char *const axis_names[4] = {"pp", "dp", "ep", "tp"};
+#define CAND_SIZES(c) {(c)->pp, (c)->dp, (c)->ep, (c)->tp}
+
 static void mesh_str(const cand *c, char *buf, size_t n)
 {
-    const int sizes[] = {c->pp, c->dp, c->ep, c->tp};
-    static const char *const names[] = {"pp", "dp", "ep", "tp"};
+    const int sizes[4] = CAND_SIZES(c);
     size_t used = 0;
     buf[0] = 0;
     for (int a = 0; a < 4; a++)
         if (sizes[a] > 1 && used < n)
-            used += (size_t)snprintf(buf + used, n - used, "%s%s=%d", used ? "," : "", names[a],
-                                     sizes[a]);
+            used += (size_t)snprintf(buf + used, n - used, "%s%s=%d", used ? "," : "",
+                                     axis_names[a], sizes[a]);
     if (!used)
         ptc_fmt(buf, n, "1 device");
 }
@@ -67,11 +70,10 @@ static ptc_options cand_options(const ptc_options *base, const cand *c)
 {
     ptc_options o = *base;
     o.mesh = (ptc_mesh){0};
-    const int sizes[] = {c->pp, c->dp, c->ep, c->tp};
-    static const char *const names[] = {"pp", "dp", "ep", "tp"};
+    const int sizes[4] = CAND_SIZES(c);
     for (int a = 0; a < 4; a++)
         if (sizes[a] > 1) {
-            ptc_fmt(o.mesh.names[o.mesh.naxes], sizeof o.mesh.names[0], "%s", names[a]);
+            ptc_fmt(o.mesh.names[o.mesh.naxes], sizeof o.mesh.names[0], "%s", axis_names[a]);
             o.mesh.sizes[o.mesh.naxes++] = sizes[a];
         }
     o.zero = c->zero;

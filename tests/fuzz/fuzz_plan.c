@@ -1,5 +1,6 @@
 /* fuzz_plan.c - see fuzz_plan.h. */
 #include "fuzz_plan.h"
+#include "ptc_auto.h"
 
 #include <stdlib.h>
 
@@ -42,8 +43,8 @@ void fuzz_plan(const ptc_options *o, const char *file, const char *src, size_t l
             lo.logical_params = logical_params;
             lo.notes = ctx.notes;
             ptc_plan *plan = ptc_lower(ctx.g, &lo, err, sizeof err);
-            if (plan)
-                ptc_plan_check(plan, -1, -1, err, sizeof err);
+            if (plan && ptc_plan_check(plan, -1, -1, err, sizeof err) == 0)
+                ptc_check_device_memory(plan, o, out);
             ptc_plan_free(plan);
         }
         g = ctx.g;
