@@ -310,8 +310,9 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
         for (int tp = 1; N % pp == 0 && tp <= N / pp; tp++)
             for (int ep = 1; (N / pp) % tp == 0 && ep <= N / pp / tp; ep++) {
                 int dp = N / pp / tp / ep;
-                if ((N / pp / tp) % ep || (!moe && ep > 1))
-                    continue;
+                if ((N / pp / tp) % ep || (!moe && ep > 1) || pp > PTC_FLAGS_MAX_AXIS ||
+                    tp > PTC_FLAGS_MAX_AXIS || ep > PTC_FLAGS_MAX_AXIS || dp > PTC_FLAGS_MAX_AXIS)
+                    continue; /* (--mesh's limit) */
                 /* ZeRO 0-3 where dp or ep > 1; with tp > 1 SP on and off (the gathers it adds
                  * can cost more than it saves) */
                 for (int z = 0; z <= (dp * ep > 1 ? 3 : 0) * 2 + 1; z++) {
@@ -373,8 +374,12 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
                     "a smaller batch\n",
                     N, lim, b);
         } else {
-            fprintf(errf, "ptc: error: --auto %d: the compiler refused every candidate (%s)\n", N,
-                    nreasons ? reasons[0] : "no candidates");
+            if (S.n)
+                fprintf(errf, "ptc: error: --auto %d: the compiler refused every candidate (%s)\n",
+                        N, reasons[0]);
+            else
+                fprintf(errf, "ptc: error: --auto %d: no mesh of %d ranks keeps every axis at most "
+                        "%d ranks\n", N, N, PTC_FLAGS_MAX_AXIS);
         }
         rc = 1;
     } else {
