@@ -196,13 +196,16 @@ static void run_chains(search *S, const cand *chains, int nchains)
                                                               : sysconf(_SC_NPROCESSORS_ONLN);
     int nw = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
     nw = nw < nchains ? nw : nchains;
-    int fds[64];
+    int fds[64], started = 0;
     pid_t pids[64];
     fflush(NULL);
-    for (int w = 0; w < nw && nw > 1; w++) {
+    for (int w = 0; w < nw && nw > 1; w++, started++) {
         int pfd[2];
-        if (pipe(pfd) < 0 || (pids[w] = fork()) < 0) {
-            nw = w; /* the rest in this process */
+        if (pipe(pfd) < 0)
+            break;
+        if ((pids[w] = fork()) < 0) {
+            close(pfd[0]);
+            close(pfd[1]);
             break;
         }
         if (pids[w] == 0) {
@@ -220,8 +223,8 @@ static void run_chains(search *S, const cand *chains, int nchains)
         close(pfd[1]);
         fds[w] = pfd[0];
     }
-    bool lost = false;
-    for (int w = 0; w < nw && nw > 1; w++) {
+    bool lost = started < nw; /* a worker could not start: its chains were never run */
+    for (int w = 0; w < started; w++) {
         cand c;
         size_t got = 0;
         ssize_t r;
@@ -237,7 +240,7 @@ static void run_chains(search *S, const cand *chains, int nchains)
         int st;
         lost |= waitpid(pids[w], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0;
     }
-    if (lost || nw <= 1) { /* a worker died (or there are none): everything here, again */
+    if (lost || nw <= 1) { /* a worker died or never started (or none were): all here, again */
         S->n = 0;
         for (int k = 0; k < nchains; k++)
             run_chain(S, chains[k]);
@@ -249,8 +252,6 @@ static int cmp_cand(const void *a, const void *b)
     const cand *x = a, *y = b;
     if (x->status != y->status)
         return x->status - y->status;
-    if (x->status == OVER)
-        return (x->bytes > y->bytes) - (x->bytes < y->bytes);
     if (x->status == FITS && x->seconds != y->seconds)
         return (x->seconds > y->seconds) - (x->seconds < y->seconds);
     if (x->bytes != y->bytes)
