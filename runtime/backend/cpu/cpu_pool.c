@@ -70,7 +70,8 @@ static _Thread_local bool in_region;
  * itself) leave it a core. Ranks as threads of one process (a partitioned plan) would otherwise
  * run a region's workers beside the other ranks' lone callers, more threads than cores: dp=2 on
  * 2 cores ran 3 threads, 11% slower than a core each. A pipeline's rank that waits for its
- * neighbour is not computing, so its core goes to the pool. */
+ * neighbour is not computing, so its core goes to the pool. A --threads above the cores still
+ * cuts regions into that many threads' pieces, but no more threads than cores run them. */
 static atomic_int solo, helping;
 static int ncores;
 /* set once a caller has found the pool busy, or by ptrt_cpu_pool_shared: other threads or
