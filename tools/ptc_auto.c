@@ -21,8 +21,8 @@ typedef struct cand {
     int64_t bytes;  /* the fullest rank's, allocated at start */
     double seconds; /* the simulated step */
     int status;
-    int order;      /* its place in the search: ties go to the first */
-    char why[200];  /* REFUSED: the compiler's message, its first line */
+    int order;     /* its place in the search: ties go to the first */
+    char why[200]; /* REFUSED: the compiler's message, its first line */
 } cand;
 
 typedef struct search {
@@ -50,7 +50,10 @@ int64_t ptc_plan_fullest(const ptc_plan *p, int *program)
 
 /* the mesh axes in ptc's order, and c's size on each */
 static const char *const axis_names[4] = {"pp", "dp", "ep", "tp"};
-#define CAND_SIZES(c) {(c)->pp, (c)->dp, (c)->ep, (c)->tp}
+#define CAND_SIZES(c)                                                                              \
+    {                                                                                              \
+        (c)->pp, (c)->dp, (c)->ep, (c)->tp                                                         \
+    }
 
 static void mesh_str(const cand *c, char *buf, size_t n)
 {
@@ -193,7 +196,7 @@ static void run_chains(search *S, const cand *chains, int nchains)
 {
     cpu_set_t set;
     long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                              : sysconf(_SC_NPROCESSORS_ONLN);
+                                                             : sysconf(_SC_NPROCESSORS_ONLN);
     int nw = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
     nw = nw < nchains ? nw : nchains;
     int fds[64], started = 0;
@@ -300,95 +303,109 @@ static void print_flags(FILE *f, const cand *c)
         fprintf(f, " --recompute %s", ptc_recompute_name(c->rec));
 }
 
-int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical_params, FILE *out,
-                    FILE *errf)
+/* The chains of N devices: every mesh (ep only for a model with moe layers) within --mesh's
+ * limit of ranks an axis; ZeRO 0-3 where dp or ep > 1; with tp > 1 SP on and off (the gathers
+ * it adds can cost more than it saves). */
+static cand *make_chains(int N, bool moe, int *nchains)
 {
-    search S = {.base = o, .src = src, .len = len, .logical_params = logical_params};
-    int N = o->auto_devices, nchains = 0;
-    bool moe = has_moe(src, len, o);
     cand *chains = NULL;
+    *nchains = 0;
     for (int pp = 1; pp <= N; pp++)
         for (int tp = 1; N % pp == 0 && tp <= N / pp; tp++)
             for (int ep = 1; (N / pp) % tp == 0 && ep <= N / pp / tp; ep++) {
                 int dp = N / pp / tp / ep;
                 if ((N / pp / tp) % ep || (!moe && ep > 1) || pp > PTC_FLAGS_MAX_AXIS ||
                     tp > PTC_FLAGS_MAX_AXIS || ep > PTC_FLAGS_MAX_AXIS || dp > PTC_FLAGS_MAX_AXIS)
-                    continue; /* (--mesh's limit) */
-                /* ZeRO 0-3 where dp or ep > 1; with tp > 1 SP on and off (the gathers it adds
-                 * can cost more than it saves) */
+                    continue;
                 for (int z = 0; z <= (dp * ep > 1 ? 3 : 0) * 2 + 1; z++) {
                     if (z % 2 && tp == 1)
                         continue;
-                    chains = ptc_xrealloc(chains, sizeof *chains * (size_t)(nchains + 1));
-                    chains[nchains] = (cand){.pp = pp, .tp = tp, .ep = ep, .dp = dp,
-                                             .zero = z / 2, .sp = z % 2, .order = nchains};
-                    nchains++;
+                    chains = ptc_xrealloc(chains, sizeof *chains * (size_t)(*nchains + 1));
+                    chains[*nchains] = (cand){.pp = pp,
+                                              .tp = tp,
+                                              .ep = ep,
+                                              .dp = dp,
+                                              .zero = z / 2,
+                                              .sp = z % 2,
+                                              .order = *nchains};
+                    (*nchains)++;
                 }
             }
-    run_chains(&S, chains, nchains);
-    free(chains);
-    qsort(S.c, (size_t)S.n, sizeof *S.c, cmp_cand);
+    return chains;
+}
+
+/* The report of the sorted candidates on out; with none that fits, the error on errf and 1. */
+static int report(const search *S, int N, FILE *out, FILE *errf)
+{
     char reasons[4][200]; /* the first distinct reasons candidates were refused */
-    int nreasons = 0;
-    for (int k = 0; k < S.n; k++) {
-        bool seen = S.c[k].status != REFUSED;
+    int nreasons = 0, nfit = 0, nover = 0;
+    for (int k = 0; k < S->n; k++) {
+        bool seen = S->c[k].status != REFUSED;
         for (int j = 0; j < nreasons && !seen; j++)
-            seen = strcmp(reasons[j], S.c[k].why) == 0;
+            seen = strcmp(reasons[j], S->c[k].why) == 0;
         if (!seen && nreasons < 4)
-            ptc_fmt(reasons[nreasons++], sizeof reasons[0], "%s", S.c[k].why);
+            ptc_fmt(reasons[nreasons++], sizeof reasons[0], "%s", S->c[k].why);
+        nfit += S->c[k].status == FITS, nover += S->c[k].status == OVER;
     }
-    int nfit = 0, nover = 0;
-    for (int k = 0; k < S.n; k++)
-        nfit += S.c[k].status == FITS, nover += S.c[k].status == OVER;
-    char cm[160], lim[32] = "no limit";
-    ptc_cost_model_str(&o->cost, cm, sizeof cm);
-    if (o->device_memory)
-        ptc_human_bytes(o->device_memory, lim, sizeof lim);
+    char cm[160], lim[32] = "no limit", b[32];
+    ptc_cost_model_str(&S->base->cost, cm, sizeof cm);
+    if (S->base->device_memory)
+        ptc_human_bytes(S->base->device_memory, lim, sizeof lim);
     fprintf(out,
             "auto plan of %d device%s (--cost-model: %s; --device-memory: %s): %d candidate%s, "
             "%d fit, %d over the memory, %d refused by the compiler\n",
-            N, N == 1 ? "" : "s", cm, lim, S.n, S.n == 1 ? "" : "s", nfit, nover,
-            S.n - nfit - nover);
-    if (S.n - nfit - nover > 0) {
+            N, N == 1 ? "" : "s", cm, lim, S->n, S->n == 1 ? "" : "s", nfit, nover,
+            S->n - nfit - nover);
+    if (nreasons)
         fputs("  refused, for example:\n", out);
-        for (int k = 0; k < nreasons; k++)
-            fprintf(out, "    %s\n", reasons[k]);
-    }
+    for (int k = 0; k < nreasons; k++)
+        fprintf(out, "    %s\n", reasons[k]);
     if (nfit + nover)
         fputs("     step (ms)  fullest rank  mesh                 zero  sp   schedule    "
               "micro  recompute\n",
               out);
     for (int k = 0; k < nfit && k < 10; k++)
-        print_cand(out, &S.c[k], k == 0 ? "  <- chosen" : "");
+        print_cand(out, &S->c[k], k == 0 ? "  <- chosen" : "");
     if (nfit > 10)
         fprintf(out, "  ... %d more that fit\n", nfit - 10);
     if (nover)
-        print_cand(out, &S.c[nfit], "  (the least memory over the limit)");
-    int rc = 0;
-    if (!nfit) {
-        char b[32];
-        if (nover) {
-            ptc_human_bytes(S.c[nfit].bytes, b, sizeof b);
-            fprintf(errf,
-                    "ptc: error: --auto %d: no plan fits --device-memory %s: the least any "
-                    "candidate plans on its fullest rank is %s; give more devices or memory, or "
-                    "a smaller batch\n",
-                    N, lim, b);
-        } else {
-            if (S.n)
-                fprintf(errf, "ptc: error: --auto %d: the compiler refused every candidate (%s)\n",
-                        N, reasons[0]);
-            else
-                fprintf(errf, "ptc: error: --auto %d: no mesh of %d ranks keeps every axis at most "
-                        "%d ranks\n", N, N, PTC_FLAGS_MAX_AXIS);
-        }
-        rc = 1;
+        print_cand(out, &S->c[nfit], "  (the least memory over the limit)");
+    if (nfit)
+        return 0;
+    if (nover) {
+        ptc_human_bytes(S->c[nfit].bytes, b, sizeof b);
+        fprintf(errf,
+                "ptc: error: --auto %d: no plan fits --device-memory %s: the least any candidate "
+                "plans on its fullest rank is %s; give more devices or memory, or a smaller "
+                "batch\n",
+                N, lim, b);
+    } else if (S->n) {
+        fprintf(errf, "ptc: error: --auto %d: the compiler refused every candidate (%s)\n", N,
+                reasons[0]);
     } else {
-        const cand *c = &S.c[0];
+        fprintf(errf,
+                "ptc: error: --auto %d: no mesh of %d ranks keeps every axis at most %d "
+                "ranks\n",
+                N, N, PTC_FLAGS_MAX_AXIS);
+    }
+    return 1;
+}
+
+int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical_params, FILE *out,
+                    FILE *errf)
+{
+    search S = {.base = o, .src = src, .len = len, .logical_params = logical_params};
+    int N = o->auto_devices, nchains;
+    cand *chains = make_chains(N, has_moe(src, len, o), &nchains);
+    run_chains(&S, chains, nchains);
+    free(chains);
+    qsort(S.c, (size_t)S.n, sizeof *S.c, cmp_cand);
+    int rc = report(&S, N, out, errf);
+    if (!rc) {
         fputs("chosen:", out);
-        print_flags(out, c);
+        print_flags(out, &S.c[0]);
         fputs(N == 1 ? " (one device: no flags)\n" : "\n", out);
-        ptc_options chosen = cand_options(o, c);
+        ptc_options chosen = cand_options(o, &S.c[0]);
         *o = chosen;
     }
     free(S.c);
@@ -409,10 +426,11 @@ int ptc_check_device_memory(const ptc_plan *p, const ptc_options *o, FILE *errf)
     if (pg->nranks > 1)
         fprintf(errf, " (and %d more like it)", pg->nranks - 1);
     fprintf(errf, " plans %s:", b);
-    static const char *const what[PTC_NREGIONS] = {
-        [PTC_REGION_PARAM] = "parameters",      [PTC_REGION_GRAD] = "gradients",
-        [PTC_REGION_OPTIM] = "optimizer state", [PTC_REGION_ACT] = "activations",
-        [PTC_REGION_COMM] = "messages in flight"};
+    static const char *const what[PTC_NREGIONS] = {[PTC_REGION_PARAM] = "parameters",
+                                                   [PTC_REGION_GRAD] = "gradients",
+                                                   [PTC_REGION_OPTIM] = "optimizer state",
+                                                   [PTC_REGION_ACT] = "activations",
+                                                   [PTC_REGION_COMM] = "messages in flight"};
     for (int r = 0, first = 1; r < PTC_NREGIONS; r++) {
         if (!pg->region_bytes[r])
             continue;
