@@ -462,16 +462,23 @@ int main(int argc, char **argv)
     }
     int64_t logical_params = ptc_graph_param_count(g);
     o.model_flops = ptc_graph_model_flops(g); /* of the forward, before any pass */
-    char notes[2048] = "";
+    char notes[4096] = "";
     if (ptc_verify(g, err, sizeof err) < 0) {
         fprintf(stderr, "ptc: internal error: the front end produced invalid IR: %s\n", err);
         rc = 3;
     } else if ((rc = ptc_flags_apply(&o, g, stderr)) == 0 && o.train) {
-        /* the plan report goes where nothing else is printed */
+        /* the plan report goes where nothing else is printed; the plan's choices say so */
+        char chose[1024] = "";
         if (o.auto_devices)
-            rc = ptc_auto_choose(&o, src, len, logical_params, o.emit ? stderr : stdout, stderr);
+            rc = ptc_auto_choose(&o, src, len, logical_params, o.emit ? stderr : stdout, stderr,
+                                 chose, sizeof chose);
         if (!rc)
             rc = compile_step(&g, &o, &diag, notes, sizeof notes);
+        if (!rc && *chose) {
+            char passes[sizeof notes];
+            ptc_fmt(passes, sizeof passes, "%s", notes);
+            ptc_fmt(notes, sizeof notes, "%s%s%s", chose, *passes ? "\n" : "", passes);
+        }
     }
     if (!rc)
         rc = emit(g, &o, logical_params, notes, &diag, src, len);

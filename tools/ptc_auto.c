@@ -392,7 +392,7 @@ static int report(const search *S, int N, FILE *out, FILE *errf)
 }
 
 int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical_params, FILE *out,
-                    FILE *errf)
+                    FILE *errf, char *note, size_t noten)
 {
     search S = {.base = o, .src = src, .len = len, .logical_params = logical_params};
     int N = o->auto_devices, nchains;
@@ -405,6 +405,20 @@ int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical
         fputs("chosen:", out);
         print_flags(out, &S.c[0]);
         fputs(N == 1 ? " (one device: no flags)\n" : "\n", out);
+        int nfit = 0;
+        for (int k = 0; k < S.n; k++)
+            nfit += S.c[k].status == FITS;
+        char *flags = NULL, cm[160];
+        size_t nflags = 0;
+        FILE *f = open_memstream(&flags, &nflags);
+        print_flags(f, &S.c[0]);
+        fclose(f);
+        ptc_cost_model_str(&o->cost, cm, sizeof cm);
+        ptc_fmt(note, noten,
+                "auto: --auto %d chose%s, the fastest simulated step (%.3f ms on %s) of the %d "
+                "candidates that fit, of %d",
+                N, *flags ? flags : " one device", S.c[0].seconds * 1e3, cm, nfit, S.n);
+        free(flags);
         ptc_options chosen = cand_options(o, &S.c[0]);
         *o = chosen;
     }

@@ -172,8 +172,11 @@ def main():
 
     # a --emit keeps standard output to itself: the report goes to standard error
     r = run('--auto', '2', '--emit', 'plan-json', MODEL)
-    check(r.returncode == 0 and json.loads(r.stdout)['ranks'] == 2 and 'chosen:' in r.stderr,
-          '--auto 2 --emit plan-json: the JSON on stdout, the report on stderr')
+    notes = json.loads(r.stdout)['notes'] if r.returncode == 0 else ''
+    check(r.returncode == 0 and json.loads(r.stdout)['ranks'] == 2 and 'chosen:' in r.stderr
+          and notes.startswith('auto: --auto 2 chose --mesh '),
+          '--auto 2 --emit plan-json: the JSON on stdout, the report on stderr, the choice in '
+          'the plan\'s notes: %s' % notes.splitlines()[0] if notes else '')
 
     # the chosen plan trains like one device
     with tempfile.TemporaryDirectory() as tmp:
