@@ -85,6 +85,7 @@ void ptc_pipeline_info_free(ptc_pipeline_info *pi);
 
 typedef struct ptc_plan_print_opts {
     bool summary_only; /* --summary: the one-screen summary of every program, nothing else */
+    int64_t device_memory; /* --device-memory, to say what share of it a rank plans (0: none) */
 } ptc_plan_print_opts;
 
 /* --emit plan: per distinct rank program a one-screen summary (memory per rank and where the

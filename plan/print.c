@@ -204,7 +204,7 @@ static int warnings(FILE *f, const ptc_plan *p, const ptc_program *pg, const ptc
     return n;
 }
 
-static void summary(FILE *f, const ptc_plan *p, int k)
+static void summary(FILE *f, const ptc_plan *p, int k, int64_t device_memory)
 {
     const ptc_program *pg = &p->programs[k];
     ptc_plan_stats s;
@@ -232,7 +232,14 @@ static void summary(FILE *f, const ptc_plan *p, int k)
     }
     fputs("\n    total             ", f);
     put_bytes(f, total);
-    fputs(" allocated at start\n  sent per step per rank (bytes):\n    total             ", f);
+    fputs(" allocated at start", f);
+    if (device_memory > 0) {
+        char lim[32];
+        ptc_human_bytes(device_memory, lim, sizeof lim);
+        fprintf(f, ", %.1f%% of --device-memory %s", 100.0 * (double)total / (double)device_memory,
+                lim);
+    }
+    fputs("\n  sent per step per rank (bytes):\n    total             ", f);
     put_bytes(f, s.comm_bytes);
     fprintf(f, " in %d collectives\n", s.ncollectives);
     /* by group: every axis alone, then the groups of several axes that send anything (so the
@@ -402,7 +409,7 @@ void ptc_print_plan(const ptc_plan *p, const ptc_plan_print_opts *o, FILE *f)
     put_header(f, p);
     pipeline_section(f, p);
     for (int k = 0; k < p->nprograms; k++)
-        summary(f, p, k);
+        summary(f, p, k, o->device_memory);
     if (o && o->summary_only)
         return;
     for (int k = 0; k < p->nprograms; k++) {

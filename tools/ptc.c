@@ -403,7 +403,7 @@ static int emit(const ptc_graph *g, const ptc_options *o, int64_t logical_params
     if (!plan)
         return 1;
     int rc = 0;
-    ptc_plan_print_opts po = {.summary_only = o->summary};
+    ptc_plan_print_opts po = {.summary_only = o->summary, .device_memory = o->device_memory};
     if (o->emit && strcmp(o->emit, "plan") == 0)
         ptc_print_plan(plan, &po, stdout);
     else if (o->emit && strcmp(o->emit, "plan-json") == 0)
