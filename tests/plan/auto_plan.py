@@ -97,6 +97,10 @@ def main():
                     bad.stderr) is not None, 'the refusal names the rank and its bytes: %s'
           % bad.stderr.strip().splitlines()[0])
 
+    r = run('--mesh', 'dp=2', '--device-memory', str(2 * f), '--emit', 'plan', '--summary', MODEL)
+    check('allocated at start, 50.0%% of --device-memory %s' % human(2 * f) in r.stdout,
+          '--emit plan says the share of --device-memory a rank plans')
+
     # bad flags
     for args in (['--auto', '4', '--mesh', 'dp=4'], ['--auto', '0'], ['--device-memory', '1QB'],
                  ['--device-memory', '-5'], ['--cost-model', 'a100'],
