@@ -441,20 +441,21 @@ static void balance(const pl *P, int pp, int S, int *first)
     for (size_t i = 0; i < W * (size_t)(S + 1); i++)
         sq[i] = 1e300, from[i] = -1;
     sq[0] = 0;
-    for (int s = 1; s <= S; s++)
+    for (int s = 1; s <= S; s++) {
+        double inflight_s = stage_inflight(P, pp, S, s - 1);
         for (int u = s; u <= U; u++)
             for (int v = s - 1; v < u; v++) {
                 double c = sq[(size_t)(s - 1) * W + (size_t)v];
                 if (c >= 1e300 || pc[u] - pc[v] > bound)
                     continue;
-                double mm = mem[(size_t)v * W + (size_t)u] +
-                            stage_inflight(P, pp, S, s - 1) * (pa[u] - pa[v]);
+                double mm = mem[(size_t)v * W + (size_t)u] + inflight_s * (pa[u] - pa[v]);
                 double w = (pc[u] - pc[v]) / tc + mm / tm;
                 if (c + w * w < sq[(size_t)s * W + (size_t)u]) {
                     sq[(size_t)s * W + (size_t)u] = c + w * w;
                     from[(size_t)s * W + (size_t)u] = v;
                 }
             }
+    }
     int u = U;
     for (int s = S; s >= 1; s--) {
         int v = from[(size_t)s * W + (size_t)u];

@@ -470,8 +470,8 @@ int main(int argc, char **argv)
         /* the plan report goes where nothing else is printed; the plan's choices say so */
         char chose[1024] = "";
         if (o.auto_devices)
-            rc = ptc_auto_choose(&o, src, len, logical_params, o.emit ? stderr : stdout, stderr,
-                                 chose, sizeof chose);
+            rc = ptc_auto_choose(&o, g, src, len, logical_params, o.emit ? stderr : stdout,
+                                 stderr, chose, sizeof chose);
         if (!rc)
             rc = compile_step(&g, &o, &diag, notes, sizeof notes);
         if (!rc && *chose) {

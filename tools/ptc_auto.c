@@ -272,17 +272,13 @@ static void print_cand(FILE *f, const cand *c, const char *tail)
             c->micro, ptc_recompute_name(c->rec), tail);
 }
 
-static bool has_moe(const char *src, size_t len, const ptc_options *o)
+/* The model has moe layers (ep is worth searching). */
+static bool has_moe(const ptc_graph *g)
 {
-    ptc_diag diag;
-    ptc_diag_init(&diag, NULL, o->file, src, len);
-    ptc_frontend_opts fo = ptc_flags_frontend_opts(o);
-    ptc_graph *g = ptc_frontend_compile(o->file, src, len, &fo, &diag);
-    bool moe = false;
-    for (int i = 0; g && i < g->nnodes && !moe; i++)
-        moe = g->nodes[i].op == PTC_OP_MOE;
-    ptc_graph_free(g);
-    return moe;
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].op == PTC_OP_MOE)
+            return true;
+    return false;
 }
 
 static void print_flags(FILE *f, const cand *c)
@@ -391,12 +387,12 @@ static int report(const search *S, int N, FILE *out, FILE *errf)
     return 1;
 }
 
-int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical_params, FILE *out,
-                    FILE *errf, char *note, size_t noten)
+int ptc_auto_choose(ptc_options *o, const ptc_graph *forward, const char *src, size_t len,
+                    int64_t logical_params, FILE *out, FILE *errf, char *note, size_t noten)
 {
     search S = {.base = o, .src = src, .len = len, .logical_params = logical_params};
     int N = o->auto_devices, nchains;
-    cand *chains = make_chains(N, has_moe(src, len, o), &nchains);
+    cand *chains = make_chains(N, has_moe(forward), &nchains);
     run_chains(&S, chains, nchains);
     free(chains);
     qsort(S.c, (size_t)S.n, sizeof *S.c, cmp_cand);

@@ -25,12 +25,12 @@
 
 #include "ptc_flags.h"
 
-/* Chooses the plan of o->auto_devices devices for the model in src (logical_params parameters)
- * and sets o's plan flags to it, after printing the candidates on out; note gets one line for the
- * plan's choices ("auto: ..."). Returns 0, or 1 after a message on errf when no candidate
- * compiles or none fits o->device_memory. */
-int ptc_auto_choose(ptc_options *o, const char *src, size_t len, int64_t logical_params, FILE *out,
-                    FILE *errf, char *note, size_t noten);
+/* Chooses the plan of o->auto_devices devices for the model in src (forward: its graph as the
+ * front end made it; logical_params parameters) and sets o's plan flags to it, after printing the
+ * candidates on out; note gets one line for the plan's choices ("auto: ..."). Returns 0, or 1
+ * after a message on errf when no candidate compiles or none fits o->device_memory. */
+int ptc_auto_choose(ptc_options *o, const ptc_graph *forward, const char *src, size_t len,
+                    int64_t logical_params, FILE *out, FILE *errf, char *note, size_t noten);
 
 /* The bytes the fullest rank of p allocates at start (every region's arena), and its program. */
 int64_t ptc_plan_fullest(const ptc_plan *p, int *program);
