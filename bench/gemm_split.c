@@ -10,6 +10,9 @@
  *
  *   cmake --build build --target gemm_split
  *   build/bench/gemm_split [a|b]          # configuration (default b), PTC_THREADS (default 2)
+ *   build/bench/gemm_split [a|b] --route  # f32 only, by library where oneDNN and OpenBLAS are
+ *                                         # both open: oneDNN, OpenBLAS, the rule
+ *                                         # (cpu_gemm.c's piece_to_openblas)
  *
  * Results: bench/results/gemm_split_*.md. A measurement; nothing fails on its numbers. */
 #include <math.h>
@@ -33,7 +36,7 @@ static double now(void)
 static double best(const ptc_gemm *g, const float *a, const float *b, float *c)
 {
     double t = INFINITY;
-    for (int r = 0; r < 6; r++) { /* (oneDNN makes a shape's kernel in each thread's first calls) */
+    for (int r = 0; r < 10; r++) { /* (oneDNN makes a shape's kernel in each thread's first calls) */
         double t0 = now();
         ptrt_cpu_gemm_instr(g, a, b, c);
         double dt = now() - t0;
@@ -58,20 +61,34 @@ int main(int argc, char **argv)
 {
     /* tokens, d, layers, vocab: issue 16's GPT-2 configurations */
     bool a_cfg = argc > 1 && strcmp(argv[1], "a") == 0;
+    bool route = argc > 2 && strcmp(argv[2], "--route") == 0;
     int64_t T = 1024, d = a_cfg ? 256 : 768, L = a_cfg ? 4 : 2, V = a_cfg ? 4096 : 8192;
     const char *th = getenv("PTC_THREADS");
     ptrt_cpu_set_threads(th ? atoi(th) : 2);
     static const ptrt_matmul_precision P[3] = {PTRT_MATMUL_HIGHEST, PTRT_MATMUL_HIGH,
                                                PTRT_MATMUL_MEDIUM};
+    /* the library of each column under --route */
+    static const int R[3] = {PTRT_GEMM_ROUTE_ONEDNN, PTRT_GEMM_ROUTE_OPENBLAS,
+                             PTRT_GEMM_ROUTE_RULE};
     const char *ran[3];
     for (int p = 0; p < 3; p++) {
         ptrt_set_matmul_precision(P[p]);
         ran[p] = ptrt_matmul_precision_name(ptrt_cpu_matmul_precision());
     }
-    printf("# gemm_split: configuration (%s)'s f32 GEMMs by matmul precision, %s, %d threads\n\n"
-           "(the precision that ran: %s, %s, %s)\n\n",
-           a_cfg ? "a" : "b", ptrt_cpu_blas_name(), th ? atoi(th) : 2, ran[0], ran[1], ran[2]);
-    printf("| GEMM (m x n x k) | highest ms | high ms | medium ms |\n|---|---|---|---|\n");
+    if (route) {
+        printf("# gemm_split --route: configuration (%s)'s f32 GEMMs by library, %s, %d "
+               "threads\n\n",
+               a_cfg ? "a" : "b", ptrt_cpu_blas_name(), th ? atoi(th) : 2);
+        if (strcmp(ptrt_cpu_blas_name(), "onednn+openblas") != 0)
+            printf("(one library is open: the three columns run the same GEMM)\n\n");
+        printf("| GEMM (m x n x k) | oneDNN ms | OpenBLAS ms | rule ms |\n|---|---|---|---|\n");
+    } else {
+        printf("# gemm_split: configuration (%s)'s f32 GEMMs by matmul precision, %s, %d "
+               "threads\n\n(the precision that ran: %s, %s, %s)\n\n",
+               a_cfg ? "a" : "b", ptrt_cpu_blas_name(), th ? atoi(th) : 2, ran[0], ran[1],
+               ran[2]);
+        printf("| GEMM (m x n x k) | highest ms | high ms | medium ms |\n|---|---|---|---|\n");
+    }
     int64_t w[5][2] = {{d, 3 * d}, {d, d}, {d, 4 * d}, {4 * d, d}, {d, V}};
     double tot[3] = {0}, err[3] = {0};
     int count = 0;
@@ -103,7 +120,10 @@ int main(int argc, char **argv)
                 }
             double t[3];
             for (int p = 0; p < 3; p++) {
-                ptrt_set_matmul_precision(P[p]);
+                if (route)
+                    ptrt_cpu_gemm_route = R[p];
+                else
+                    ptrt_set_matmul_precision(P[p]);
                 t[p] = best(&g, A, B, C);
                 err[p] = fmax(err[p], rel_err(C, X, mx * g.n));
                 tot[p] += (double)reps * t[p];
@@ -121,9 +141,11 @@ int main(int argc, char **argv)
             free(X);
         }
     ptrt_set_matmul_precision(PTRT_MATMUL_HIGHEST);
-    printf("\n%d GEMMs a step:\n\n| | highest | high | medium |\n|---|---|---|---|\n", count);
+    ptrt_cpu_gemm_route = PTRT_GEMM_ROUTE_RULE;
+    printf("\n%d GEMMs a step:\n\n| | %s |\n|---|---|---|---|\n", count,
+           route ? "oneDNN | OpenBLAS | rule" : "highest | high | medium");
     printf("| ms a step | %.1f | %.1f | %.1f |\n", tot[0] * 1e3, tot[1] * 1e3, tot[2] * 1e3);
-    printf("| against highest | 1.00x | %.2fx | %.2fx |\n", tot[0] / tot[1], tot[0] / tot[2]);
+    printf("| against the first | 1.00x | %.2fx | %.2fx |\n", tot[0] / tot[1], tot[0] / tot[2]);
     printf("| largest error / largest element | %.1e | %.1e | %.1e |\n", err[0], err[1], err[2]);
     return 0;
 }

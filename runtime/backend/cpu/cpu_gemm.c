@@ -12,8 +12,13 @@
  * Haswell's AVX2 kernels, as older OpenBLAS builds failed on their processors), and it is left as
  * set. Measured on this project's shapes, one thread (bench/results/gemm_libraries_2026-11-24.md,
  * Xeon with AVX-512): oneDNN 87 GFLOP/s, OpenBLAS 50 with Haswell's kernels and 91 with the
- * Cooperlake ones it detects when not pinned, MKL (PyPI only) 89. PTC_GEMM=onednn|openblas|plain
- * picks one, for measurements; ptrt_cpu_blas_name says which runs.
+ * Cooperlake ones it detects when not pinned, MKL (PyPI only) 89. On a CPU without AVX-512
+ * oneDNN runs its AVX2 sgemm, which is as fast as OpenBLAS's Haswell kernels on wide pieces and
+ * up to twice as slow on narrow ones and on weight gradients (Zen 3: 34 against 77 GFLOP/s on
+ * config (a)'s head gradient): there both are opened and piece_to_openblas sends a piece to the
+ * faster one (bench/results/gemm_route_2026-12-01.md). The rule depends only on the shapes and
+ * the CPU, so a run still repeats bit for bit. PTC_GEMM=onednn|openblas|plain picks one, for
+ * measurements; ptrt_cpu_blas_name says which runs ("onednn+openblas" for the pair).
  *
  * Matmul with NumPy-style broadcasting of the leading dimensions becomes one GEMM per distinct
  * pair of matrices: when the right operand is a single matrix (x[B,S,d] @ w[d,f]) the left
@@ -46,6 +51,7 @@ static struct {
     dnnl_sgemm_fn dnnl;
     dnnl_bf16_fn dnnl_bf16; /* NULL: bf16 operands are converted to f32 first */
     void (*omp_set_num_threads)(int); /* oneDNN's OpenMP, one thread per calling thread */
+    bool route; /* both open, the CPU without AVX-512: some pieces go to OpenBLAS (gemm_lib) */
     char name[64];
 } blas;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -110,8 +116,14 @@ static void open_blas(void)
 {
     const char *want = getenv("PTC_GEMM");
     bool any = !want || !*want;
-    if (((any && ONEDNN_BY_DEFAULT) || (want && strcmp(want, "onednn") == 0)) && open_onednn())
+    if (((any && ONEDNN_BY_DEFAULT) || (want && strcmp(want, "onednn") == 0)) && open_onednn()) {
+        /* oneDNN's AVX2 sgemm (no AVX-512) is slow on a narrow piece: OpenBLAS beside it */
+        if (any && !__builtin_cpu_supports("avx512f") && open_openblas()) {
+            blas.route = true;
+            snprintf(blas.name, sizeof blas.name, "onednn+openblas");
+        }
         return;
+    }
     blas.dnnl = NULL;
     blas.dnnl_bf16 = NULL;
     if ((any || strcmp(want, "openblas") == 0) && open_openblas())
@@ -172,6 +184,23 @@ void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     }
 }
 
+int ptrt_cpu_gemm_route = PTRT_GEMM_ROUTE_RULE;
+
+/* Whether one thread's f32 piece (m x n of C) goes to OpenBLAS while oneDNN is the library (both
+ * open, blas.route). oneDNN's AVX2 sgemm runs a piece with a side of 256 or less, and a
+ * transposed-A product (a weight gradient) with a side of 512 or less, 10-50% slower than
+ * OpenBLAS's Haswell kernels; on wider pieces it is as fast or faster (bench/gemm_split.c --route,
+ * bench/results/gemm_route_*.md). */
+static bool piece_to_openblas(bool ta, bool tb, int64_t m, int64_t n)
+{
+    if (!blas.route || ptrt_cpu_gemm_route == PTRT_GEMM_ROUTE_ONEDNN)
+        return false;
+    if (ptrt_cpu_gemm_route == PTRT_GEMM_ROUTE_OPENBLAS)
+        return true;
+    int64_t side = m < n ? m : n;
+    return side <= 256 || (ta && !tb && side <= 512);
+}
+
 void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc)
@@ -183,15 +212,16 @@ void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
         return;
     }
     pthread_once(&blas_once, open_blas);
-    if (blas.dnnl) {
+    bool fits = m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX && lda <= INT32_MAX &&
+                ldb <= INT32_MAX && ldc <= INT32_MAX; /* (CBLAS's int) */
+    if (blas.dnnl && !(fits && piece_to_openblas(trans_a, trans_b, m, n))) {
         if (!omp_single && blas.omp_set_num_threads) {
             blas.omp_set_num_threads(1);
             omp_single = true;
         }
         blas.dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
                   c, ldc);
-    } else if (blas.cblas && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
-               lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
+    } else if (blas.cblas && fits) {
         blas.cblas(CBLAS_ROW_MAJOR, trans_a ? CBLAS_TRANS : CBLAS_NO_TRANS,
                    trans_b ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m, (int)n, (int)k, alpha, a,
                    (int)lda, b, (int)ldb, beta, c, (int)ldc);
@@ -314,7 +344,7 @@ static void gemm_piece(void *ctx, int64_t begin, int64_t end)
         hi = hi < j->m ? hi : j->m;
         const void *a = elems(j->a, j->ta ? lo : lo * j->lda, j->bf16);
         if (j->ta && !j->tb && !j->bf16 && j->cd == PTC_F32 && j->beta == 0.0f && hi - lo > j->n &&
-            j->n < 768 && blas.dnnl) {
+            j->n < 768 && blas.dnnl && !piece_to_openblas(true, false, hi - lo, j->n)) {
             gemm_tn_tall(hi - lo, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb,
                          (float *)j->c + lo * j->ldc, j->ldc);
             return;

@@ -106,6 +106,10 @@ void ptrt_cpu_gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 void ptrt_cpu_gemm_plain(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc);
+/* Which library runs an f32 piece when oneDNN and OpenBLAS are both open (cpu_gemm.c): the rule
+ * (default), or one of them, for measurements (bench/gemm_split.c --route). */
+enum { PTRT_GEMM_ROUTE_RULE, PTRT_GEMM_ROUTE_ONEDNN, PTRT_GEMM_ROUTE_OPENBLAS };
+extern int ptrt_cpu_gemm_route;
 /* A plan's gemm instruction (batches in parallel when they are many or small). */
 void ptrt_cpu_gemm_instr(const ptc_gemm *g, const void *a, const void *b, void *c);
 /* 16-bit operands the library has no GEMM for are widened to f32 in tiles of C this many rows and
