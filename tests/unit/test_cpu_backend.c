@@ -913,6 +913,9 @@ Test(cpu_attention, causal_and_not)
     attention_case("not causal", 2, 70, 70, 3, 3, 5, false);
     attention_case("one row", 1, 1, 1, 1, 1, 4, true);
     attention_case("causal, 130 rows, dh 64", 1, 130, 130, 2, 2, 64, true);
+    /* key counts of an even number of vectors, whose packed rows are padded by one (ld) */
+    attention_case("causal, 128 rows, dh 64", 2, 128, 128, 2, 2, 64, true);
+    attention_case("not causal, 29 rows on 64 keys", 1, 29, 64, 3, 1, 24, false);
 }
 
 /* Head widths that fill the block products' vectors in every way (16 floats to a vector with

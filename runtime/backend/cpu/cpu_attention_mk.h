@@ -58,11 +58,11 @@ MK_TARGET static void MK_NAME(int64_t m, int64_t n, int64_t k, bool ta, const fl
         int64_t nvec = nhi / MK_VL * MK_VL;
         for (int64_t j = 0; j < nvec; j += MK_NV * MK_VL) {
             int nv = nvec - j >= MK_NV * MK_VL ? MK_NV : (int)((nvec - j) / MK_VL);
-            for (int r = 0; r < rows; r += (rows == MR ? MR : 1)) {
-                const float *ai = a + (ta ? i + r : (i + r) * lda);
-                float *ci = c + (i + r) * ldc + j;
-                /* (rows, vectors and A's layout constant in each copy of the tile, so that the
-                 * accumulators stay in registers) */
+            const float *ai = a + (ta ? i : i * lda);
+            float *ci = c + i * ldc + j;
+            /* (rows, vectors and A's layout constant in each copy of the tile, so that the
+             * accumulators stay in registers; a block's last rows, fewer than MR, in one tile of
+             * their own: a tile of one row a time ran them at a quarter of the rate) */
 #define TILE(R, NV, TA) MK_TILE(R, NV, p0, p1, TA, ai, lda, b + j, ldb, alpha, acc, ci, ldc)
 #define TILES(R, TA)                                                                              \
     switch (nv) {                                                                                 \
@@ -71,17 +71,22 @@ MK_TARGET static void MK_NAME(int64_t m, int64_t n, int64_t k, bool ta, const fl
     case 2: TILE(R, MK_NV < 2 ? MK_NV : 2, TA); break;                                            \
     default: TILE(R, 1, TA); break;                                                               \
     }
-                if (rows == MR && ta)
-                    TILES(MR, true)
-                else if (rows == MR)
-                    TILES(MR, false)
-                else if (ta)
-                    TILES(1, true)
-                else
-                    TILES(1, false)
+#define ROWS(TA)                                                                                  \
+    switch (rows) {                                                                               \
+    case 6: TILES(6, TA) break;                                                                   \
+    case 5: TILES(5, TA) break;                                                                   \
+    case 4: TILES(4, TA) break;                                                                   \
+    case 3: TILES(3, TA) break;                                                                   \
+    case 2: TILES(2, TA) break;                                                                   \
+    default: TILES(1, TA) break;                                                                  \
+    }
+            if (ta)
+                ROWS(true)
+            else
+                ROWS(false)
+#undef ROWS
 #undef TILES
 #undef TILE
-            }
         }
         for (int r = 0; r < rows; r++) /* the columns past the last whole vector */
             for (int64_t jj = nvec; jj < nhi; jj++) {
