@@ -447,15 +447,21 @@ Test(cpu_gemm, matmul_shapes)
     matmul_case("1 x 1", TY(PTC_F32, 1, 1), TY(PTC_F32, 1, 1));
 }
 
-/* The GEMM with every transpose combination, through OpenBLAS (when built with it) and through
+/* The library routes a piece may take (cpu_gemm.c's piece_to_openblas): the rule, and each
+ * library forced, where both are open (a CPU without AVX-512); elsewhere all three run the one. */
+static const int ROUTES[3] = {PTRT_GEMM_ROUTE_RULE, PTRT_GEMM_ROUTE_ONEDNN,
+                              PTRT_GEMM_ROUTE_OPENBLAS};
+
+/* The GEMM with every transpose combination, through the library on every route and through
  * the plain loop, against a double loop. */
 Test(cpu_gemm, transposes_and_plain_loop)
 {
     int64_t m = 37, n = 45, k = 29;
     float *a = rnd(m * k, 17, -1, 1), *b = rnd(k * n, 18, -1, 1), *c0 = rnd(m * n, 19, -1, 1);
     float *c = malloc((size_t)(m * n) * sizeof *c), *want = malloc((size_t)(m * n) * sizeof *c);
-    for (int mode = 0; mode < 8; mode++) {
-        bool ta = mode & 1, tb = mode & 2, plain = mode & 4;
+    for (int mode = 0; mode < 16; mode++) {
+        bool ta = mode & 1, tb = mode & 2, plain = (mode >> 2) == 3;
+        ptrt_cpu_gemm_route = ROUTES[(mode >> 2) % 3];
         int64_t lda = ta ? m : k, ldb = tb ? k : n;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
@@ -471,8 +477,10 @@ Test(cpu_gemm, transposes_and_plain_loop)
         else
             ptrt_cpu_gemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c, n);
         double e = rel_error(c, want, m * n);
-        cr_expect(e <= DOT, "gemm ta=%d tb=%d plain=%d: error %.3g", ta, tb, plain, e);
+        cr_expect(e <= DOT, "gemm ta=%d tb=%d plain=%d route %d (%s): error %.3g", ta, tb, plain,
+                  ptrt_cpu_gemm_route, ptrt_cpu_blas_name(), e);
     }
+    ptrt_cpu_gemm_route = PTRT_GEMM_ROUTE_RULE;
     free(a);
     free(b);
     free(c0);
@@ -488,7 +496,9 @@ Test(cpu_gemm, transposed_a_tall_c)
 {
     int64_t shapes[][3] = {{301, 37, 53}, {1, 1, 7},    {17, 16, 1},
                            {4099, 67, 131}, {640, 511, 9}, {40009, 67, 3}};
-    for (int sh = 0; sh < 6; sh++) {
+    for (int sr = 0; sr < 18; sr++) { /* every shape on every route */
+        int sh = sr % 6;
+        ptrt_cpu_gemm_route = ROUTES[sr / 6];
         int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
         int64_t lda = m + 3, ldb = n + 2, ldc = n + 5;
         float *a = rnd(k * lda, 41 + sh, -1, 1), *b = rnd(k * ldb, 51 + sh, -1, 1);
@@ -511,7 +521,8 @@ Test(cpu_gemm, transposed_a_tall_c)
                 pad_kept = pad_kept && c[i * ldc + j] == 7.0f;
         }
         double e = rel_error(got, want, m * n);
-        cr_expect(e <= DOT, "%ldx%ldx%ld: error %.3g", (long)m, (long)n, (long)k, e);
+        cr_expect(e <= DOT, "%ldx%ldx%ld route %d: error %.3g", (long)m, (long)n, (long)k,
+                  ptrt_cpu_gemm_route, e);
         cr_expect(pad_kept, "%ldx%ldx%ld: C's row padding written", (long)m, (long)n, (long)k);
         free(a);
         free(b);
@@ -519,6 +530,7 @@ Test(cpu_gemm, transposed_a_tall_c)
         free(want);
         free(got);
     }
+    ptrt_cpu_gemm_route = PTRT_GEMM_ROUTE_RULE;
 }
 
 /* n random values in [-1, 1) rounded to bf16 or f16 storage */
