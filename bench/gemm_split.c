@@ -36,7 +36,7 @@ static double now(void)
 static double best(const ptc_gemm *g, const float *a, const float *b, float *c)
 {
     double t = INFINITY;
-    for (int r = 0; r < 10; r++) { /* (oneDNN makes a shape's kernel in each thread's first calls) */
+    for (int r = 0; r < 10; r++) { /* (oneDNN makes a shape's kernel in a thread's first calls) */
         double t0 = now();
         ptrt_cpu_gemm_instr(g, a, b, c);
         double dt = now() - t0;

@@ -71,6 +71,7 @@ MK_TARGET static void MK_NAME(int64_t m, int64_t n, int64_t k, bool ta, const fl
     case 2: TILE(R, MK_NV < 2 ? MK_NV : 2, TA); break;                                            \
     default: TILE(R, 1, TA); break;                                                               \
     }
+    _Static_assert(MR == 6, "ROWS below has a case for each row count up to MR");
 #define ROWS(TA)                                                                                  \
     switch (rows) {                                                                               \
     case 6: TILES(6, TA) break;                                                                   \

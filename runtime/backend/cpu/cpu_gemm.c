@@ -51,7 +51,8 @@ static struct {
     dnnl_sgemm_fn dnnl;
     dnnl_bf16_fn dnnl_bf16; /* NULL: bf16 operands are converted to f32 first */
     void (*omp_set_num_threads)(int); /* oneDNN's OpenMP, one thread per calling thread */
-    bool route; /* both open, the CPU without AVX-512: some pieces go to OpenBLAS (gemm_lib) */
+    bool route; /* both open, the CPU without AVX-512: some pieces go to OpenBLAS (see
+                 * piece_to_openblas) */
     char name[64];
 } blas;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -112,13 +113,24 @@ static bool open_openblas(void)
 #define ONEDNN_BY_DEFAULT true
 #endif
 
+/* whether oneDNN runs its AVX-512 sgemm here (elsewhere than x86-64, the rule is not measured:
+ * no second library) */
+static bool cpu_has_avx512(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512f");
+#else
+    return true;
+#endif
+}
+
 static void open_blas(void)
 {
     const char *want = getenv("PTC_GEMM");
     bool any = !want || !*want;
     if (((any && ONEDNN_BY_DEFAULT) || (want && strcmp(want, "onednn") == 0)) && open_onednn()) {
         /* oneDNN's AVX2 sgemm (no AVX-512) is slow on a narrow piece: OpenBLAS beside it */
-        if (any && !__builtin_cpu_supports("avx512f") && open_openblas()) {
+        if (any && !cpu_has_avx512() && open_openblas()) {
             blas.route = true;
             snprintf(blas.name, sizeof blas.name, "onednn+openblas");
         }
