@@ -391,24 +391,73 @@ static double gemm_at(const void *x, uint8_t ab, int64_t i)
                            : ((const float *)x)[i];
 }
 
+/* Row i of C from its sums over p (acc, n doubles): alpha s + beta C, rounded once. */
+static void gemm_store_row(const ptc_gemm *g, const double *acc, void *c, int64_t at)
+{
+    for (int64_t j = 0; j < g->n; j++) {
+        if (g->cd == PTC_F32) {
+            float *pc = (float *)c + at + j;
+            *pc = (float)(g->alpha * acc[j] + (g->beta != 0 ? g->beta * *pc : 0));
+            continue;
+        }
+        float v = (float)(g->alpha * acc[j]); /* (16-bit results: beta is 0) */
+        ((uint16_t *)c)[at + j] = g->cd == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v);
+    }
+}
+
+/* Each element of C is its sum over p = 0, 1, ..., k - 1 of the products in double (a product
+ * of two floats is exact there, so a fused multiply-add rounds as the sum does). The loops run
+ * in the order the operands are laid out in, a row of B at a time where B is not transposed, a
+ * row of sums at once: each element still takes its terms in the same order, so the results are
+ * those of the plain i-j-p loop bit for bit, 5-10 times faster (B's columns were walked with a
+ * row stride, and the ref GEMM took 78% of a reference run). */
 void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c)
 {
+    double *acc = ptc_xmalloc(sizeof(double) * (size_t)(g->n > 0 ? g->n : 1));
+    bool f32 = g->ab == PTC_F32;
     for (int64_t bi = 0; bi < g->batch; bi++) {
         int64_t oa = bi * g->sa, ob = bi * g->sb;
-        for (int64_t i = 0; i < g->m; i++)
-            for (int64_t j = 0; j < g->n; j++) {
-                double s = 0;
-                for (int64_t p = 0; p < g->k; p++)
-                    s += gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p)) *
-                         gemm_at(b, g->ab, ob + (g->tb ? j * g->ldb + p : p * g->ldb + j));
-                int64_t at = bi * g->sc + i * g->ldc + j;
-                if (g->cd == PTC_F32) {
-                    float *pc = (float *)c + at;
-                    *pc = (float)(g->alpha * s + (g->beta != 0 ? g->beta * *pc : 0));
-                    continue;
+        for (int64_t i = 0; i < g->m; i++) {
+            if (!g->tb) { /* i-p-j: row p of B, unit stride */
+                for (int64_t j = 0; j < g->n; j++)
+                    acc[j] = 0;
+                for (int64_t p = 0; p < g->k; p++) {
+                    double x = gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p));
+                    int64_t row = ob + p * g->ldb;
+                    if (f32) {
+                        const float *restrict bp = (const float *)b + row;
+                        for (int64_t j = 0; j < g->n; j++)
+                            acc[j] += x * bp[j];
+                    } else {
+                        for (int64_t j = 0; j < g->n; j++)
+                            acc[j] += x * gemm_at(b, g->ab, row + j);
+                    }
                 }
-                float v = (float)(g->alpha * s); /* (16-bit results: beta is 0) */
-                ((uint16_t *)c)[at] = g->cd == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v);
+            } else { /* i-j-p: rows j of B^T, unit stride, four at a time (four independent sums,
+                      * each still over p in order, where one sum waited on its last add) */
+                int64_t j = 0;
+                for (; j + 4 <= g->n; j += 4) {
+                    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                    int64_t r = ob + j * g->ldb;
+                    for (int64_t p = 0; p < g->k; p++) {
+                        double x = gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p));
+                        s0 += x * gemm_at(b, g->ab, r + p);
+                        s1 += x * gemm_at(b, g->ab, r + g->ldb + p);
+                        s2 += x * gemm_at(b, g->ab, r + 2 * g->ldb + p);
+                        s3 += x * gemm_at(b, g->ab, r + 3 * g->ldb + p);
+                    }
+                    acc[j] = s0, acc[j + 1] = s1, acc[j + 2] = s2, acc[j + 3] = s3;
+                }
+                for (; j < g->n; j++) {
+                    double s = 0;
+                    for (int64_t p = 0; p < g->k; p++)
+                        s += gemm_at(a, g->ab, oa + (g->ta ? p * g->lda + i : i * g->lda + p)) *
+                             gemm_at(b, g->ab, ob + j * g->ldb + p);
+                    acc[j] = s;
+                }
             }
+            gemm_store_row(g, acc, c, bi * g->sc + i * g->ldc);
+        }
     }
+    free(acc);
 }
