@@ -57,6 +57,7 @@ times as long in a debug build with the sanitizers (what CI runs there, in 90 s;
 covers ref).
 """
 import json
+import operator
 import os
 import struct
 import subprocess
@@ -254,7 +255,7 @@ def run_plan(exe, backend):
         if r.returncode:
             return None, 'run failed (initial weights): %s' % r.stderr.strip()
         init = load_safetensors(weights + '.init')
-        weights_now = {k: [a - b for a, b in zip(v, init[k])] for k, v in weights_now.items()}
+        weights_now = {k: list(map(operator.sub, v, init[k])) for k, v in weights_now.items()}
     records = [json.loads(line) for line in open(log)]
     losses = [x['loss'] for x in records if 'loss' in x]
     dropped = [x.get('dropped') for x in records if 'loss' in x]
@@ -290,9 +291,9 @@ def compare(ref, got, stages=1):
     worst_w, where = 0.0, ''
     if set(rw) != set(gw):
         return worst_loss, float('inf'), 'tensors differ: %s' % sorted(set(rw) ^ set(gw))
-    for name, ref_t in rw.items():
-        scale = max(abs(x) for x in ref_t) or 1.0
-        d = max(abs(a - b) for a, b in zip(gw[name], ref_t)) / scale
+    for name, ref_t in rw.items():  # (map and operator: the loops in C, a third of the run)
+        scale = max(map(abs, ref_t), default=0.0) or 1.0
+        d = max(map(abs, map(operator.sub, gw[name], ref_t)), default=0.0) / scale
         if d > worst_w:
             worst_w, where = d, name
     return worst_loss, worst_w, where
