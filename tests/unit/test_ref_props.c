@@ -311,3 +311,92 @@ Test(ref_props, rounding_is_idempotent)
     cr_expect_eq(bad, 0, "%d values change when rounded twice", bad);
     free(x);
 }
+
+/* C = alpha op(A) op(B) + beta C by its definition: each element's products summed over p = 0,
+ * 1, ..., k - 1 in order, in double, rounded once (the reference GEMM promises these bits) */
+static double def_at(const void *x, uint8_t dt, int64_t i)
+{
+    return dt == PTC_BF16  ? ptc_bf16_value(((const uint16_t *)x)[i])
+           : dt == PTC_F16 ? ptc_f16_value(((const uint16_t *)x)[i])
+                           : ((const float *)x)[i];
+}
+
+static void gemm_by_definition(const ptc_gemm *g, const void *a, const void *b, void *c)
+{
+    for (int64_t bi = 0; bi < g->batch; bi++)
+        for (int64_t i = 0; i < g->m; i++)
+            for (int64_t j = 0; j < g->n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < g->k; p++)
+                    s += def_at(a, g->ab, bi * g->sa + (g->ta ? p * g->lda + i : i * g->lda + p)) *
+                         def_at(b, g->ab, bi * g->sb + (g->tb ? j * g->ldb + p : p * g->ldb + j));
+                int64_t at = bi * g->sc + i * g->ldc + j;
+                if (g->cd == PTC_F32) {
+                    float *pc = (float *)c + at;
+                    *pc = (float)(g->alpha * s + (g->beta != 0 ? g->beta * *pc : 0));
+                } else {
+                    float v = (float)(g->alpha * s);
+                    ((uint16_t *)c)[at] = g->cd == PTC_BF16 ? ptc_bf16_bits(v) : ptc_f16_bits(v);
+                }
+            }
+}
+
+/* ptrt_ref_gemm's blocks (4 rows by 8 columns, panels of 256 columns, copies of transposed and
+ * 16-bit operands) give the definition's bits: every transpose, row and column counts around the
+ * block sizes (1, 3, 4, 5; 7, 8, 9, 300 across two panels), k from 0 to 33, 16-bit operands and
+ * results, alpha and beta, a batch whose A is one matrix for all (sa = 0) */
+Test(ref_props, gemm_gives_the_bits_of_its_definition)
+{
+    const int64_t ms[] = {1, 3, 4, 5, 9}, ns[] = {1, 7, 8, 9, 300}, ks[] = {0, 1, 5, 33};
+    const uint8_t dts[][2] = {{PTC_F32, PTC_F32}, {PTC_BF16, PTC_F32}, {PTC_F16, PTC_BF16}};
+    int cases = 0;
+    for (int t = 0; t < 4; t++)
+        for (int d = 0; d < 3; d++)
+            for (size_t mi = 0; mi < 5; mi++)
+                for (size_t ni = 0; ni < 5; ni++)
+                    for (size_t ki = 0; ki < 4; ki++) {
+                        int64_t m = ms[mi], n = ns[ni], k = ks[ki], batch = 2;
+                        bool ta = t & 1, tb = t >> 1, f32c = dts[d][1] == PTC_F32;
+                        ptc_gemm g = {.ta = ta, .tb = tb, .ab = dts[d][0], .cd = dts[d][1],
+                                      .m = m, .n = n, .k = k, .batch = batch,
+                                      .lda = (ta ? m : k) + 1, .ldb = (tb ? k : n) + 2, .ldc = n + 3,
+                                      .alpha = f32c ? 0.75 : 1.0, .beta = f32c ? -0.5 : 0.0};
+                        g.sa = 0; /* (one A for the whole batch) */
+                        g.sb = (tb ? n : k) * g.ldb;
+                        g.sc = m * g.ldc;
+                        int64_t na = (ta ? k : m) * g.lda + 1, nb = batch * g.sb + 1;
+                        int64_t nc = batch * g.sc;
+                        size_t es = dts[d][0] == PTC_F32 ? 4 : 2, cs = f32c ? 4 : 2;
+                        float *fa = rand_floats(na, 11 + (uint32_t)cases, -2, 2);
+                        float *fb = rand_floats(nb, 12 + (uint32_t)cases, -2, 2);
+                        float *c0 = rand_floats(nc, 13 + (uint32_t)cases, -2, 2);
+                        void *a = malloc((size_t)na * es), *b = malloc((size_t)nb * es);
+                        for (int64_t i = 0; i < na; i++)
+                            es == 4 ? (void)(((float *)a)[i] = fa[i])
+                                    : (void)(((uint16_t *)a)[i] = dts[d][0] == PTC_BF16
+                                                                      ? ptc_bf16_bits(fa[i])
+                                                                      : ptc_f16_bits(fa[i]));
+                        for (int64_t i = 0; i < nb; i++)
+                            es == 4 ? (void)(((float *)b)[i] = fb[i])
+                                    : (void)(((uint16_t *)b)[i] = dts[d][0] == PTC_BF16
+                                                                      ? ptc_bf16_bits(fb[i])
+                                                                      : ptc_f16_bits(fb[i]));
+                        void *want = malloc((size_t)nc * cs), *got = malloc((size_t)nc * cs);
+                        if (f32c) {
+                            memcpy(want, c0, (size_t)nc * 4);
+                            memcpy(got, c0, (size_t)nc * 4);
+                        } else {
+                            memset(want, 0x5a, (size_t)nc * 2);
+                            memset(got, 0x5a, (size_t)nc * 2);
+                        }
+                        gemm_by_definition(&g, a, b, want);
+                        ptrt_ref_gemm(&g, a, b, got);
+                        cr_expect(memcmp(want, got, (size_t)nc * cs) == 0,
+                                  "ta %d tb %d dtypes %d/%d m %lld n %lld k %lld: not the "
+                                  "definition's bits", ta, tb, dts[d][0], dts[d][1], (long long)m,
+                                  (long long)n, (long long)k);
+                        free(fa), free(fb), free(c0), free(a), free(b), free(want), free(got);
+                        cases++;
+                    }
+    cr_expect_eq(cases, 4 * 3 * 5 * 5 * 4);
+}

@@ -24,19 +24,6 @@
 #include "kernel.h"
 #include "program.h"
 
-/* A hot loop of plain C compiled three times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and
- * the baseline, the copy for the running CPU chosen once when the program loads (GCC's function
- * multiversioning through an ifunc). The files that use it are built at -O3 (runtime/
- * CMakeLists.txt), so the loops vectorize at each level's width. Which copy runs is fixed for a
- * process, so results still do not depend on the thread count; the v3 and v4 copies may contract
- * a * b + c into one FMA where the baseline rounds twice, which is why kernels that promise the
- * reference's bits keep to adds and exact products there. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) &&       \
-    !defined(__SANITIZE_THREAD__) /* (ThreadSanitizer's code in an ifunc resolver: a crash) */
-#define PTRT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define PTRT_CLONES
-#endif
 
 /* Reductions keep PTRT_LANES running sums in double (lane l takes elements l, l + PTRT_LANES, ...):
  * independent chains, so the loops vectorize, in an order that does not depend on the ISA.
