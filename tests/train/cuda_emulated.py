@@ -23,7 +23,12 @@ check that the executor waits wherever an instruction needs a collective's buffe
 With --device cuda the same comparison runs on a real GPU (ctest label gpu: `ctest -L gpu`); it
 exits 77 (skipped), saying why, where the machine has no CUDA driver or GPU.
 
-Usage: cuda_emulated.py PTC SOURCE_DIR [--device cuda-emulated|cuda]
+--quick runs the cases of QUICK alone (one of each communicator, pipeline, 16-bit storage and
+the experts) and one mpirun: the sanitizer build's run (tests/CMakeLists.txt passes it there),
+where the host code is what the sanitizers check and every case costs several times as much;
+the plain build runs them all.
+
+Usage: cuda_emulated.py PTC SOURCE_DIR [--device cuda-emulated|cuda] [--quick]
 """
 import json
 import os
@@ -37,7 +42,9 @@ import tempfile
 from tally import check, summary  # tests/train/tally.py, beside this script
 
 PTC, SRC = sys.argv[1], sys.argv[2]
-DEVICE = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == '--device' else 'cuda-emulated'
+ARGS = sys.argv[3:]
+DEVICE = ARGS[ARGS.index('--device') + 1] if '--device' in ARGS[:-1] else 'cuda-emulated'
+QUICK_RUN = '--quick' in ARGS
 SMALL = ['-D', 'batch=2', '-D', 'seq=8']
 CASES = [  # (name, model, ptc flags)
     ('gpt2_tiny', 'gpt2_tiny.ptm', SMALL),
@@ -100,6 +107,11 @@ CASES = [  # (name, model, ptc flags)
      ['-D', 'batch=4', '-D', 'seq=8', '--mesh', 'dp=2,ep=2', '--zero', '3'],
      {'PTC_CUDA_EMULATED_GPUS': '4'}),
 ]
+QUICK = {'gpt2_tiny', 'gpt2_tiny dp=2,tp=2 SP ZeRO-1', 'gpt2_tiny dp=2,tp=2 on 2 GPUs',
+         'gpt2_tiny dp=2,tp=2 SP ZeRO-3 on 4 GPUs (NCCL)', 'gpt2_tiny pp=2,dp=2 1F1B on 4 GPUs (NCCL)',
+         'llama_tiny fp16 dp=2', 'llama_tiny bf16 80 rows tp=4',
+         'moe_tiny ep=2 capacity 1.0, blocks of 3 rows', 'moe_tiny dp=2,ep=2 ZeRO-3 on 4 GPUs (NCCL)'}
+assert QUICK <= {c[0] for c in CASES}
 # relative: f32 sums in another order; 16 bits: a result rounded the other way now and then
 TOL = {'bf16': 2e-3, 'fp16': 2e-3}
 STEPS = 3
@@ -173,6 +185,8 @@ def mpi_cases(wd):
             ('2 processes x 2 ranks on 4 GPUs', 2, ['--ranks-per-process', '2'], '4',
              'collectives: NCCL, one GPU per rank, across processes'),
             ('4 processes sharing GPU 0', 4, [], '1', 'share GPU')):
+        if QUICK_RUN and np != 2:
+            continue
         cmd = ['mpirun', '-np', str(np), exe, '--device', 'cuda-emulated', '--steps', str(STEPS),
                '--threads', '1', '--seed', '7'] + extra
         try:
@@ -216,6 +230,8 @@ def main():
     with tempfile.TemporaryDirectory() as wd:
         for case in CASES:
             name, model, flags = case[:3]
+            if QUICK_RUN and name not in QUICK:
+                continue
             env = case[3] if len(case) > 3 else None
             exe = os.path.join(wd, re.sub(r'[^A-Za-z0-9_]', '_', name))
             b = subprocess.run([PTC, os.path.join(SRC, model if '/' in model else
