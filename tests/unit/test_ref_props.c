@@ -359,7 +359,8 @@ Test(ref_props, gemm_gives_the_bits_of_its_definition)
                         bool ta = t & 1, tb = t >> 1, f32c = dts[d][1] == PTC_F32;
                         ptc_gemm g = {.ta = ta, .tb = tb, .ab = dts[d][0], .cd = dts[d][1],
                                       .m = m, .n = n, .k = k, .batch = batch,
-                                      .lda = (ta ? m : k) + 1, .ldb = (tb ? k : n) + 2, .ldc = n + 3,
+                                      .lda = (ta ? m : k) + 1, .ldb = (tb ? k : n) + 2,
+                                      .ldc = n + 3,
                                       .alpha = f32c ? 0.75 : 1.0, .beta = f32c ? -0.5 : 0.0};
                         g.sa = 0; /* (one A for the whole batch) */
                         g.sb = (tb ? n : k) * g.ldb;

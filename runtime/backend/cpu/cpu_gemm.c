@@ -89,7 +89,7 @@ static bool open_onednn(void)
 /* OpenBLAS runs one thread for each thread that calls it here (openblas_set_num_threads(1)
  * below), but by then its library constructor has started a server thread per core, which spin
  * in sched_yield for ~0.1 s before they sleep: 20-100 ms of a core in every process that opens it
- * (a third of a small reference run's time, and in every ptc test). OPENBLAS_NUM_THREADS=1 at
+ * (10-30% of a small reference run's time, and in every ptc test). OPENBLAS_NUM_THREADS=1 at
  * load starts none. Set before main, while the process has one thread (setenv is not safe beside
  * another thread's getenv), and only where the user has not set it. */
 __attribute__((constructor)) static void openblas_one_thread(void)

@@ -485,7 +485,8 @@ void ptrt_ref_gemm(const ptc_gemm *g, const void *a, const void *b, void *c)
                     for (int r = 0; r < rows; r++)
                         for (int64_t p = 0; p < g->k; p++)
                             arows[r * g->k + p] = (float)gemm_at(
-                                a, g->ab, oa + (g->ta ? p * g->lda + i0 + r : (i0 + r) * g->lda + p));
+                                a, g->ab,
+                                oa + (g->ta ? p * g->lda + i0 + r : (i0 + r) * g->lda + p));
                     ap = arows, ars = g->k, acs = 1;
                 }
                 gemm_rows(rows, jn, g->k, ap, ars, acs, bp, ldb, acc);
