@@ -3,12 +3,11 @@
  *
  * Included first (cc -include cuda_emu.h) into the generated translation unit, compiled as C11
  * into a shared object. A launch runs the grid's blocks one after another; a block's threads are
- * fibers (ucontext) switched at every barrier, or, under ASan (which does not follow fibers) or
- * with PTC_CUDA_EMU_THREADS defined, real threads (POSIX). Either way a missing barrier shows as a
- * wrong result, as on a GPU (fibers run in an order that changes from launch to launch):
+ * fibers switched at every barrier, announced to AddressSanitizer where it runs. A
+ * missing barrier shows as a wrong result, as on a GPU (fibers run in an order that changes from
+ * launch to launch), or as a race (below):
  *
- *   threadIdx, blockIdx   the running fiber's (thread-local with threads); blockDim, gridDim set
- *                         by the launch;
+ *   threadIdx, blockIdx   the running fiber's; blockDim, gridDim set by the launch;
  *   __syncthreads()       a barrier of the block's threads;
  *   __shfl_xor_sync       each lane leaves its value in a slot, a barrier of its warp, it reads
  *                         its partner's slot, a barrier of its warp: exact for code whose
@@ -29,7 +28,7 @@
  * fn being a kernel's `k_<name>__emu`, and ptc_cuda_emu_error(), what made the last launch fail.
  * One launch at a time per process.
  *
- * The race check (fibers). A missing barrier shows as a wrong result only when the fibers happen
+ * The race check. A missing barrier shows as a wrong result only when the fibers happen
  * to run in an order that exposes it, and two threads adding into one element show nothing at
  * all: fibers do not interleave within a barrier interval, so no update is lost here that a GPU
  * would lose. So each access is recorded, in a table keyed by address and cleared every launch,
@@ -42,19 +41,17 @@
  * thread runs) leave the same memory in any order, and a store that leaves the bits there as
  * they were changes nothing another thread read. Shared memory (__shared__, placed in a section of
  * its own to be told apart) is each block's own: a block starts its record afresh. atomicAdd is not
- * recorded. The real-threads build (ASan) does not check: its threads do interleave, and ASan is
- * the tool there.
+ * recorded.
  */
 #ifndef PTC_CUDA_EMU_H
 #define PTC_CUDA_EMU_H
 
 #define PTC_CUDA_EMULATE 1
 #ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
+#define _POSIX_C_SOURCE 200809L
 #endif
 
 #include <math.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -95,7 +92,7 @@ typedef struct float4 {
 
 /* PTC_LDV(d, p, i, n): p[i .. i + n - 1] into the array d (16-byte loads on the GPU), checked
  * as n loads; PTC_STV(p, i, d, n) the other way. p + i not at a 16-byte boundary fails the
- * launch, as the GPU's load would fault (ptc_emu_aligned16, by build below). */
+ * launch, as the GPU's load would fault (ptc_emu_aligned16, below). */
 #define PTC_LDV(d, p, i, n)                                                                        \
     do {                                                                                           \
         ptc_emu_aligned16(&(p)[i], #p);                                                            \
@@ -116,8 +113,7 @@ typedef struct ptc_emu_dim3 {
     unsigned x, y, z;
 } ptc_emu_dim3;
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(PTC_CUDA_EMU_THREADS)
-/* ---- a block's threads as fibers (ucontext) on the calling thread ----
+/* ---- a block's threads as fibers on the calling thread ----
  * A barrier switches to the next fiber that can run: cheap, where a barrier of real threads costs
  * an OS context switch for each (32 to 1024 of them on a machine of a few cores). Waiting is
  * exact: a fiber passes a barrier when every member has arrived (the block's threads for
@@ -127,9 +123,95 @@ typedef struct ptc_emu_dim3 {
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <ucontext.h>
 
+/* Under AddressSanitizer (a unit built with -fsanitize=address, or loaded into a process that
+ * was: PTC_CUDA_EMU_ASAN) every switch is announced to it, so that it knows which stack runs:
+ * its checks of stack memory, and its unpoisoning at a function that does not return, would
+ * otherwise take a fiber's stack for the thread's. */
+#if defined(__SANITIZE_ADDRESS__) || defined(PTC_CUDA_EMU_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define PTC_EMU_STACK ((size_t)128 << 10) /* (its redzones widen the frames) */
+#define PTC_EMU_SWITCH_TO(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define PTC_EMU_SWITCHED(save, from_bottom, from_size)                                             \
+    __sanitizer_finish_switch_fiber(save, from_bottom, from_size)
+/* the stacks of fibers a deadlock left in the middle of their frames, made plain memory again */
+#define PTC_EMU_STACKS_CLEAN(p, n) __asan_unpoison_memory_region(p, n)
+#else
 #define PTC_EMU_STACK ((size_t)64 << 10)
+#define PTC_EMU_SWITCH_TO(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define PTC_EMU_SWITCHED(save, from_bottom, from_size)                                             \
+    ((void)(save), (void)(from_bottom), (void)(from_size))
+#define PTC_EMU_STACKS_CLEAN(p, n) ((void)(p), (void)(n))
+#endif
+
+/* A context: ptc_emu_ctx_make(c, stack, size, entry) readies entry to run on the stack (entry
+ * never returns: it ends by switching away for good); ptc_emu_ctx_switch(from, to) suspends the
+ * running code in from and resumes to. On x86-64 the switch saves and restores the callee-saved
+ * registers and the stack pointer, ten instructions: glibc's swapcontext also saves the floating
+ * point environment and makes a system call for the signal mask, and was 60% of an emulated
+ * training run (perf). The kernels change neither, so neither is kept. Elsewhere, or with
+ * PTC_CUDA_EMU_UCONTEXT defined (as one test builds it), ucontext. */
+#if defined(__x86_64__) && !defined(PTC_CUDA_EMU_UCONTEXT)
+typedef struct ptc_emu_ctx {
+    void *sp;
+} ptc_emu_ctx;
+void ptc_emu_jump(void **save_sp, void *sp) __attribute__((visibility("hidden")));
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".globl ptc_emu_jump\n"
+        ".hidden ptc_emu_jump\n"
+        ".type ptc_emu_jump, @function\n"
+        "ptc_emu_jump:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size ptc_emu_jump, .-ptc_emu_jump\n");
+static void ptc_emu_ctx_make(ptc_emu_ctx *c, char *stack, size_t size, void (*entry)(void))
+{
+    /* from the top (16-byte aligned): a return address entry never uses, entry's address for
+     * ptc_emu_jump's ret, six registers for its pops; entry starts as if called */
+    void **sp = (void **)(void *)(stack + (size & ~(size_t)15));
+    *--sp = NULL;
+    *--sp = (void *)(uintptr_t)entry;
+    for (int r = 0; r < 6; r++)
+        *--sp = NULL;
+    c->sp = sp;
+}
+static inline void ptc_emu_ctx_switch(ptc_emu_ctx *from, ptc_emu_ctx *to)
+{
+    ptc_emu_jump(&from->sp, to->sp);
+}
+#else
+#include <ucontext.h>
+typedef struct ptc_emu_ctx {
+    ucontext_t uc;
+} ptc_emu_ctx;
+static void ptc_emu_ctx_make(ptc_emu_ctx *c, char *stack, size_t size, void (*entry)(void))
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, entry, 0);
+}
+static inline void ptc_emu_ctx_switch(ptc_emu_ctx *from, ptc_emu_ctx *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+#endif
 
 static ptc_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 static float ptc_emu_slot[1024];
@@ -320,13 +402,15 @@ static void ptc_emu_store(const void *base, void *p, const void *v, size_t size,
 typedef void (*ptc_emu_fn)(void *const *args);
 
 typedef struct ptc_emu_fiber {
-    ucontext_t uc;
+    ptc_emu_ctx ctx;
     int state; /* 0 runnable, 1 waiting at barrier bar, 2 done */
     int bar;
 } ptc_emu_fiber;
 
 static ptc_emu_fiber ptc_emu_fibers[1024];
-static ucontext_t ptc_emu_sched;
+static ptc_emu_ctx ptc_emu_sched;
+static const void *ptc_emu_sched_stack; /* the scheduler's stack (the sanitizer's announcements) */
+static size_t ptc_emu_sched_size;
 static unsigned ptc_emu_arrived[33]; /* 0: the block's barrier; 1 + w: warp w's */
 static ptc_emu_fn ptc_emu_fn_now;
 static void *const *ptc_emu_args_now;
@@ -347,7 +431,10 @@ static void ptc_emu_wait(int bar, unsigned members)
     unsigned me = ptc_emu_cur;
     ptc_emu_fibers[me].state = 1;
     ptc_emu_fibers[me].bar = bar;
-    swapcontext(&ptc_emu_fibers[me].uc, &ptc_emu_sched);
+    void *save = NULL;
+    PTC_EMU_SWITCH_TO(&save, ptc_emu_sched_stack, ptc_emu_sched_size);
+    ptc_emu_ctx_switch(&ptc_emu_fibers[me].ctx, &ptc_emu_sched);
+    PTC_EMU_SWITCHED(save, NULL, NULL);
 }
 
 static inline void __syncthreads(void)
@@ -378,10 +465,23 @@ static inline float atomicAdd(float *p, float v)
     return old;
 }
 
+/* the fibers' stacks and the race check's table go with the module (dlclose) */
+__attribute__((destructor)) static void ptc_emu_unload(void)
+{
+    free(ptc_emu_stacks);
+    free(ptc_emu_tab);
+    ptc_emu_stacks = NULL, ptc_emu_tab = NULL;
+    ptc_emu_nstacks = ptc_emu_cap = 0;
+}
+
 static void ptc_emu_entry(void)
 {
+    PTC_EMU_SWITCHED(NULL, &ptc_emu_sched_stack, &ptc_emu_sched_size);
     ptc_emu_fn_now(ptc_emu_args_now);
-    ptc_emu_fibers[ptc_emu_cur].state = 2; /* then back to the scheduler (uc_link) */
+    ptc_emu_fibers[ptc_emu_cur].state = 2;
+    PTC_EMU_SWITCH_TO(NULL, ptc_emu_sched_stack, ptc_emu_sched_size); /* (for good) */
+    ptc_emu_ctx_switch(&ptc_emu_fibers[ptc_emu_cur].ctx, &ptc_emu_sched);
+    abort(); /* (a finished fiber is never resumed) */
 }
 
 /* Runs fn on grid blocks of block threads. 0; -1 for a block size the generated code does not
@@ -425,11 +525,8 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
         ptc_emu_epoch = 0;
         for (unsigned t = 0; t < block; t++) {
             ptc_emu_fiber *f = &ptc_emu_fibers[t];
-            getcontext(&f->uc);
-            f->uc.uc_stack.ss_sp = ptc_emu_stacks + PTC_EMU_STACK * t;
-            f->uc.uc_stack.ss_size = PTC_EMU_STACK;
-            f->uc.uc_link = &ptc_emu_sched;
-            makecontext(&f->uc, ptc_emu_entry, 0);
+            ptc_emu_ctx_make(&f->ctx, ptc_emu_stacks + PTC_EMU_STACK * t, PTC_EMU_STACK,
+                             ptc_emu_entry);
             f->state = 0;
         }
         /* the order fibers run in changes from launch to launch (rotated, either direction), so
@@ -445,11 +542,15 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
                     continue;
                 ptc_emu_cur = t;
                 threadIdx = (ptc_emu_dim3){t, 0, 0};
-                swapcontext(&ptc_emu_sched, &ptc_emu_fibers[t].uc);
+                void *save = NULL;
+                PTC_EMU_SWITCH_TO(&save, ptc_emu_stacks + PTC_EMU_STACK * t, PTC_EMU_STACK);
+                ptc_emu_ctx_switch(&ptc_emu_sched, &ptc_emu_fibers[t].ctx);
+                PTC_EMU_SWITCHED(save, NULL, NULL);
                 ran = true;
                 done += ptc_emu_fibers[t].state == 2;
             }
             if (!ran) {
+                PTC_EMU_STACKS_CLEAN(ptc_emu_stacks, PTC_EMU_STACK * block);
                 snprintf(ptc_emu_err, sizeof ptc_emu_err,
                          "a deadlock in block %u: every thread left waits at a barrier that "
                          "some threads of the block never reach",
@@ -460,183 +561,6 @@ int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigne
     }
     return ptc_emu_raced == 1 ? -2 : ptc_emu_raced ? -1 : 0;
 }
-
-#else /* ---- a block's threads as POSIX threads (ASan builds, or PTC_CUDA_EMU_THREADS) ---- */
-#include <stdio.h>
-#include <stdlib.h>
-#define __shared__ static
-#define PTC_LD(p, i) (p)[i]
-#define PTC_ST(p, i, v) ((p)[i] = (v))
-/* a 16-byte access (PTC_LDV, PTC_STV) off a 16-byte boundary: the GPU would fault */
-static inline void ptc_emu_aligned16(const void *p, const char *what)
-{
-    if ((uintptr_t)p & 15) {
-        fprintf(stderr, "a 16-byte access to %s at %p, not at a 16-byte boundary\n", what, p);
-        abort();
-    }
-}
-static _Thread_local ptc_emu_dim3 threadIdx, blockIdx;
-static ptc_emu_dim3 blockDim, gridDim;
-static pthread_barrier_t ptc_emu_barrier, ptc_emu_warp_barrier[32];
-static float ptc_emu_slot[1024];
-static pthread_mutex_t ptc_emu_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t ptc_emu_go = PTHREAD_COND_INITIALIZER;
-
-static inline void __syncthreads(void)
-{
-    pthread_barrier_wait(&ptc_emu_barrier);
-}
-
-static inline void ptc_emu_warp_wait(void)
-{
-    pthread_barrier_wait(&ptc_emu_warp_barrier[threadIdx.x >> 5]);
-}
-
-static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
-{
-    (void)mask;
-    ptc_emu_slot[threadIdx.x] = v;
-    ptc_emu_warp_wait();
-    float u = ptc_emu_slot[threadIdx.x ^ ((unsigned)lane_mask & 31u)];
-    ptc_emu_warp_wait();
-    return u;
-}
-
-static inline float atomicAdd(float *p, float v)
-{
-    pthread_mutex_lock(&ptc_emu_lock);
-    float old = *p;
-    *p = old + v;
-    pthread_mutex_unlock(&ptc_emu_lock);
-    return old;
-}
-
-typedef void (*ptc_emu_fn)(void *const *args);
-
-/* The block's threads are kept from one launch to the next: starting a thread is the dearest thing
- * ASan does (its stacks and shadow: 3,000 launches of a 4-rank training step made 96,000 threads
- * and spent 5 of its 6 seconds in the kernel). A launch hands the kernel to threads 0..block-1
- * and waits for them; the others sleep on. They end when the module is unloaded (dlclose runs
- * ptc_emu_stop) or the process exits; a forked child starts its own. */
-typedef struct ptc_emu_thread {
-    unsigned tid, seen; /* the launch it ran last */
-} ptc_emu_thread;
-static pthread_t ptc_emu_th[1024];
-static ptc_emu_thread ptc_emu_ts[1024];
-static unsigned ptc_emu_nthreads, ptc_emu_launch_no, ptc_emu_done_count, ptc_emu_block;
-static bool ptc_emu_quit, ptc_emu_atfork;
-static ptc_emu_fn ptc_emu_fn_now;
-static void *const *ptc_emu_args_now;
-static pthread_cond_t ptc_emu_done = PTHREAD_COND_INITIALIZER;
-
-static void *ptc_emu_run(void *arg)
-{
-    ptc_emu_thread *t = arg;
-    threadIdx.x = t->tid;
-    threadIdx.y = threadIdx.z = 0;
-    pthread_mutex_lock(&ptc_emu_lock);
-    for (;;) {
-        while (ptc_emu_launch_no == t->seen && !ptc_emu_quit)
-            pthread_cond_wait(&ptc_emu_go, &ptc_emu_lock);
-        if (ptc_emu_quit)
-            break;
-        t->seen = ptc_emu_launch_no;
-        if (t->tid >= ptc_emu_block)
-            continue;
-        ptc_emu_fn fn = ptc_emu_fn_now;
-        void *const *args = ptc_emu_args_now;
-        pthread_mutex_unlock(&ptc_emu_lock);
-        for (unsigned b = 0; b < gridDim.x; b++) {
-            blockIdx.x = b;
-            blockIdx.y = blockIdx.z = 0;
-            fn(args);
-            __syncthreads(); /* the next block starts when this one has ended */
-        }
-        pthread_mutex_lock(&ptc_emu_lock);
-        if (++ptc_emu_done_count == ptc_emu_block)
-            pthread_cond_signal(&ptc_emu_done);
-    }
-    pthread_mutex_unlock(&ptc_emu_lock);
-    return NULL;
-}
-
-__attribute__((destructor)) static void ptc_emu_stop(void)
-{
-    pthread_mutex_lock(&ptc_emu_lock);
-    ptc_emu_quit = true;
-    pthread_cond_broadcast(&ptc_emu_go);
-    pthread_mutex_unlock(&ptc_emu_lock);
-    for (unsigned i = 0; i < ptc_emu_nthreads; i++)
-        pthread_join(ptc_emu_th[i], NULL);
-    ptc_emu_nthreads = 0;
-}
-
-static void ptc_emu_forked(void) /* (the child has none of the parent's threads) */
-{
-    pthread_mutex_init(&ptc_emu_lock, NULL);
-    pthread_cond_init(&ptc_emu_go, NULL);
-    pthread_cond_init(&ptc_emu_done, NULL);
-    ptc_emu_nthreads = 0;
-}
-
-/* Runs fn on grid blocks of block threads. 0, or -1 for a block size the generated code does
- * not take (not a multiple of 32, or above 1024) or threads that could not be started. */
-int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block);
-const char *ptc_cuda_emu_error(void);
-
-static const char *ptc_emu_err = "";
-
-const char *ptc_cuda_emu_error(void)
-{
-    return ptc_emu_err;
-}
-
-int ptc_cuda_emu_launch(ptc_emu_fn fn, void *const *args, unsigned grid, unsigned block)
-{
-    ptc_emu_err = "";
-    if (block == 0 || block % 32 || block > 1024 || grid == 0) {
-        ptc_emu_err = "a block size that is not a multiple of 32 up to 1024, or no blocks";
-        return -1;
-    }
-    blockDim = (ptc_emu_dim3){block, 1, 1};
-    gridDim = (ptc_emu_dim3){grid, 1, 1};
-    if (pthread_barrier_init(&ptc_emu_barrier, NULL, block))
-        return -1;
-    for (unsigned w = 0; w < block / 32; w++)
-        pthread_barrier_init(&ptc_emu_warp_barrier[w], NULL, 32);
-    int rc = 0;
-    pthread_mutex_lock(&ptc_emu_lock);
-    if (!ptc_emu_atfork)
-        ptc_emu_atfork = pthread_atfork(NULL, NULL, ptc_emu_forked) == 0;
-    /* (a thread started here waits for the launch below: it has not seen it) */
-    for (; ptc_emu_nthreads < block; ptc_emu_nthreads++) {
-        ptc_emu_thread *t = &ptc_emu_ts[ptc_emu_nthreads];
-        *t = (ptc_emu_thread){ptc_emu_nthreads, ptc_emu_launch_no};
-        if (pthread_create(&ptc_emu_th[ptc_emu_nthreads], NULL, ptc_emu_run, t)) {
-            ptc_emu_err = "the block's threads could not be started";
-            rc = -1;
-            break;
-        }
-    }
-    /* the threads start together, or not at all: a missing one would hold a barrier forever */
-    if (rc == 0) {
-        ptc_emu_fn_now = fn;
-        ptc_emu_args_now = args;
-        ptc_emu_block = block;
-        ptc_emu_done_count = 0;
-        ptc_emu_launch_no++;
-        pthread_cond_broadcast(&ptc_emu_go);
-        while (ptc_emu_done_count < block)
-            pthread_cond_wait(&ptc_emu_done, &ptc_emu_lock);
-    }
-    pthread_mutex_unlock(&ptc_emu_lock);
-    pthread_barrier_destroy(&ptc_emu_barrier);
-    for (unsigned w = 0; w < block / 32; w++)
-        pthread_barrier_destroy(&ptc_emu_warp_barrier[w]);
-    return rc;
-}
-
-#endif /* fibers or threads */
 
 /* The exchange of a warp-wide matrix multiply-add (mma.sync, the tensor-core attention): each
  * lane leaves its A fragment (4 words) and B fragment (2 words) in its warp's slots, and after a

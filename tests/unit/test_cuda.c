@@ -51,11 +51,15 @@
 #include "plan.h"
 #include "planner.h"
 
+/* The emulation builds' flags: line tables (-g1) for the sanitizers' reports and a debugger's
+ * backtrace; under the sanitizers -O0, which keeps every access for them to check and compiles
+ * in 40% of -O1's time (the compiler was 80% of these tests' time there, its variable tracking
+ * for -g much of it). */
 #if defined(__SANITIZE_ADDRESS__)
-#define EMU_SANITIZE " -fsanitize=address,undefined -fno-omit-frame-pointer"
+#define EMU_CFLAGS "-O0 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer"
 #define SANITIZED true
 #else
-#define EMU_SANITIZE ""
+#define EMU_CFLAGS "-O1 -g1"
 #define SANITIZED false
 #endif
 
@@ -176,9 +180,9 @@ static void *build_emu_with(const char *unit, const char *name, const char *flag
     snprintf(so, sizeof so, "%s/%s.so", tmpdir, name);
     write_text(src, unit);
     snprintf(cmd, sizeof cmd,
-             "cc -std=c11 -O1 -g -fPIC -shared -Wall -Wno-unused -Wno-div-by-zero%s %s -include "
-             "%s/codegen/cuda/cuda_emu.h -o %s %s -lm -lpthread",
-             EMU_SANITIZE, flags, PTC_SOURCE_DIR, so, src);
+             "cc -std=c11 %s -fPIC -shared -Wall -Wno-unused -Wno-div-by-zero %s -include "
+             "%s/codegen/cuda/cuda_emu.h -o %s %s -lm",
+             EMU_CFLAGS, flags, PTC_SOURCE_DIR, so, src);
     cr_assert_eq(system(cmd), 0, "the emulation build failed: %s", cmd);
     void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     cr_assert_not_null(h, "%s", dlerror());
@@ -322,8 +326,8 @@ static void check_unit(ptc_kir *const *ks, int n, const char *name)
     for (int i = 0; i < n; i++) {
         int grid, block;
         ptc_cuda_launch(ks[i], &ptc_cuda_archs[1], &grid, &block);
-        /* sm_90's block; a grid of at most 4 blocks, which the loops stride over (a block's
-         * threads are real threads: the whole grid would take long for nothing more) */
+        /* sm_90's block; a grid of at most 4 blocks, which the loops stride over (the whole
+         * grid would take long for nothing more) */
         check_emulated(so, ks[i], (unsigned)(grid < 4 ? grid : 4), (unsigned)block);
         check_emulated(so, ks[i], 3, 32);
         check_emulated(so, ks[i], 2, 96);
@@ -763,8 +767,8 @@ Test(cuda, attention_tensor_cores_emulated)
         {.batch = 1, .seq = 33, .kv_seq = 33, .heads = 2, .kv_heads = 2, .head_dim = 16, .h0 = 6, .ratio = 4, .causal = true, .mma = PTC_F16, .io = PTC_F16},
         {.batch = 1, .seq = 70, .kv_seq = 70, .heads = 4, .kv_heads = 2, .head_dim = 128, .causal = true, .mma = PTC_BF16, .io = PTC_BF16},
     };
-    /* under the sanitizers (a block's threads as real threads: 5 times as long) the shapes whose
-     * paths the others do not take: every tile remainder, head size and storage once */
+    /* under the sanitizers (a shape's build and run take 2.3 times as long there) the shapes
+     * whose paths the others do not take: every tile remainder, head size and storage once */
     const bool sanitized_subset[] = {true, false, true, true, false, true,
                                      false, true, true, true, true};
     _Static_assert(sizeof sanitized_subset / sizeof sanitized_subset[0] ==
@@ -1324,14 +1328,33 @@ static const char race_unit[] =
     "        PTC_ST(y, 0, PTC_LD(y, 0) + 1.0f);\n"
     "    PTC_ST(y, 1 + blockIdx.x * blockDim.x + threadIdx.x, PTC_LD(y, 0));\n"
     "}\n"
-    "EMU(k_uniform)\n";
+    "EMU(k_uniform)\n"
+    /* the first ids[0] threads wait at a barrier: all of them, or a warp that waits for ever */
+    "PTC_KERNEL k_barrier(const int *ids, float *y)\n"
+    "{\n"
+    "    float v[2];\n" /* (an array in the frame: ASan's redzones around it) */
+    "    v[threadIdx.x & 1] = (float)threadIdx.x;\n"
+    "    if (threadIdx.x < (unsigned)PTC_LD(ids, 0))\n"
+    "        __syncthreads();\n"
+    "    PTC_ST(y, 1 + blockIdx.x * blockDim.x + threadIdx.x, v[threadIdx.x & 1]);\n"
+    "}\n"
+    "EMU(k_barrier)\n"
+    /* a wider array where k_barrier's redzones were: a deadlock's frames left poisoned on the
+     * fibers' stacks would be reported here under ASan */
+    "PTC_KERNEL k_stack(const int *ids, float *y)\n"
+    "{\n"
+    "    float w[64];\n"
+    "    for (int i = 0; i < 64; i++)\n"
+    "        w[(i + PTC_LD(ids, 1)) % 64] = (float)i;\n"
+    "    PTC_ST(y, 1 + blockIdx.x * blockDim.x + threadIdx.x, w[threadIdx.x % 64]);\n"
+    "}\n"
+    "EMU(k_stack)\n";
 
-Test(cuda, emulation_finds_races)
+/* the race check, and a deadlock found (on each context switch the emulation has: its own on
+ * x86-64, ucontext elsewhere); a launch after a deadlock runs on the stacks it left */
+static void races_found(const char *flags)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    cr_skip("the real-threads emulation (ASan) does not check for races");
-#endif
-    void *so = build_emu(race_unit, "races");
+    void *so = build_emu_with(race_unit, *flags ? "races_ucontext" : "races", flags);
     launch_fn launch = emu_launcher(so);
     static const struct {
         const char *kernel;
@@ -1339,16 +1362,20 @@ Test(cuda, emulation_finds_races)
         unsigned grid;
         const char *race; /* how the message starts (fibers run in an order that changes from
                              launch to launch: which two threads meet first changes), or NULL */
+        int rc;           /* what a racy launch returns: -2 a race, -1 a deadlock */
     } cases[] = {
-        {"k_scatter", 0, 1, NULL},
-        {"k_scatter", 5, 1, "a race on y[5]: thread "},
-        {"k_neighbour", 1, 2, NULL},
-        {"k_neighbour", 0, 2, "a race on s["},
-        {"k_blocks", 0, 1, NULL},
-        {"k_blocks", 0, 2, "a race on y[0]: blocks 0 and 1 both write it"},
-        {"k_read_write", 0, 2, "a race on y[0]: block 0 reads it and block 1 writes it"},
-        {"k_uniform", 1, 3, NULL},
-        {"k_uniform", 0, 3, "a race on y[0]: "},
+        {"k_scatter", 0, 1, NULL, 0},
+        {"k_scatter", 5, 1, "a race on y[5]: thread ", -2},
+        {"k_neighbour", 1, 2, NULL, 0},
+        {"k_neighbour", 0, 2, "a race on s[", -2},
+        {"k_blocks", 0, 1, NULL, 0},
+        {"k_blocks", 0, 2, "a race on y[0]: blocks 0 and 1 both write it", -2},
+        {"k_read_write", 0, 2, "a race on y[0]: block 0 reads it and block 1 writes it", -2},
+        {"k_uniform", 1, 3, NULL, 0},
+        {"k_uniform", 0, 3, "a race on y[0]: ", -2},
+        {"k_barrier", 64, 2, NULL, 0},
+        {"k_barrier", 32, 2, "a deadlock in block 0: every thread left waits at a barrier", -1},
+        {"k_barrier", 64, 3, NULL, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int ids[64];
@@ -1364,7 +1391,8 @@ Test(cuda, emulation_finds_races)
             cr_expect_eq(rc, 0, "case %zu (%s): %s", c, cases[c].kernel, why);
             continue;
         }
-        cr_expect_eq(rc, -2, "case %zu (%s): the race was not found", c, cases[c].kernel);
+        cr_expect_eq(rc, cases[c].rc, "case %zu (%s): %d, not %d (%s)", c, cases[c].kernel, rc,
+                     cases[c].rc, why);
         cr_expect(strstr(why, cases[c].race) != NULL, "case %zu (%s): \"%s\", not \"%s...\"", c,
                   cases[c].kernel, why, cases[c].race);
     }
@@ -1382,4 +1410,20 @@ Test(cuda, emulation_finds_races)
         for (int t = 0; t < 64; t++)
             cr_expect_eq(y[b * 64 + t], (float)((t + 1) % 64 + 100 * b), "k_neighbour: y[%d]",
                          b * 64 + t);
+    ids[0] = 64;
+    cr_assert_eq(launch(emu_sym(so, "k_barrier__emu"), (void *const[]){ids, y}, 3, 64), 0);
+    for (int i = 0; i < 3 * 64; i++)
+        cr_expect_eq(y[1 + i], (float)(i % 64), "k_barrier: y[%d] = %g", 1 + i, y[1 + i]);
+    ids[0] = 32; /* a deadlock, then the stacks it left */
+    cr_expect_eq(launch(emu_sym(so, "k_barrier__emu"), (void *const[]){ids, y}, 1, 64), -1);
+    cr_assert_eq(launch(emu_sym(so, "k_stack__emu"), (void *const[]){ids, y}, 2, 64), 0);
+    for (int i = 0; i < 2 * 64; i++)
+        cr_expect_eq(y[1 + i], (float)((i + 63) % 64), "k_stack: y[%d] = %g", 1 + i, y[1 + i]);
+    dlclose(so);
+}
+
+Test(cuda, emulation_finds_races)
+{
+    races_found("");
+    races_found("-DPTC_CUDA_EMU_UCONTEXT");
 }

@@ -16,9 +16,9 @@
  *             it. A launch runs the kernel's __emu entry with blocks one after another and each
  *             block's threads as fibers (cuda_emu.h), at most 4 blocks: every generated kernel
  *             strides over its grid, so fewer blocks compute the same (and test the striding).
- *             Blocks have the launch's size (in an ASan build, real threads, at most 32: ASan
- *             follows no fibers; the module keeps them from one launch to the next). One launch
- *             at a time.
+ *             Blocks have the launch's size (in an ASan build too: the unit, not itself
+ *             instrumented, announces its fibers' stack switches to the process's ASan). One
+ *             launch at a time.
  *   GEMMs     computed from the column-major description cuBLASLt would get (ptrt_cuda_gemm),
  *             in double, so the row-major to column-major mapping is what is tested.
  *   streams   the default stream runs every call at once; a stream of its own (NCCL's calls,
@@ -51,12 +51,10 @@ extern const char ptrt_cuda_emu_header[]; /* cuda_emu.h (generated at build time
 #define MAX_GPUS 16
 #define IMAGE_PREFIX "ptc-emulated-module:"
 #define MAX_BLOCKS 4
-#if defined(__SANITIZE_ADDRESS__)
-/* (ASan follows no fibers: the kernels' threads are real threads, a warp of them, this build) */
-#define MAX_THREADS 32
-#define EMU_FLAGS " -DPTC_CUDA_EMU_THREADS"
-#else
 #define MAX_THREADS 1024
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_FLAGS " -DPTC_CUDA_EMU_ASAN" /* (cuda_emu.h: its fibers' switches announced) */
+#else
 #define EMU_FLAGS ""
 #endif
 
