@@ -5,7 +5,9 @@
 #     and ptxas, and runs it through the host emulation);
 #   - `--device cuda` without a driver exits 1 naming the missing driver library, before any
 #     output is written (with a driver, it trains a step); a wrong --device value is a usage
-#     error.
+#     error;
+#   - --device cuda-emulated names a missing C compiler, and keeps the kernels it builds in a
+#     disk cache that a later run loads (and rebuilds an object there that was cut short).
 source "$(dirname "$0")/lib.sh"
 nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 
@@ -50,4 +52,25 @@ else
 fi
 check "--device with a wrong value" 2 "--device expects cpu, cuda or cuda-emulated, got 'gpu'" ./g --device gpu
 check "--device cpu trains" 0 "" ./g --device cpu --steps 1 --threads 1
+
+# --device cuda-emulated builds its kernels with the host's C compiler into a disk cache: without
+# a compiler it says so; a build fills the cache; a later run loads from it and needs none
+emu="env XDG_CACHE_HOME=$work/cache"
+check "--device cuda-emulated without a C compiler names it" 1 \
+  "^\./g: error: --device cuda-emulated needs a C compiler to build the kernels for the host \(cc, or \\\$CC\): cc failed" \
+  $emu PATH=/nonexistent ./g --device cuda-emulated --steps 1 --quiet
+check "--device cuda-emulated builds its kernels" 0 "" $emu ./g --device cuda-emulated --steps 1 --quiet
+n=$(find "$work/cache/ptc/cuda-emulated" -name '*.so' | wc -l)
+parts=$(find "$work/cache/ptc/cuda-emulated" -name '*.part' | wc -l)
+[ "$n" -ge 1 ] && [ "$parts" -eq 0 ] && ok "the built kernels are in the cache" "$n shared objects" \
+  || bad "the built kernels are in the cache" "$n shared objects, $parts part-written"
+check "--device cuda-emulated loads cached kernels, no compiler needed" 0 "" \
+  $emu PATH=/nonexistent ./g --device cuda-emulated --steps 1 --quiet
+# an object cut short (a full disk, a copy) is built again, not mapped (which would be SIGBUS)
+for f in "$work/cache/ptc/cuda-emulated"/*.so; do head -c 4096 "$f" > cut && cat cut > "$f"; done
+check "--device cuda-emulated rebuilds a cached object cut short" 0 "" \
+  $emu ./g --device cuda-emulated --steps 1 --quiet
+small=$(find "$work/cache/ptc/cuda-emulated" -name '*.so' -size -5k | wc -l)
+[ "$small" -eq 0 ] && ok "the cut objects were replaced" "" \
+  || bad "the cut objects were replaced" "$small still 4 KiB"
 finish

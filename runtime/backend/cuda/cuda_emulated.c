@@ -29,6 +29,8 @@
  */
 #define _GNU_SOURCE /* mkdtemp */
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,6 +39,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "cuda_internal.h"
@@ -811,21 +815,25 @@ static int emu_open(const ptrt_cuda_driver **d, char *err, size_t errn)
     return 0;
 }
 
-/* units built in this process, by their text's hash (the ranks of a plan share one) */
+/* units built in this process, by their key (the ranks of a plan share one) */
 static pthread_mutex_t built_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct built {
     uint64_t hash;
     char *image;
+    bool temporary; /* built in a temporary directory (no disk cache), removed at exit */
 } *built;
 static int nbuilt, capbuilt;
 
-static char *build(const char *src, char *err, size_t errn);
+static char *build(const char *src, const char *cc, uint64_t key, bool *temporary, char *err,
+                   size_t errn);
 
-/* at exit: the shared objects built, and their directories (the modules dlopen'd them by name,
- * so they stay while the process runs) */
+/* at exit: the shared objects built outside the disk cache, and their directories (the modules
+ * dlopen'd them by name, so they stay while the process runs) */
 static void remove_built(void)
 {
     for (int i = 0; i < nbuilt; i++) {
+        if (!built[i].temporary)
+            continue;
         char *so = built[i].image + strlen(IMAGE_PREFIX), *slash = strrchr(so, '/');
         unlink(so);
         if (slash) {
@@ -854,31 +862,88 @@ static int nvrtc_too(const char *src, const char *name, int sm, char *err, size_
     return ok ? 0 : -1;
 }
 
-/* the unit and cuda_emu.h into a temporary directory, cc into a shared object there; once per
- * distinct unit and process */
+/* the compiler's flags (the disk cache's key hashes them too) */
+#define EMU_CFLAGS "-std=c11 -O1 -fPIC -shared -w" EMU_FLAGS
+
+/* A unit's shared object: built once per distinct unit and process, and kept on disk
+ * ($XDG_CACHE_HOME/ptc/cuda-emulated, else ~/.cache/ptc/cuda-emulated) under a hash of the
+ * unit, cuda_emu.h, the compiler's name and flags and the host's machine, so that the next
+ * process (the next run, the next test) loads it instead of compiling: 1 to 2 s a unit. Where
+ * no cache directory can be made, in a temporary directory removed at exit. */
 static char *emu_compile(const char *src, const char *name, int sm, char *err, size_t errn)
 {
+    const char *cc = getenv("CC");
+    cc = cc && *cc ? cc : "cc";
+    struct utsname host;
     ptc_hash64_state h;
     ptc_hash64_init(&h, 0x656d75ull);
-    ptc_hash64_update(&h, src, strlen(src));
+    /* (each with its NUL: "a", "bc" is not "ab", "c") */
+    ptc_hash64_update(&h, src, strlen(src) + 1);
+    ptc_hash64_update(&h, ptrt_cuda_emu_header, strlen(ptrt_cuda_emu_header) + 1);
+    ptc_hash64_update(&h, cc, strlen(cc) + 1);
+    ptc_hash64_update(&h, EMU_CFLAGS, sizeof EMU_CFLAGS);
+    if (uname(&host) == 0)
+        ptc_hash64_update(&h, host.machine, strlen(host.machine) + 1);
     uint64_t key = ptc_hash64_final(&h);
     pthread_mutex_lock(&built_lock);
     char *image = NULL;
     for (int i = 0; i < nbuilt && !image; i++)
         if (built[i].hash == key)
             image = ptc_xstrdup(built[i].image);
-    if (!image && nvrtc_too(src, name, sm, err, errn) == 0 && (image = build(src, err, errn))) {
+    bool temporary = false;
+    if (!image && nvrtc_too(src, name, sm, err, errn) == 0 &&
+        (image = build(src, cc, key, &temporary, err, errn))) {
         if (nbuilt == 0)
             atexit(remove_built);
         PTC_GROW(built, capbuilt, nbuilt);
-        built[nbuilt++] = (struct built){key, ptc_xstrdup(image)};
+        built[nbuilt++] = (struct built){key, ptc_xstrdup(image), temporary};
     }
     pthread_mutex_unlock(&built_lock);
     return image;
 }
 
-static char *build(const char *src, char *err, size_t errn)
+static char *image_of(const char *so)
 {
+    size_t n = strlen(IMAGE_PREFIX) + strlen(so) + 1;
+    char *image = ptc_xmalloc(n);
+    snprintf(image, n, "%s%s", IMAGE_PREFIX, so);
+    return image;
+}
+
+/* whether path is a whole 64-bit ELF object: its section headers (the linker writes them last)
+ * end within the file. An object cut short (by a full disk, say, or a copy) would kill the
+ * process with SIGBUS when dlopen maps it, not fail. */
+static bool whole_object(const char *path)
+{
+    Elf64_Ehdr e;
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    bool ok = fstat(fd, &st) == 0 && read(fd, &e, sizeof e) == (ssize_t)sizeof e &&
+              memcmp(e.e_ident, ELFMAG, SELFMAG) == 0 && e.e_ident[EI_CLASS] == ELFCLASS64 &&
+              e.e_shoff + (uint64_t)e.e_shnum * e.e_shentsize <= (uint64_t)st.st_size;
+    close(fd);
+    return ok;
+}
+
+/* The unit and cuda_emu.h into a temporary directory, cc into a shared object: in the disk
+ * cache, under a name of its own and then renamed to the key's (so that no process, this or
+ * another building the same unit at once, ever loads a part-written object), or in that
+ * temporary directory. */
+static char *build(const char *src, const char *cc, uint64_t key, bool *temporary, char *err,
+                   size_t errn)
+{
+    char cache[4096], cached[4200] = "", part[4300] = "";
+    if (ptc_file_cache_dir("cuda-emulated", cache, sizeof cache)) {
+        ptc_fmt(cached, sizeof cached, "%s/%016llx.so", cache, (unsigned long long)key);
+        if (whole_object(cached))
+            return image_of(cached);
+        unlink(cached); /* (if there: one cut short is built again) */
+        static atomic_uint parts;
+        ptc_fmt(part, sizeof part, "%s.%ld.%u.part", cached, (long)getpid(),
+                atomic_fetch_add(&parts, 1));
+    }
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     ptc_fmt(dir, sizeof dir, "%s/ptc-cuda-emulated-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -901,12 +966,10 @@ static char *build(const char *src, char *err, size_t errn)
         rmdir(dir);
         return NULL;
     }
-    const char *cc = getenv("CC");
+    const char *out = *part ? part : so;
     char cmd[16384];
-    ptc_fmt(cmd, sizeof cmd,
-            "'%s' -std=c11 -O1 -fPIC -shared -w%s -include '%s' -o '%s' '%s' -lm -lpthread "
-            ">'%s' 2>&1",
-            cc && *cc ? cc : "cc", EMU_FLAGS, hdr, so, c, log);
+    ptc_fmt(cmd, sizeof cmd, "'%s' " EMU_CFLAGS " -include '%s' -o '%s' '%s' -lm >'%s' 2>&1", cc,
+            hdr, out, c, log);
     int rc = system(cmd);
     if (rc != 0) {
         size_t len = 0;
@@ -915,23 +978,27 @@ static char *build(const char *src, char *err, size_t errn)
         ptc_fmt(err, errn,
                 "--device cuda-emulated needs a C compiler to build the kernels for the host "
                 "(cc, or $CC): %s failed: %s",
-                cc && *cc ? cc : "cc", text && len ? text : "(no output)");
+                cc, text && len ? text : "(no output)");
         free(text);
         unlink(hdr);
         unlink(c);
         unlink(log);
-        unlink(so);
+        unlink(out);
         rmdir(dir);
         return NULL;
     }
     unlink(hdr);
     unlink(c);
     unlink(log);
-    /* the object stays until the process ends (the module dlopen's it by name) */
-    size_t n = strlen(IMAGE_PREFIX) + strlen(so) + 1;
-    char *image = ptc_xmalloc(n);
-    snprintf(image, n, "%s%s", IMAGE_PREFIX, so);
-    return image;
+    if (!*part) { /* the object stays until the process ends (the module dlopen's it by name) */
+        *temporary = true;
+        return image_of(so);
+    }
+    rmdir(dir);
+    if (rename(part, cached) == 0)
+        return image_of(cached);
+    *temporary = true; /* (the cache would not take it: this process's alone, removed at exit) */
+    return image_of(part);
 }
 
 /* A handle serves one thread at a time: the real cuBLASLt, given one handle from two threads
