@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <llvm-c/DebugInfo.h>
 
 typedef struct em {
     LLVMContextRef C;

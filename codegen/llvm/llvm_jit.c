@@ -12,15 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <llvm-c/Analysis.h>
-#include <llvm-c/Error.h>
-#include <llvm-c/LLJIT.h>
-#include <llvm-c/Orc.h>
-#include <llvm-c/Target.h>
-#include <llvm-c/TargetMachine.h>
-#include <llvm-c/Transforms/PassBuilder.h>
-#include <llvm/Config/llvm-config.h>
-
 #include "file.h"
 #include "llvm_internal.h"
 
@@ -52,10 +43,8 @@ static int init_locked(char *err, size_t errn)
 {
     if (jit)
         return 0;
-    if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter()) {
-        ptc_fmt(err, errn, "LLVM has no target for this machine");
+    if (ptc_llvm_open(err, errn) < 0) /* (and the host's target initialised) */
         return -1;
-    }
     triple = LLVMGetDefaultTargetTriple();
     cpu_name = LLVMGetHostCPUName();
     cpu_features = LLVMGetHostCPUFeatures();
