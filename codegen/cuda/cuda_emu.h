@@ -157,7 +157,7 @@ typedef struct ptc_emu_ctx {
     void *sp;
 } ptc_emu_ctx;
 void ptc_emu_jump(void **save_sp, void *sp) __attribute__((visibility("hidden")));
-__asm__(".text\n"
+__asm__(".pushsection .text\n"
         ".p2align 4\n"
         ".globl ptc_emu_jump\n"
         ".hidden ptc_emu_jump\n"
@@ -178,7 +178,8 @@ __asm__(".text\n"
         "    popq %rbx\n"
         "    popq %rbp\n"
         "    ret\n"
-        ".size ptc_emu_jump, .-ptc_emu_jump\n");
+        ".size ptc_emu_jump, .-ptc_emu_jump\n"
+        ".popsection\n"); /* (the section the compiler was in, whatever it was) */
 static void ptc_emu_ctx_make(ptc_emu_ctx *c, char *stack, size_t size, void (*entry)(void))
 {
     /* from the top (16-byte aligned): a return address entry never uses, entry's address for
