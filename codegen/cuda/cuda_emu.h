@@ -148,7 +148,7 @@ typedef struct ptc_emu_dim3 {
 /* A context: ptc_emu_ctx_make(c, stack, size, entry) readies entry to run on the stack (entry
  * never returns: it ends by switching away for good); ptc_emu_ctx_switch(from, to) suspends the
  * running code in from and resumes to. On x86-64 the switch saves and restores the callee-saved
- * registers and the stack pointer, ten instructions: glibc's swapcontext also saves the floating
+ * registers and the stack pointer, 15 instructions: glibc's swapcontext also saves the floating
  * point environment and makes a system call for the signal mask, and was 60% of an emulated
  * training run (perf). The kernels change neither, so neither is kept. Elsewhere, or with
  * PTC_CUDA_EMU_UCONTEXT defined (as one test builds it), ucontext. */

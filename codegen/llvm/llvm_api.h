@@ -5,8 +5,8 @@
  * executable it writes) load it at start, for its 366,000 relocations: 22 ms a process (45 ms
  * under ASan), though ptc never generates code and the cpu and ref backends never call LLVM.
  * Thousands of test processes paid it, and so did every `ptc` a user runs. Now only the jit
- * backend's first kernel, `ptc --emit llvm` and the tests and benchmarks of codegen/llvm open it,
- * as the CUDA libraries and the GEMM libraries are opened (runtime/backend/cuda/cudalib.c,
+ * backend's first kernel and the tests and benchmarks of codegen/llvm open it, as the CUDA
+ * libraries and the GEMM libraries are opened (runtime/backend/cuda/cudalib.c,
  * runtime/backend/cpu/cpu_gemm.c).
  *
  * The LLVM headers are included first, then every function used is a macro for its table entry
