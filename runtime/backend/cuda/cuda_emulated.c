@@ -940,9 +940,8 @@ static char *build(const char *src, const char *cc, uint64_t key, bool *temporar
         if (whole_object(cached))
             return image_of(cached);
         unlink(cached); /* (if there: one cut short is built again) */
-        static atomic_uint parts;
-        ptc_fmt(part, sizeof part, "%s.%ld.%u.part", cached, (long)getpid(),
-                atomic_fetch_add(&parts, 1));
+        /* (builds are one at a time in a process: under built_lock) */
+        ptc_fmt(part, sizeof part, "%s.%ld.part", cached, (long)getpid());
     }
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
