@@ -1127,7 +1127,7 @@ ptc_plan *ptc_lower(const ptc_graph *g, const ptc_lower_opts *o, char *err, size
         return NULL;
     }
     if (o->fuse)
-        ptc_plan_fuse(p);
+        ptc_plan_fuse(p, o->head_chunks);
     ptc_plan_memory(p);
     if (ptc_plan_verify(p, msg, sizeof msg) < 0) {
         ptc_fmt(err, errn, "internal error: the lowered plan does not verify: %s", msg);

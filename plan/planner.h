@@ -36,6 +36,9 @@ typedef struct ptc_lower_opts {
     int virtual_stages; /* model chunks per pipeline rank (interleaved) */
     /* run the fusion pass (fuse.c) before memory planning */
     bool fuse;
+    /* with fuse: the language-model head over this many row chunks (0: auto, chunks of at most
+     * PTC_HEAD_CHUNK_BYTES of logits; 1: one, as it was) */
+    int head_chunks;
     /* every graph output is a program output, readable after a run (a forward-only plan: the
      * sampling program's logits); otherwise output 0 is the gradient norm and 1.. gradients */
     bool forward_outputs;
@@ -53,7 +56,8 @@ ptc_plan *ptc_lower_sample(const ptc_graph *g, bool fuse, char *why, size_t whyn
 
 /* The fusion pass (fuse.c): runs of kernels become generated kernels (fused instructions), their
  * intermediates leave the program. On a lowered plan before memory planning. */
-void ptc_plan_fuse(ptc_plan *p);
+void ptc_plan_fuse(ptc_plan *p, int head_chunks);
+#define PTC_HEAD_CHUNK_BYTES ((int64_t)256 << 20)
 /* Its first step on each program (fold_casts.c): the casts around an op of ptc_op_storage16
  * over 16-bit tensors fold into it, which then reads and writes those tensors itself. */
 void ptc_plan_fold_casts(ptc_program *pg);

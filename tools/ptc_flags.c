@@ -42,6 +42,11 @@ static const char usage[] =
     "                                 sm_80 and sm_90 above each kernel)\n"
     "  --no-fuse            leave every op its own kernel: no fusion pass, no generated\n"
     "                       kernels (the plan every fused plan is tested against)\n"
+    "  --head-chunks N|auto the language-model head (the logits' GEMM, the cross-entropy\n"
+    "                       with its gradient and the head's two gradient GEMMs) over N\n"
+    "                       chunks of rows, so one chunk's logits are stored at a time\n"
+    "                       (default auto: chunks of at most 256 MiB of logits; 1: off;\n"
+    "                       a part of the fusion pass)\n"
     "  --summary            with --emit plan: only the summary of every rank program\n"
     "  -D NAME=VALUE        override the const NAME (repeatable)\n"
     "  --run                run the forward pass on the CPU reference kernels, print the loss\n"
@@ -321,6 +326,9 @@ static int check_combinations(const ptc_options *o, FILE *errf)
                            "precision's dtype)",
                            o->grad_dtype == PTC_BF16 ? "bf16" : "fp16",
                            o->grad_dtype == PTC_BF16 ? "bf16" : "fp16");
+    if (o->no_fuse && o->head_chunks > 1)
+        return usage_error(errf, "--head-chunks is a part of the fusion pass, which --no-fuse "
+                                 "leaves out");
     if (o->pp_schedule_set && pp == 1)
         return usage_error(errf, "--pp-schedule needs a pipeline (--mesh pp=N with N > 1)");
     if (o->nstage_layers && pp == 1)
@@ -346,7 +354,8 @@ static bool takes_value(const char *a)
         "--emit",   "-D",     "--seed", "--input", "-o",      "--dump-after",
         "--runner", "--mesh", "--zero", "--precision", "--grad-dtype", "--place", "--optim", "--debug-drop-collective",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--stages", "--recompute",
-        "--recompute-layer", "--auto", "--device-memory", "--cost-model", NULL};
+        "--recompute-layer", "--auto", "--device-memory", "--cost-model", "--head-chunks",
+        NULL};
     for (int k = 0; with_value[k]; k++)
         if (strcmp(a, with_value[k]) == 0)
             return true;
@@ -459,6 +468,13 @@ static int parse_one(const char *a, char *val, ptc_options *o, FILE *out, FILE *
         o->run = true;
     } else if (strcmp(a, "--no-fuse") == 0) {
         o->no_fuse = true;
+    } else if (strcmp(a, "--head-chunks") == 0) {
+        if (strcmp(val, "auto") == 0)
+            o->head_chunks = 0;
+        else if (parse_count(val, 1, 1 << 16, &o->head_chunks))
+            return usage_error(errf,
+                               "--head-chunks expects auto or an integer from 1 to %d, got '%s'",
+                               1 << 16, val);
     } else if (strcmp(a, "--summary") == 0) {
         o->summary = true;
     } else if (strcmp(a, "--train") == 0) {
@@ -684,6 +700,7 @@ ptc_lower_opts ptc_flags_lower_opts(const ptc_options *o, const ptc_graph *g)
                             .keep_grad_outputs = g->mesh.naxes == 0,
                             .model_flops = o->model_flops,
                             .fuse = !o->no_fuse,
+                            .head_chunks = o->head_chunks,
                             .mesh = o->mesh,
                             .pp_schedule = o->pp_schedule,
                             .virtual_stages = virtual_stages(o)};

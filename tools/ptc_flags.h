@@ -31,6 +31,7 @@ typedef struct ptc_options {
     const char *emit;
     bool run, train, seq_parallel, summary;
     bool no_fuse; /* --no-fuse: every op its own kernel */
+    int head_chunks; /* --head-chunks: 0 auto, 1 off, N (plan/fuse.c) */
     double model_flops; /* of a training step of the model (set by the driver), for MFU */
     const char *output, *dump_after, *runner;
     ptc_mesh mesh;

@@ -6,7 +6,8 @@ every mesh dp x tp with dp, tp in {1, 2, 4} and at most 8
 ranks (and tests/golden/ir/every_op.ptm, which uses every op of the language, on the meshes its
 batch of 2 and its 2 heads divide), with and without sequence parallelism (when tp > 1) and ZeRO 0..3 (when dp > 1), this
 and a covering set of pipeline and microbatch plans (PIPELINES: every schedule on pp=2 and pp=4,
-with dp, tp, SP, ZeRO 1-3 and recompute; microbatches 1-8), this
+with dp, tp, SP, ZeRO 1-3 and recompute; microbatches 1-8; and the language-model head in
+chunks of rows, --head-chunks, on one device, dp and ZeRO), this
 compiles the plan with ptc, trains it 3 steps on the CPU (ranks as threads), on the reference
 backend (the plan compiled with --no-fuse: one reference kernel per op) and on the jit backend
 (the default, on the fused plan: the cpu backend's kernels and GEMMs with the
@@ -136,8 +137,19 @@ PIPELINES = [
     ('shared_tiny', (), '--mesh pp=4 --microbatches 4 --pp-schedule zb-h1'),
     ('shared_tiny', (), '--mesh pp=2,dp=2 --zero 2 --microbatches 2 --pp-schedule interleaved'),
     ('shared_tiny', (), '--mesh pp=4 --microbatches 8 --recompute full'),
+    # the language-model head in chunks of rows (plan/fuse.c; the default chunks only logits of
+    # more than 256 MiB): tied (gpt2, bert, shared) and untied (llama) heads, uneven chunks (3 of
+    # gpt2_tiny's 256 rows: 88, 88, 80), the weight gathered under ZeRO-3 between the loss and the
+    # head's backward, the loss reduced over dp, and a recomputed model; ref runs the plan unfused
+    # (one chunk)
+    ('gpt2_tiny', (), '--head-chunks 3'),
+    ('gpt2_tiny', (), '--mesh dp=2 --zero 3 --head-chunks 2'),
+    ('gpt2_tiny', (), '--recompute full --head-chunks 4'),
+    ('llama_tiny', (), '--head-chunks 3'),
+    ('bert_tiny', (), '--mesh dp=2 --zero 1 --head-chunks 3'),
+    ('shared_tiny', (), '--head-chunks 2'),
 ]
-QUICK_PIPELINES = (2, 9, 14, 19)  # indices kept by --quick
+QUICK_PIPELINES = (2, 9, 14, 19, 23, 25)  # indices kept by --quick
 
 
 # a mesh to run: (pp, dp, ep, tp, sequence parallel, ZeRO stage)
@@ -231,7 +243,10 @@ def compile_plan(ptc, model, args, work, tag):
     # every fused kernel is held against); jit runs the fused plan, as users get it
     unfused = [(exe + '-nofuse', ['--no-fuse'])] if {'ref', 'cpu'} & set(BACKENDS) else []
     for out, fuse in [(exe, [])] + unfused:
-        cmd = [ptc] + optim + fuse + args + [model, '-o', out]
+        # (--head-chunks is a part of the fusion pass: the unfused plan runs the head whole)
+        plain = [a for i, a in enumerate(args) if a != '--head-chunks' and
+                 (i == 0 or args[i - 1] != '--head-chunks')] if fuse else list(args)
+        cmd = [ptc] + optim + fuse + plain + [model, '-o', out]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             return None, 'compile failed: %s\n%s' % (' '.join(cmd), r.stderr.strip())
@@ -318,7 +333,8 @@ def compare(ref, got, stages=1):
 
 
 def pipelines(ptc, models, quick, work):
-    """The PIPELINES configs against single-device runs of the same consts."""
+    """The PIPELINES configs (and the head's chunks) against single-device runs of the same
+    consts."""
     passes = failures = 0
     refs = {}
     for k, (model, consts, args) in enumerate(PIPELINES):

@@ -249,6 +249,7 @@ Test(kir, compiled_f16_matches_interpreter)
 /* ---- fusion against the reference kernels ---- */
 
 static ptc_dtype precision = PTC_F32; /* --precision of the models compiled below */
+static int head_chunks = 1;           /* --head-chunks of the fused plans below (1: one chunk) */
 
 static ptc_graph *compile_text(const char *src)
 {
@@ -351,10 +352,30 @@ static void check_model(const char *src)
     char err[2048];
     ptc_lower_opts plain = {.keep_grad_outputs = true}, fused = plain;
     fused.fuse = true;
+    fused.head_chunks = head_chunks;
     ptc_plan *p0 = ptc_lower(g, &plain, err, sizeof err), *p1 = ptc_lower(g, &fused, err, sizeof err);
     cr_assert_not_null(p0, "%s", err);
     cr_assert_not_null(p1, "%s", err);
     cr_expect_gt(p1->nkernels, 0, "nothing was fused in\n%s", src);
+    if (head_chunks > 1) { /* the head ran in chunks: a cross-entropy kernel and three GEMMs each */
+        int ces = 0, rows = 0;
+        const ptc_program *pg = &p1->programs[0];
+        for (int i = 0; i < pg->ninstrs; i++)
+            if (pg->instrs[i].kind == PTC_INSTR_FUSED &&
+                strstr(p1->kernels[pg->instrs[i].kernel]->name, "cross_entropy_with_grad")) {
+                ces++;
+                const ptc_type *lt = &pg->bufs[pg->instrs[i].in[0]].type;
+                rows += (int)(ptc_type_numel(lt) / lt->dims[lt->rank - 1]);
+            }
+        const ptc_buffer *t = NULL;
+        for (int b = 0; b < pg->nbufs && !t; b++)
+            if (pg->bufs[b].role == PTC_ROLE_TARGETS)
+                t = &pg->bufs[b];
+        cr_assert_not_null(t);
+        int64_t R = ptc_type_numel(&t->type), want = R < head_chunks ? R : head_chunks;
+        cr_expect_eq(ces, want, "%d cross-entropy chunks, %d asked\n%s", ces, head_chunks, src);
+        cr_expect_eq(rows, R, "the chunks cover %d rows", rows);
+    }
     run ref = step(p0, &ptrt_backend_ref);
     const ptrt_backend *backends[3] = {&ptrt_backend_ref, &ptrt_backend_cpu, ptrt_backend_jit};
     for (int k = 0; k < 3; k++) {
@@ -470,6 +491,28 @@ Test(fuse, gpt2_f16_odd_and_prime_sizes, .timeout = 120)
     precision = PTC_F32;
 }
 
+/* The language-model head over chunks of rows (--head-chunks): uneven chunks (14 rows in 3: 5,
+ * 5, 4; 3 in 2: 2, 1), a chunk a row (5 rows in 7 asked: 5 of 1), 2 of 11; the gradients (the
+ * tied embedding's summed over the chunks) against the unfused one-chunk program */
+Test(fuse, gpt2_head_chunks, .timeout = 120)
+{
+    ptrt_cpu_set_threads(2);
+    head_chunks = 3;
+    check_sizes(gpt, 31, 10, 5, 1, 2, 7);
+    head_chunks = 7;
+    check_sizes(gpt, 7, 3, 1, 1, 1, 5);
+    head_chunks = 2;
+    check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+    check_sizes(gpt, 13, 6, 2, 2, 3, 1);
+    /* bf16: 16-bit chunks of logits, the weight's gradient summed in f32 and rounded once */
+    precision = PTC_BF16;
+    head_chunks = 3;
+    check_sizes(gpt, 31, 10, 5, 1, 2, 7);
+    check_sizes(gpt, 67, 16, 2, 1, 2, 11);
+    precision = PTC_F32;
+    head_chunks = 1;
+}
+
 Test(fuse, llama_like_odd_and_prime_sizes, .timeout = 120)
 {
     ptrt_cpu_set_threads(2);
@@ -504,8 +547,19 @@ Test(fuse, gpt2_peak_memory, .timeout = 120)
     cr_expect_geq(s0.peak_act_bytes - s1.peak_act_bytes, (int64_t)2500000000,
                   "peak %lld without fusion, %lld with", (long long)s0.peak_act_bytes,
                   (long long)s1.peak_act_bytes);
+    /* the head in chunks (the default: 7 of 1176 rows) against one: its 1.65 GB of logits
+     * become one chunk's 237 MB */
+    fused.head_chunks = 1;
+    ptc_plan *p2 = ptc_lower(g, &fused, err, sizeof err);
+    cr_assert(p2, "%s", err);
+    ptc_plan_stats s2;
+    ptc_plan_stats_of(p2, 0, &s2);
+    cr_expect_geq(s2.peak_act_bytes - s1.peak_act_bytes, (int64_t)1350000000,
+                  "peak %lld with the head whole, %lld in chunks", (long long)s2.peak_act_bytes,
+                  (long long)s1.peak_act_bytes);
     ptc_plan_free(p0);
     ptc_plan_free(p1);
+    ptc_plan_free(p2);
     ptc_graph_free(g);
 }
 
