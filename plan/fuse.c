@@ -1280,8 +1280,7 @@ static void head_ranks(const fz *z, const group *g, int *rank)
         rank[m - g->first] = head_rank(z, g, m, rank);
 }
 
-/* the operand of a backward GEMM that is the logits' gradient, and its other one; -1 when the
- * GEMM does not read the gradient as rows along its chunked dimension */
+/* Whether a backward GEMM is the head's dX = dL op(W): the gradient's rows as its rows. */
 static bool head_dx(const fz *z, const ptc_gemm *g, const ptc_instr *in, int dL, int64_t R,
                     int64_t V)
 {
@@ -1290,6 +1289,9 @@ static bool head_dx(const fz *z, const ptc_gemm *g, const ptc_instr *in, int dL,
            unsharded(z, in->out[0]) && unsharded(z, in->in[1]);
 }
 
+/* Whether a backward GEMM is the head's dW, a sum over the rows of the gradient and of the
+ * other operand (both stored as rows along k): that other operand's index, else -1. A 16-bit
+ * result must have beta 0 (it is summed in f32 and rounded after the chunks). */
 static int head_dw_other(const fz *z, const ptc_gemm *g, const ptc_instr *in, int dL, int64_t R)
 {
     if (g->batch != 1 || g->k != R || (g->cd != PTC_F32 && g->beta != 0))
