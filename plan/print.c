@@ -94,19 +94,28 @@ static const char *what(const ptc_plan *p, const ptc_instr *in)
     return ptc_ops[in->op].name;
 }
 
-static void describe_instr(FILE *f, const ptc_plan *p, const ptc_program *pg, int i)
+/* instruction i, or with j > i instructions i to j that run the same op */
+static void describe_instrs(FILE *f, const ptc_plan *p, const ptc_program *pg, int i, int j)
 {
     if (i < 0 || i >= pg->ninstrs) {
         fputs("(start)", f);
         return;
     }
     const ptc_instr *in = &pg->instrs[i];
-    fprintf(f, "instruction %d, %s", i, what(p, in));
+    if (j > i)
+        fprintf(f, "instructions %d to %d, %s", i, j, what(p, in));
+    else
+        fprintf(f, "instruction %d, %s", i, what(p, in));
     if (in->loc.scope && *in->loc.scope)
         fprintf(f, " in %s", in->loc.scope);
     if (in->loc.line)
         fprintf(f, " (line %d)", in->loc.line);
     fprintf(f, ", %s", ptc_phase_name(in->phase));
+}
+
+static void describe_instr(FILE *f, const ptc_plan *p, const ptc_program *pg, int i)
+{
+    describe_instrs(f, p, pg, i, i);
 }
 
 /* ---- the summary ---- */
@@ -133,21 +142,51 @@ static void largest_tensors(FILE *f, const ptc_plan *p, const ptc_program *pg, i
     sort_pg = pg;
     qsort(ids, (size_t)n, sizeof *ids, cmp_bytes);
     fputs("  largest tensors (bytes):\n", f);
-    for (int i = 0; i < n && i < top; i++) {
+    /* temporaries of one size and type written by the same op of the model, at the same line
+     * of the same layer (a head's chunks of logits, a microbatch's copies), print as one line
+     * with their count, which says whether no two of them are live together */
+    int *first = ptc_xmalloc(sizeof(int) * (size_t)(pg->nbufs ? pg->nbufs : 1));
+    int *last = ptc_xmalloc(sizeof(int) * (size_t)(pg->nbufs ? pg->nbufs : 1));
+    ptc_prog_lifetimes(pg, first, last);
+    for (int i = 0, shown = 0; i < n && shown < top; shown++) {
         const ptc_buffer *bf = &pg->bufs[ids[i]];
-        char ty[200];
+        int w = writer_of(pg, ids[i]), same = 1, wlast = w;
+        bool apart = true;
+        char ty[200], ty2[200];
+        ptc_type_str(&bf->type, ty, sizeof ty);
+        while (!bf->name && w >= 0 && i + same < n) {
+            const ptc_buffer *o = &pg->bufs[ids[i + same]];
+            int w2 = writer_of(pg, ids[i + same]);
+            if (o->name || o->bytes != bf->bytes || o->region != bf->region || w2 < 0 ||
+                strcmp(ty, ptc_type_str(&o->type, ty2, sizeof ty2)) ||
+                strcmp(what(p, &pg->instrs[w]), what(p, &pg->instrs[w2])) ||
+                pg->instrs[w].loc.line != pg->instrs[w2].loc.line ||
+                strcmp(pg->instrs[w].loc.scope ? pg->instrs[w].loc.scope : "",
+                       pg->instrs[w2].loc.scope ? pg->instrs[w2].loc.scope : ""))
+                break;
+            for (int q = i; q < i + same; q++)
+                apart &= first[ids[q]] > last[ids[i + same]] || first[ids[i + same]] > last[ids[q]];
+            wlast = w2 > wlast ? w2 : wlast;
+            w = w2 < w ? w2 : w;
+            same++;
+        }
         fputs("    ", f);
         put_bytes(f, bf->bytes);
-        fprintf(f, "  %s %s", ptc_region_name(bf->region), ptc_type_str(&bf->type, ty, sizeof ty));
+        fprintf(f, "  %s %s", ptc_region_name(bf->region), ty);
         if (bf->name) {
             fprintf(f, "  %s\n", bf->name);
+            i++;
             continue;
         }
+        if (same > 1)
+            fprintf(f, " x%d%s", same, apart ? " (one live at a time)" : "");
         fputs("  written by ", f);
-        describe_instr(f, p, pg, writer_of(pg, ids[i]));
+        describe_instrs(f, p, pg, w, wlast);
         fputc('\n', f);
+        i += same;
     }
-    (void)p;
+    free(first);
+    free(last);
     free(ids);
 }
 
