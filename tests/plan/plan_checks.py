@@ -138,6 +138,21 @@ for mesh, most in (([], 0.6), (['--mesh', 'tp=2'], 0.75),
     check(a16 <= most * a32, 'bf16 peak activations %s: %d bytes, %.2f of fp32\'s %d (at most %g)'
           % (' '.join(mesh) or 'single device', a16, a16 / a32, a32, most))
 
+# 2e. the language-model head in chunks of rows (the default for gpt2's 1.54 GiB of f32 logits:
+# 7 chunks of 1176 rows; bf16: 4 of 2048): the peak holds one chunk's logits instead of all, so it
+# falls by the other rows' logits, (R - rows) * V * bytes, less 1 MiB (the row losses); in bf16
+# less also the f32 sum of the weight's gradient over the chunks, V * d * 4
+R, d = b * s, h
+for prec, es, rows, acc in (([], 4, 1176, 0), (['--precision', 'bf16'], 2, 2048, vocab * d * 4)):
+    whole, chunked = peak(*prec, '--head-chunks', '1', GPT2), peak(*prec, GPT2)
+    want = (R - rows) * vocab * es - acc - (1 << 20)
+    check(whole - chunked >= want, 'head in chunks %s: peak %d -> %d, %d less (at least %d)'
+          % (' '.join(prec) or 'fp32', whole, chunked, whole - chunked, want))
+summary = subprocess.run([PTC, '--emit', 'plan', '--summary', GPT2], capture_output=True,
+                         text=True).stdout
+check('act f32[1176,50304] x6 (one live at a time)' in summary,
+      'the summary counts the head\'s chunks of logits once, live one at a time')
+
 # 3. mismatched plans and hangs
 r = subprocess.run([PTC, '--mesh', 'dp=2,tp=2', '--debug-drop-collective', '1:3', TINY],
                    capture_output=True, text=True)
