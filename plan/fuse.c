@@ -1574,14 +1574,16 @@ static void emit_head(fz *z, const group *g, const ptc_instr *old, const bool *i
         }
 #undef NOTE_EVAL
     const char *was = z->p->notes ? z->p->notes : "";
-    char note[256];
+    char note[256], tail[48] = "";
     int64_t es = ptc_dtype_size(pg->bufs[L].type.dtype);
+    if (R % g->rows)
+        snprintf(tail, sizeof tail, " (the last %lld)", (long long)(R % g->rows));
     snprintf(note, sizeof note,
-             "head: the logits [%lld, %lld] (%.1f MiB) in %lld chunks of %lld rows, %.1f MiB a "
-             "chunk (--head-chunks)",
+             "head: the logits [%lld, %lld] (%.1f MiB) in %lld chunks of %lld row%s%s, %.1f MiB "
+             "a chunk (--head-chunks)",
              (long long)R, (long long)V, (double)(R * V * es) / (1 << 20),
-             (long long)((R + g->rows - 1) / g->rows), (long long)g->rows,
-             (double)(g->rows * V * es) / (1 << 20));
+             (long long)((R + g->rows - 1) / g->rows), (long long)g->rows, g->rows > 1 ? "s" : "",
+             tail, (double)(g->rows * V * es) / (1 << 20));
     if (!strstr(was, note))
         z->p->notes = ptc_arena_printf(z->p->arena, "%s%s%s", was, *was ? "\n" : "", note);
 }
