@@ -183,6 +183,13 @@ static int inplace_operand(const ptc_graph *g, const ptc_node *n, int k, int can
     case PTC_OP_GELU_GRAD:
     case PTC_OP_SILU_GRAD:
     case PTC_OP_ALLREDUCE: break;
+    /* the vocabulary-parallel cross-entropy's gradient over its logit shard: each element from
+     * the logit at its place and per-row values (tensor parallel: the shard is the largest
+     * activation of a language model, and its gradient another as large) */
+    case PTC_OP_CE_GRAD_SHARD:
+        if (cand != 0)
+            return -1;
+        break;
     default:
         if (!(ptc_ops[n->op].flags & (PTC_F_UNARY | PTC_F_BINARY)))
             return -1;

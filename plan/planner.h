@@ -6,8 +6,9 @@
  *   - a matmul becomes a GEMM, and a transpose whose every consumer is such a GEMM is folded into
  *     it as a transposed operand (no instruction, no bytes);
  *   - collectives become collective instructions over the group of their mesh axis;
- *   - an elementwise op, an activation gradient or an optimizer update writes over an operand
- *     whose bytes are free after it (in place);
+ *   - an elementwise op, an activation gradient, the vocabulary-parallel cross-entropy's
+ *     gradient or an optimizer update writes over an operand whose bytes are free after it (in
+ *     place);
  *   - an op over bf16/f16 storage reads f32 copies and writes an f32 result that is rounded into
  *     the 16-bit buffer (the kernels compute in f32: what the reference semantics say); a 16-bit
  *     matmul is a GEMM over the 16-bit operands (gemm.ab) that rounds its f32 sums into the
