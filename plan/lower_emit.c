@@ -284,10 +284,13 @@ static void emit_kernel(lw *L, const item *it)
         convert |= is_16bit(L->g->values[n->out[k]].type.dtype);
     if (n->op == PTC_OP_CAST)
         convert = false; /* a cast reads and writes 16-bit storage itself */
+    bool fresh0 = false; /* operand 0 is an f32 copy made for this op alone */
     for (int k = 0; k < n->nin; k++) {
         ins[k] = lw_operand(L, it, n->in[k]);
-        if (convert && is_16bit(L->pg->bufs[ins[k]].type.dtype))
+        if (convert && is_16bit(L->pg->bufs[ins[k]].type.dtype)) {
             ins[k] = widened(L, it, ins[k]);
+            fresh0 |= k == 0;
+        }
     }
     for (int k = 0; k < n->nout; k++) {
         if (convert)
@@ -298,6 +301,17 @@ static void emit_kernel(lw *L, const item *it)
         if (convert && is_16bit(L->pg->bufs[outs[k]].type.dtype)) {
             ptc_type t = L->pg->bufs[outs[k]].type;
             t.dtype = PTC_F32;
+            /* the vocabulary-parallel cross-entropy's f32 gradient over the f32 copy of its 16-bit
+             * logit shard, as in f32 (try_inplace): the copy is read by this op alone */
+            if (k == 0 && fresh0 && n->op == PTC_OP_CE_GRAD_SHARD &&
+                ptc_type_eq(&t, &L->pg->bufs[ins[0]].type)) {
+                wide[k] = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
+                ptc_buffer *bf = &L->pg->bufs[wide[k]];
+                bf->view = ins[0];
+                bf->region = L->pg->bufs[ins[0]].region;
+                bf->view_axis = -1;
+                continue;
+            }
             wide[k] = lw_new_buffer(L, &t, NULL, PTC_BUF_TEMP);
         }
     }

@@ -127,13 +127,13 @@ with tempfile.TemporaryDirectory() as d:
 # 2d. bf16 activations of gpt2 (b=8, s=1024): the GEMMs round into their bf16 results themselves
 # (the logits' f32 result is never made) and the cross-entropy kernel reads the bf16 logits, so
 # a plan holds a little over half of fp32's peak. With tp the vocabulary-parallel cross-entropy
-# (not fused) reads f32 copies of the bf16 logit shard and writes an f32 gradient, while fp32's
-# gradient overwrites its logit shard in place: bf16 saves less there (0.87 and 0.91 of fp32 at
-# tp=2; at most 0.95). Each of these plans must verify.
+# (not fused) reads f32 copies of the bf16 logit shard (its gradient written over the copy, as
+# fp32's is over the shard), so bf16 saves less there: 0.74 and 0.77 of fp32 (at most 0.8).
+# Each of these plans must verify.
 def peak(*args):
     return plan(*args)['programs'][0]['memory_bytes']['peak_activations']
-for mesh, most in (([], 0.6), (['--mesh', 'tp=2'], 0.95),
-                   (['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1'], 0.95),
+for mesh, most in (([], 0.6), (['--mesh', 'tp=2'], 0.8),
+                   (['--mesh', 'dp=2,tp=2', '--seq-parallel', '--zero', '1'], 0.8),
                    (['--mesh', 'dp=4', '--zero', '3'], 0.6)):
     a32, a16 = peak(*mesh, GPT2), peak('--precision', 'bf16', *mesh, GPT2)
     check(a16 <= most * a32, 'bf16 peak activations %s: %d bytes, %.2f of fp32\'s %d (at most %g)'
