@@ -74,16 +74,6 @@ static void put_ranks(FILE *f, const ptc_program *pg)
     }
 }
 
-/* The instruction that writes buffer b (its root's first writer for a view), or -1. */
-static int writer_of(const ptc_program *pg, int b)
-{
-    for (int i = 0; i < pg->ninstrs; i++)
-        for (int k = 0; k < pg->instrs[i].nout; k++)
-            if (pg->instrs[i].out[k] == b)
-                return i;
-    return -1;
-}
-
 /* what an instruction runs: its collective, generated kernel or op */
 static const char *what(const ptc_plan *p, const ptc_instr *in)
 {
@@ -148,15 +138,21 @@ static void largest_tensors(FILE *f, const ptc_plan *p, const ptc_program *pg, i
     int *first = ptc_xmalloc(sizeof(int) * (size_t)(pg->nbufs ? pg->nbufs : 1));
     int *last = ptc_xmalloc(sizeof(int) * (size_t)(pg->nbufs ? pg->nbufs : 1));
     ptc_prog_lifetimes(pg, first, last);
+    int *writer = ptc_xmalloc(sizeof(int) * (size_t)(pg->nbufs ? pg->nbufs : 1));
+    for (int b = 0; b < pg->nbufs; b++)
+        writer[b] = -1;
+    for (int i = pg->ninstrs - 1; i >= 0; i--) /* (each root's first writer, itself or a view) */
+        for (int k = 0; k < pg->instrs[i].nout; k++)
+            writer[ptc_prog_root(pg, pg->instrs[i].out[k])] = i;
     for (int i = 0, shown = 0; i < n && shown < top; shown++) {
         const ptc_buffer *bf = &pg->bufs[ids[i]];
-        int w = writer_of(pg, ids[i]), same = 1, wlast = w;
+        int w = writer[ids[i]], same = 1, wlast = w;
         bool apart = true;
         char ty[200], ty2[200];
         ptc_type_str(&bf->type, ty, sizeof ty);
         while (!bf->name && w >= 0 && i + same < n) {
             const ptc_buffer *o = &pg->bufs[ids[i + same]];
-            int w2 = writer_of(pg, ids[i + same]);
+            int w2 = writer[ids[i + same]];
             if (o->name || o->bytes != bf->bytes || o->region != bf->region || w2 < 0 ||
                 strcmp(ty, ptc_type_str(&o->type, ty2, sizeof ty2)) ||
                 strcmp(what(p, &pg->instrs[w]), what(p, &pg->instrs[w2])) ||
@@ -187,6 +183,7 @@ static void largest_tensors(FILE *f, const ptc_plan *p, const ptc_program *pg, i
     }
     free(first);
     free(last);
+    free(writer);
     free(ids);
 }
 
