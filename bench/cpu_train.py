@@ -30,6 +30,9 @@ precision: ptc's executables with --matmul-precision, PyTorch under
 torch.set_float32_matmul_precision (on a CPU, PyTorch 2's medium is oneDNN's bf16 GEMMs, its high
 f32 ones). The results say which ran (default: highest, f32 on both).
 
+With --mkl-intel-path, PyTorch's GEMMs run on MKL's Intel code path on a CPU of another vendor
+(MKL_SHIM_ENV below); the results say which path ran.
+
 It never fails on timing: the exit status is 1 only when a program fails to run.
 """
 
@@ -53,6 +56,44 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
 # loads libgomp; an OMP_WAIT_POLICY in the environment wins). ptc's GEMMs (oneDNN, which is built
 # on OpenMP) run one OpenMP thread per ptc thread, so no OpenMP team waits.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# MKL (PyTorch's f32 GEMMs on x86) picks its code path by CPU vendor: on an AMD CPU it takes a
+# generic one, 1.6-2.2x slower on the issue-16 shapes on a Zen 5 with AVX-512 (2026-12-02: 109-174
+# GFLOP/s at 2 threads against 235-357 on its Intel path). With --mkl-intel-path the PyTorch side
+# runs on MKL's Intel path, by interposing the function MKL asks (mkl_serv_intel_cpu_true, which
+# PyTorch's libtorch_cpu exports) through LD_PRELOAD: the strongest peer such a machine has. The
+# script builds the shim, runs itself again with it loaded, and keeps it out of ptc's processes.
+MKL_SHIM_ENV = "PTC_BENCH_MKL_SHIM"
+
+
+def mkl_intel_path():
+    if os.environ.get(MKL_SHIM_ENV):
+        # loaded into this process; ptc's executables (which have no MKL) run without it
+        pre = [x for x in os.environ.get("LD_PRELOAD", "").split(":")
+               if x and x != os.environ[MKL_SHIM_ENV]]
+        if pre:
+            os.environ["LD_PRELOAD"] = ":".join(pre)
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ptc")
+    os.makedirs(cache, exist_ok=True)
+    shim = os.path.join(cache, "mkl_intel_path.so")
+    src = shim[:-3] + ".c"
+    with open(src, "w") as f:
+        f.write("int mkl_serv_intel_cpu_true(void) { return 1; }\n")
+    p = subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", shim, src],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"cpu_train.py: --mkl-intel-path: cannot build {shim}: {p.stderr.strip()}")
+    os.environ[MKL_SHIM_ENV] = shim
+    os.environ["LD_PRELOAD"] = ":".join([shim] + [x for x in
+                                                  os.environ.get("LD_PRELOAD", "").split(":") if x])
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+if "--mkl-intel-path" in sys.argv[1:]:
+    mkl_intel_path()
 
 try:
     import numpy as np
@@ -357,7 +398,12 @@ def machine():
             "openblas": blas, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
             "commit": commit + (" (with uncommitted changes)" if dirty else ""),
             "torch": torch.__version__, "python": platform.python_version(),
-            "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "mkl_path": ("Intel code path, forced (--mkl-intel-path: mkl_serv_intel_cpu_true "
+                         "interposed)" if os.environ.get(MKL_SHIM_ENV) else
+                         "its own choice of code path" +
+                         ("" if info.get("vendor_id", "GenuineIntel") == "GenuineIntel" else
+                          " (not Intel's on this CPU; --mkl-intel-path runs the stronger peer)"))}
 
 
 def bench_model(name, args, wd):
@@ -489,6 +535,7 @@ def write_results(out_dir, rows, info, command, args):
                 f"(OMP_WAIT_POLICY={info['omp_wait_policy']})\n"
                 f"- load average at the end (1, 5, 15 min): {info['load']}\n"
                 f"- float32 matmul precision: {args.matmul_precision} (both sides)\n"
+                f"- PyTorch's MKL: {info['mkl_path']}\n"
                 f"- commit: {info['commit']}\n- PyTorch {info['torch']}, Python "
                 f"{info['python']}, OpenBLAS {info['openblas']}\n")
         peaks = sorted({r["fma_peak_gflops"] for r in rows if r.get("fma_peak_gflops")})
@@ -538,6 +585,9 @@ def main():
                     help="bench/fma_peak, built with the project, for the FMA-peak bound")
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
                     help="both sides' float32 matmul precision (default highest: f32)")
+    ap.add_argument("--mkl-intel-path", action="store_true",
+                    help="run PyTorch's MKL GEMMs on MKL's Intel code path on a non-Intel CPU "
+                    "(an LD_PRELOAD shim; see MKL_SHIM_ENV)")
     args = ap.parse_args()
     global MATMUL
     MATMUL = args.matmul_precision
