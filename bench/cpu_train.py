@@ -67,10 +67,10 @@ MKL_SHIM_ENV = "PTC_BENCH_MKL_SHIM"
 
 
 def mkl_intel_path():
+    pre = [x for x in os.environ.get("LD_PRELOAD", "").split(":") if x]
     if os.environ.get(MKL_SHIM_ENV):
         # loaded into this process; ptc's executables (which have no MKL) run without it
-        pre = [x for x in os.environ.get("LD_PRELOAD", "").split(":")
-               if x and x != os.environ[MKL_SHIM_ENV]]
+        pre = [x for x in pre if x != os.environ[MKL_SHIM_ENV]]
         if pre:
             os.environ["LD_PRELOAD"] = ":".join(pre)
         else:
@@ -87,8 +87,7 @@ def mkl_intel_path():
     if p.returncode != 0:
         sys.exit(f"cpu_train.py: --mkl-intel-path: cannot build {shim}: {p.stderr.strip()}")
     os.environ[MKL_SHIM_ENV] = shim
-    os.environ["LD_PRELOAD"] = ":".join([shim] + [x for x in
-                                                  os.environ.get("LD_PRELOAD", "").split(":") if x])
+    os.environ["LD_PRELOAD"] = ":".join([shim] + pre)
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 
